@@ -1,0 +1,145 @@
+"""Engine configuration: one frozen dataclass, validated on construction.
+
+`EngineConfig` is what `LLM(...)`, the CLI and (later) a deploy file's
+`engine_args` section build. Every field has a docstring; `__post_init__`
+raises `ValueError` naming the field for any bad value. Values that depend on
+the loaded model (its maximum context) are resolved by `resolve_for_model`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "fp64": torch.float64,
+}
+
+DEFAULT_MODEL = "smollm2"
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    """Turn "float32" / "bf16" / torch.float64 … into a torch dtype (`auto` → float32)."""
+    if isinstance(value, torch.dtype):
+        if value not in _DTYPES.values():
+            raise ValueError(f"dtype: unsupported torch dtype {value}")
+        return value
+    if value == "auto":
+        return torch.float32
+    try:
+        return _DTYPES[str(value).lower()]
+    except KeyError:
+        raise ValueError(
+            f"dtype: unknown dtype {value!r}; expected one of auto, {', '.join(sorted(_DTYPES))}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything one autoregressive stage needs to know to build its engine."""
+
+    model: str = DEFAULT_MODEL
+    """Built-in model name (see `omnistage models`), an HF checkpoint directory, or a .gguf file."""
+
+    dtype: str = "auto"
+    """Weight and activation dtype: auto (= float32), float32, bfloat16, float16, float64."""
+
+    max_model_len: int | None = None
+    """Longest prompt + output a request may have; defaults to the model's own context length."""
+
+    max_num_seqs: int = 256
+    """Most requests scheduled in one step."""
+
+    max_num_batched_tokens: int | None = None
+    """Token budget of one step (prompt chunks + decodes). Default: 2048 with chunked
+    prefill, max_model_len without it."""
+
+    enable_chunked_prefill: bool = True
+    """Split long prompts across steps so they share steps with decodes."""
+
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of full blocks whose token prefix was computed before."""
+
+    block_size: int = 16
+    """Tokens per KV cache block."""
+
+    kv_cache_memory_bytes: int | None = None
+    """KV cache size as a byte budget. Mutually exclusive with num_kv_blocks."""
+
+    num_kv_blocks: int | None = None
+    """KV cache size as a number of blocks. Default (neither given): enough blocks for
+    max_num_seqs requests of max_model_len tokens, capped at 4 GiB."""
+
+    seed: int = 0
+    """Engine seed: makes unseeded sampling reproducible run to run."""
+
+    num_threads: int | None = None
+    """torch intra-op threads for this stage; default: all cores."""
+
+    device: str = "cpu"
+    """Device the stage runs on: cpu or cuda."""
+
+    def __post_init__(self) -> None:
+        parse_dtype(self.dtype)
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError("model: must be a non-empty string (a built-in name or a path)")
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("block_size", self.block_size)
+        for name in ("max_model_len", "max_num_batched_tokens", "num_kv_blocks", "num_threads"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        if self.kv_cache_memory_bytes is not None:
+            _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+            if self.num_kv_blocks is not None:
+                raise ValueError("kv_cache_memory_bytes: give either it or num_kv_blocks, not both")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device: expected cpu or cuda, got {self.device!r}")
+        if (
+            not self.enable_chunked_prefill
+            and self.max_num_batched_tokens is not None
+            and self.max_model_len is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
+            raise ValueError(
+                "max_num_batched_tokens: must be >= max_model_len when chunked prefill is off, "
+                f"got {self.max_num_batched_tokens} < {self.max_model_len}"
+            )
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.dtype)
+
+    def resolve_for_model(self, model_max_len: int) -> EngineConfig:
+        """Fill the values that default from the model (context length, token budget)."""
+        max_model_len = self.max_model_len or model_max_len
+        if max_model_len > model_max_len:
+            raise ValueError(
+                f"max_model_len: {max_model_len} exceeds the model's context length {model_max_len}"
+            )
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            budget = 2048 if self.enable_chunked_prefill else max_model_len
+        return dataclasses.replace(
+            self, max_model_len=max_model_len, max_num_batched_tokens=budget
+        )
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+
+def _positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: must be a positive integer, got {value!r}")

@@ -1,0 +1,1 @@
+"""Engine core of one stage: requests, KV cache, scheduler and the step loop."""

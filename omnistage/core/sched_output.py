@@ -1,0 +1,67 @@
+"""Messages between scheduler and model runner.
+
+`SchedulerOutput` carries only what changed (STYLE.md 6): requests new to the
+runner in full, requests it already knows as deltas, and the ids that ended.
+`ModelRunnerOutput` carries back what one step produced. Both are msgspec
+structs so that an executor in another process can ship them as they are.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from omnistage.sampling_params import SamplingParams
+
+
+class NewRequestData(msgspec.Struct, kw_only=True):
+    """A request the runner has not seen (or lost on preemption): everything it needs."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    """Real outputs so far (non-empty only when resuming after preemption)."""
+    sampling_params: SamplingParams
+    sample_seed: int
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+class CachedRequestData(msgspec.Struct, kw_only=True):
+    """A request the runner knows: only its new blocks and progress."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+class SchedulerOutput(msgspec.Struct, kw_only=True):
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    """Tokens to compute this step, per request."""
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str]
+    """Requests that ended since the last step: the runner drops their state."""
+    preempted_req_ids: set[str]
+    """Requests preempted this step: the runner drops their state; they come back as new."""
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+class ModelRunnerOutput(msgspec.Struct, kw_only=True):
+    req_ids: list[str]
+    """Requests of this step, in batch order."""
+    sampled_token_ids: list[list[int]]
+    """Per request: the tokens sampled this step (empty while a prompt is still being chunked)."""
+    logprobs: list[list[tuple[list[int], list[float], int]] | None]
+    """Per request, per sampled token: (top token ids, their logprobs, rank of the sampled
+    token). The sampled token is first in the lists. None when not asked for."""
+
+    @property
+    def req_id_to_index(self) -> dict[str, int]:
+        return {r: i for i, r in enumerate(self.req_ids)}
+
+
+EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=[])

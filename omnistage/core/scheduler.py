@@ -1,0 +1,258 @@
+"""`Scheduler`: decides, each step, which requests compute how many tokens.
+
+One scheduling model, no prefill or decode phases (vLLM v1): every request has
+`num_tokens_with_placeholders - num_computed_tokens` tokens to compute, and
+each step gives requests some of them within the token budget
+(`max_num_batched_tokens`) and `max_num_seqs`. Prompts longer than the
+remaining budget are chunked. Running requests go first, in arrival order;
+when KV blocks run out, the most recently arrived running request is
+preempted (its blocks freed, recomputed later). Waiting requests are admitted
+FCFS, taking prefix-cache hits.
+
+After scheduling, `num_computed_tokens` is advanced as if the step had run;
+`_on_scheduled` is the hook where the async subclass counts placeholders.
+`update_from_output` appends the sampled tokens and applies the stop rules.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from omnistage.config import EngineConfig
+from omnistage.core.engine_core_output import EngineCoreOutput
+from omnistage.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+from omnistage.core.request import Request, RequestStatus
+from omnistage.core.sched_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+
+
+class Scheduler:
+    """Synchronous scheduler: step N+1 is scheduled after step N's tokens are known."""
+
+    def __init__(self, config: EngineConfig, kv_cache_manager: KVCacheManager) -> None:
+        if config.max_model_len is None or config.max_num_batched_tokens is None:
+            raise ValueError("Scheduler needs a config resolved for its model")
+        self.config = config
+        self.max_model_len: int = config.max_model_len
+        self.token_budget: int = config.max_num_batched_tokens
+        self.kv = kv_cache_manager
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._finished_since_last_step: set[str] = set()
+        self.num_preemptions = 0
+        """Preemptions since start (for stats and tests)."""
+
+    # -- request lifecycle -----------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already running")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """End requests from outside (abort, stop string): free everything they hold."""
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._release(request)
+
+    def _release(self, request: Request) -> None:
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self._finished_since_last_step.add(request.request_id)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- scheduling --------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = _Budget(self.token_budget)
+        new_reqs: list[NewRequestData] = []
+        cached_reqs: list[CachedRequestData] = []
+        preempted: set[str] = set()
+        self._schedule_running(budget, cached_reqs, preempted)
+        if not preempted:
+            self._schedule_waiting(budget, new_reqs)
+        out = SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=budget.scheduled,
+            total_num_scheduled_tokens=budget.used,
+            finished_req_ids=self._finished_since_last_step,
+            preempted_req_ids=preempted,
+        )
+        self._finished_since_last_step = set()
+        for req_id, n in budget.scheduled.items():
+            self._on_scheduled(self.requests[req_id], n)
+        return out
+
+    def _tokens_to_compute(self, request: Request) -> int:
+        pending = request.num_tokens + request.num_output_placeholders
+        return min(pending, self.max_model_len) - request.num_computed_tokens
+
+    def _schedule_running(
+        self, budget: _Budget, cached_reqs: list[CachedRequestData], preempted: set[str]
+    ) -> None:
+        i = 0
+        while i < len(self.running) and budget.left > 0:
+            request = self.running[i]
+            n = min(self._tokens_to_compute(request), budget.left)
+            if n <= 0:
+                i += 1
+                continue
+            if not self._make_room(request, n, preempted):
+                break  # the request itself was preempted
+            held_before = len(self.kv.block_ids(request.request_id))
+            self.kv.allocate_slots(request, n)
+            cached_reqs.append(
+                CachedRequestData(
+                    req_id=request.request_id,
+                    new_block_ids=self.kv.block_ids(request.request_id)[held_before:],
+                    num_computed_tokens=request.num_computed_tokens,
+                )
+            )
+            budget.take(request.request_id, n)
+            i += 1
+
+    def _make_room(self, request: Request, n: int, preempted: set[str]) -> bool:
+        """Preempt from the tail of `running` until `request` fits; False if it was preempted."""
+        while not self.kv.can_allocate(request, n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.add(victim.request_id)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_output_placeholders = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _schedule_waiting(self, budget: _Budget, new_reqs: list[NewRequestData]) -> None:
+        while self.waiting and budget.left > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_INPUT:
+                break
+            computed, num_hit = self.kv.get_computed_blocks(request)
+            n = request.num_tokens - num_hit
+            if not self.config.enable_chunked_prefill and n > budget.left:
+                break
+            n = min(n, budget.left)
+            if not self.kv.can_allocate(request, n, computed):
+                break
+            self._admit(request, n, computed, num_hit)
+            new_reqs.append(
+                NewRequestData(
+                    req_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=list(request.output_token_ids),
+                    sampling_params=request.sampling_params,
+                    sample_seed=request.sample_seed,
+                    block_ids=self.kv.block_ids(request.request_id),
+                    num_computed_tokens=num_hit,
+                )
+            )
+            budget.take(request.request_id, n)
+
+    def _admit(self, request: Request, n: int, computed: KVCacheBlocks, num_hit: int) -> None:
+        self.kv.allocate_slots(request, n, computed)
+        self.waiting.popleft()
+        self.running.append(request)
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_hit
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit
+
+    def _on_scheduled(self, request: Request, num_new_tokens: int) -> None:
+        """Advance progress as if the step had run (the async subclass adds placeholders)."""
+        request.num_computed_tokens += num_new_tokens
+
+    # -- results -------------------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append sampled tokens, apply stop rules, free finished requests."""
+        outputs: list[EngineCoreOutput] = []
+        index = runner_output.req_id_to_index
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished:
+                continue  # ended (aborted) while the step ran: its results are dropped
+            i = index[req_id]
+            sampled = runner_output.sampled_token_ids[i]
+            if not sampled:
+                continue  # a prompt chunk: nothing to report yet
+            logprobs = runner_output.logprobs[i] if runner_output.logprobs else None
+            new_tokens = self._append_and_check_stop(request, sampled)
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=req_id,
+                    new_token_ids=new_tokens,
+                    new_logprobs=logprobs[: len(new_tokens)] if logprobs else None,
+                    finish_reason=request.status.finish_reason,
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                )
+            )
+            if request.is_finished:
+                self.running.remove(request)
+                self._release(request)
+        return outputs
+
+    def _append_and_check_stop(self, request: Request, sampled: list[int]) -> list[int]:
+        new_tokens: list[int] = []
+        for token in sampled:
+            request.append_output_token(token)
+            new_tokens.append(token)
+            status = self._stop_status(request, token)
+            if status is not None:
+                request.status = status
+                break
+        return new_tokens
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if request.num_output_tokens > params.min_tokens - 1 or params.min_tokens == 0:
+            if token == request.eos_token_id and not params.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED
+            if params.stop_token_ids and token in params.stop_token_ids:
+                request.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+
+class _Budget:
+    """Tokens left this step and what was scheduled, in schedule order."""
+
+    def __init__(self, total: int) -> None:
+        self.left = total
+        self.used = 0
+        self.scheduled: dict[str, int] = {}
+
+    def take(self, req_id: str, n: int) -> None:
+        self.scheduled[req_id] = n
+        self.left -= n
+        self.used += n

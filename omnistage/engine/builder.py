@@ -1,0 +1,133 @@
+"""Build a runnable stage from an `EngineConfig`: model, KV cache, runner, scheduler, core.
+
+KV cache size: `num_kv_blocks` if given, else `kv_cache_memory_bytes`, else
+enough for `max_num_seqs` requests of `max_model_len` tokens capped at
+`DEFAULT_KV_BYTES`. It must hold at least one request of `max_model_len`
+tokens, so a lone request can always finish.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from omnistage.config import EngineConfig
+from omnistage.core.engine_core import EngineCore
+from omnistage.core.executor import InlineExecutor
+from omnistage.core.kv_cache_manager import KVCacheManager
+from omnistage.core.scheduler import Scheduler
+from omnistage.models.base import CausalLM
+from omnistage.models.loader import ModelFiles, iter_weights, load_hf_config, resolve_model
+from omnistage.models.registry import model_class_for
+from omnistage.platforms import platform_for
+
+logger = logging.getLogger("omnistage")
+
+DEFAULT_KV_BYTES = 1 << 30
+
+
+@dataclass
+class BuiltStage:
+    config: EngineConfig
+    """Resolved config (max_model_len and token budget filled in)."""
+    files: ModelFiles
+    hf_config: Any
+    core: EngineCore
+    kv_cache_manager: KVCacheManager
+
+
+def build_model(files: ModelFiles, hf_config: Any, dtype: torch.dtype, max_model_len: int) -> CausalLM:
+    cls = model_class_for(hf_config)
+    with _skip_weight_init():
+        model = cls(hf_config, dtype, max_model_len)
+    loaded = model.load_weights(iter_weights(files.path))
+    missing = sorted(model.expected_weight_names() - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
+        raise ValueError(f"checkpoint {files.path}: {len(missing)} weights missing: {shown}")
+    return model.eval()
+
+
+@contextmanager
+def _skip_weight_init() -> Iterator[None]:
+    """Build layers without random init: every weight is loaded (or the load fails)."""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
+
+def model_max_len(hf_config: Any) -> int:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(hf_config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 2048
+
+
+def kv_block_bytes(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
+
+
+def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
+    assert config.max_model_len is not None  # resolved before this is called
+    per_req = -(-config.max_model_len // config.block_size)
+    if config.num_kv_blocks is not None:
+        blocks = config.num_kv_blocks
+    elif config.kv_cache_memory_bytes is not None:
+        blocks = config.kv_cache_memory_bytes // block_bytes
+    else:
+        blocks = min(config.max_num_seqs * per_req, DEFAULT_KV_BYTES // block_bytes)
+    blocks += 1  # the null block
+    if blocks - 1 < per_req:
+        raise ValueError(
+            f"KV cache: {blocks - 1} blocks of {config.block_size} tokens cannot hold one request "
+            f"of max_model_len={config.max_model_len}; raise kv_cache_memory_bytes/num_kv_blocks "
+            "or lower max_model_len"
+        )
+    return blocks
+
+
+def build_stage(config: EngineConfig) -> BuiltStage:
+    platform = platform_for(config.device)
+    platform.configure_threads(config.num_threads)
+    files = resolve_model(config.model)
+    hf_config = load_hf_config(files)
+    config = config.resolve_for_model(model_max_len(hf_config))
+    dtype = config.torch_dtype
+    model = build_model(files, hf_config, dtype, config.max_model_len).to(platform.device)
+    block_bytes = kv_block_bytes(model, config.block_size, dtype)
+    blocks = num_kv_blocks(config, block_bytes)
+    kv_caches = [
+        torch.zeros(2, blocks, config.block_size, model.num_kv_heads, model.head_dim, dtype=dtype, device=platform.device)
+        for _ in range(model.num_layers)
+    ]
+    logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", blocks - 1, config.block_size, blocks * block_bytes / 2**20)
+    kv = KVCacheManager(blocks, config.block_size, config.max_model_len, config.enable_prefix_caching)
+    runner = platform.runner_class(
+        model=model,
+        kv_caches=kv_caches,
+        block_size=config.block_size,
+        max_num_reqs=config.max_num_seqs,
+        max_model_len=config.max_model_len,
+        eos_token_id=eos_token_id(hf_config),
+        device=platform.device,
+    )
+    core = EngineCore(Scheduler(config, kv), InlineExecutor(runner))
+    return BuiltStage(config=config, files=files, hf_config=hf_config, core=core, kv_cache_manager=kv)
+
+
+def eos_token_id(hf_config: Any) -> int | None:
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, list):
+        return eos[0] if eos else None
+    return eos

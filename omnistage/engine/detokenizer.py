@@ -1,0 +1,77 @@
+"""Incremental detokenization and stop strings, per sequence.
+
+Text grows token by token through the tokenizers library's `DecodeStream`
+(which holds back partial UTF-8 sequences). After each token the tail of the
+text is searched for the request's stop strings; on a match the text is cut
+before the stop string (or after it, with `include_stop_str_in_output`) and
+the sequence is reported stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenizers.decoders import DecodeStream
+
+_PRIME_TOKENS = 4
+
+
+class IncrementalDetokenizer:
+    def __init__(
+        self,
+        tokenizer: Any,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool,
+        stop: list[str],
+        include_stop_str_in_output: bool,
+    ) -> None:
+        self.text = ""
+        self.stop = stop
+        self.include_stop = include_stop_str_in_output
+        self.stop_reason: str | None = None
+        self._backend = getattr(tokenizer, "_tokenizer", None)
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
+        self._ids: list[int] = []
+        if self._backend is not None:
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+            # Prime with the prompt's tail so the first token decodes with its real context
+            # (leading spaces of SentencePiece-style decoders).
+            for token in prompt_token_ids[-_PRIME_TOKENS:]:
+                self._stream.step(self._backend, token)
+
+    def decode_token(self, token_id: int) -> str:
+        """Text of one token on its own (for logprobs)."""
+        return self._tokenizer.convert_ids_to_tokens(token_id) or ""
+
+    def add_tokens(self, token_ids: list[int]) -> bool:
+        """Append tokens; returns True when a stop string ended the sequence."""
+        for token in token_ids:
+            before = len(self.text)
+            self.text += self._step(token)
+            if self.stop and self._check_stop(before):
+                return True
+        return False
+
+    def _step(self, token: int) -> str:
+        if self._backend is not None:
+            return self._stream.step(self._backend, token) or ""
+        self._ids.append(token)
+        full = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip_special)
+        new = full[len(self.text) :] if full.startswith(self.text) else ""
+        return new if not new.endswith("\ufffd") else ""
+
+    def _check_stop(self, new_from: int) -> bool:
+        longest = max(len(s) for s in self.stop)
+        search_from = max(0, new_from - longest + 1)
+        best: tuple[int, str] | None = None
+        for stop in self.stop:
+            idx = self.text.find(stop, search_from)
+            if idx != -1 and (best is None or idx < best[0]):
+                best = (idx, stop)
+        if best is None:
+            return False
+        idx, stop = best
+        self.text = self.text[: idx + len(stop)] if self.include_stop else self.text[:idx]
+        self.stop_reason = stop
+        return True

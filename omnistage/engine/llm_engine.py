@@ -1,0 +1,169 @@
+"""`LLMEngine`: one autoregressive stage driven from the caller's thread.
+
+`add_request` validates and tokenizes, fans an n>1 request out into n
+sequences (each with its own seed), and hands them to the engine core.
+`step` runs one engine step and turns core outputs into `RequestOutput`s:
+incremental text, stop strings (which end the sequence in the core), logprobs.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnistage.config import EngineConfig
+from omnistage.core.engine_core_output import EngineCoreOutput
+from omnistage.core.request import RequestStatus
+from omnistage.engine.builder import build_stage
+from omnistage.engine.detokenizer import IncrementalDetokenizer
+from omnistage.engine.input_processor import InputProcessor, PromptType, child_seed
+from omnistage.models.loader import load_tokenizer
+from omnistage.outputs import CompletionOutput, Logprob, RequestOutput
+from omnistage.sampling_params import SamplingParams
+
+
+@dataclass
+class _Sequence:
+    index: int
+    core_id: str
+    detok: IncrementalDetokenizer
+    output: CompletionOutput
+
+
+@dataclass
+class _Tracked:
+    output: RequestOutput
+    seqs: dict[str, _Sequence] = field(default_factory=dict)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        stage = build_stage(config)
+        self.config = stage.config
+        self.core = stage.core
+        self.kv_cache_manager = stage.kv_cache_manager
+        self.hf_config = stage.hf_config
+        self.model_files = stage.files
+        self.tokenizer = load_tokenizer(stage.files)
+        eos = self.core.executor.runner.eos_token_id
+        if eos is None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_id = eos
+        self.inputs = InputProcessor(
+            self.tokenizer, self.config.max_model_len, self.hf_config.vocab_size, eos
+        )
+        self._seed_rng = random.Random(config.seed)
+        self._tracked: dict[str, _Tracked] = {}
+        self._by_core_id: dict[str, tuple[_Tracked, _Sequence]] = {}
+
+    # -- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
+        text, ids = self.inputs.tokenize(prompt)
+        self.add_tokenized_request(request_id, text, ids, params)
+
+    def add_tokenized_request(
+        self, request_id: str, text: str | None, ids: list[int], params: SamplingParams
+    ) -> None:
+        if request_id in self._tracked:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        self.inputs.validate_ids(ids)
+        self.inputs.check_params(params)
+        base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        tracked = _Tracked(RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids))
+        for i in range(params.n):
+            core_id = request_id if params.n == 1 else f"{i}_{request_id}"
+            seq = _Sequence(
+                index=i,
+                core_id=core_id,
+                detok=IncrementalDetokenizer(
+                    self.tokenizer, ids, params.skip_special_tokens, params.stop_strings,
+                    params.include_stop_str_in_output,
+                ),
+                output=CompletionOutput(
+                    index=i, text="", token_ids=[],
+                    logprobs=[] if params.logprobs is not None else None,
+                    cumulative_logprob=0.0 if params.logprobs is not None else None,
+                ),
+            )
+            tracked.seqs[core_id] = seq
+            tracked.output.outputs.append(seq.output)
+        self._tracked[request_id] = tracked
+        for seq in tracked.seqs.values():
+            self._by_core_id[seq.core_id] = (tracked, seq)
+            self.core.add_request(
+                self.inputs.make_request(seq.core_id, ids, params, child_seed(base_seed, seq.index))
+            )
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            tracked = self._tracked.pop(request_id, None)
+            if tracked is None:
+                continue
+            self.core.abort_requests(list(tracked.seqs))
+            for seq in tracked.seqs.values():
+                self._by_core_id.pop(seq.core_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._tracked)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._tracked)
+
+    # -- stepping --------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns the requests that changed (finished ones last time)."""
+        changed: dict[str, RequestOutput] = {}
+        for out in self.core.step():
+            entry = self._by_core_id.get(out.request_id)
+            if entry is None:
+                continue
+            tracked, seq = entry
+            self._apply(seq, out)
+            if seq.output.finished:
+                self._by_core_id.pop(seq.core_id, None)
+            changed[tracked.output.request_id] = tracked.output
+        for request_id, output in changed.items():
+            if all(o.finished for o in output.outputs):
+                output.finished = True
+                del self._tracked[request_id]
+        return list(changed.values())
+
+    def _apply(self, seq: _Sequence, out: EngineCoreOutput) -> None:
+        comp = seq.output
+        comp.token_ids.extend(out.new_token_ids)
+        if out.new_logprobs and comp.logprobs is not None:
+            for token, entry in zip(out.new_token_ids, out.new_logprobs, strict=False):
+                comp.logprobs.append(self._logprob_dict(seq, token, entry))
+                comp.cumulative_logprob += entry[1][0]
+        stopped = seq.detok.add_tokens(out.new_token_ids)
+        comp.text = seq.detok.text
+        tracked_output = self._by_core_id[seq.core_id][0].output
+        tracked_output.num_cached_tokens = max(tracked_output.num_cached_tokens, out.num_cached_tokens)
+        if stopped and not out.finished:
+            self.core.finish_requests([seq.core_id], RequestStatus.FINISHED_STOPPED)
+        if stopped:
+            comp.finish_reason, comp.stop_reason = "stop", seq.detok.stop_reason
+        elif out.finished:
+            comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
+
+    def _logprob_dict(self, seq: _Sequence, token: int, entry: tuple[list[int], list[float], int]) -> dict[int, Logprob]:
+        ids, lps, rank = entry
+        result = {ids[0]: Logprob(lps[0], rank, seq.detok.decode_token(ids[0]))}
+        for r, (tid, lp) in enumerate(zip(ids[1:], lps[1:], strict=True), start=1):
+            result.setdefault(tid, Logprob(lp, r, seq.detok.decode_token(tid)))
+        return result
+
+    # -- introspection -------------------------------------------------------------------------
+    def num_free_kv_blocks(self) -> int:
+        return self.kv_cache_manager.num_free_blocks
+
+    def num_usable_kv_blocks(self) -> int:
+        return self.kv_cache_manager.pool.num_usable_blocks
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def shutdown(self) -> None:
+        self.core.shutdown()

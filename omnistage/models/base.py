@@ -1,0 +1,47 @@
+"""`CausalLM`: the interface every autoregressive model of omnistage implements.
+
+The runner calls, per step, `forward(input_ids, positions)` inside a forward
+context (attention layers read their metadata from it), then
+`compute_logits(hidden)` on the rows that sample. A model may own its
+sampling: set `prefer_model_sampler = True` and implement `sample()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+
+class CausalLM(nn.Module):
+    architectures: ClassVar[tuple[str, ...]] = ()
+    """HF `architectures` names this class serves."""
+
+    prefer_model_sampler: ClassVar[bool] = False
+    """When True the runner calls `sample()` before the default sampler."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[T] token ids and positions of the step -> [T, hidden] hidden states."""
+        raise NotImplementedError
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, vocab] float32 logits."""
+        raise NotImplementedError
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load HF-named tensors; returns the names of parameters that were set."""
+        raise NotImplementedError
+
+    def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
+        """Give each attention layer its cache tensor (see worker/attention.py)."""
+        raise NotImplementedError
+
+    def sample(self, logits: torch.Tensor, metadata: Any) -> torch.Tensor | None:
+        """Model-owned sampling; None falls back to the default sampler."""
+        return None

@@ -1,0 +1,205 @@
+"""Dense decoder-only transformers of the Llama family on the paged-KV hot path.
+
+`LlamaForCausalLM` (Llama 2/3, SmolLM, Mistral-style), `Qwen2ForCausalLM`
+(bias on q/k/v) and `Qwen3ForCausalLM` (RMSNorm on q and k per head). Weights
+load by HF parameter names; q/k/v and gate/up are fused into one matmul each,
+which is faster on CPU than three (or two) smaller ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omnistage.models.base import CausalLM
+from omnistage.models.layers import RMSNorm, RotaryEmbedding, load_shard
+from omnistage.worker.attention import paged_attention
+from omnistage.worker.forward_context import get_forward_context
+
+
+def _linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> nn.Linear:
+    layer = nn.Linear(n_in, n_out, bias=bias, dtype=dtype)
+    layer.requires_grad_(False)
+    return layer
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config: Any, dtype: torch.dtype, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = _linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias, dtype)
+        self.o_proj = _linear(self.q_size, config.hidden_size, getattr(config, "attention_bias", False), dtype)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
+        self.rotary = rotary
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = paged_attention(q, k, v, self.kv_cache, get_forward_context(), self.scale)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, config: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        bias = getattr(config, "mlp_bias", False)
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = _linear(config.hidden_size, 2 * self.intermediate, bias, dtype)
+        self.down_proj = _linear(self.intermediate, config.hidden_size, bias, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Any, dtype: torch.dtype, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.self_attn = DecoderAttention(config, dtype, rotary, qkv_bias, qk_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.mlp = DecoderMLP(config, dtype)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(CausalLM):
+    architectures = ("LlamaForCausalLM", "MistralForCausalLM")
+    qkv_bias = False
+    qk_norm = False
+
+    def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        rotary = RotaryEmbedding(self._hf_rotary(config), max_positions, dtype)
+        qkv_bias = self.qkv_bias or getattr(config, "attention_bias", False)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embed_tokens.requires_grad_(False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, dtype, rotary, qkv_bias, self.qk_norm)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
+        attn = self.layers[0].self_attn
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = attn.num_kv_heads
+        self.head_dim = attn.head_dim
+
+    @staticmethod
+    def _hf_rotary(config: Any) -> nn.Module:
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        return LlamaRotaryEmbedding(config)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(positions, x)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
+        for layer, cache in zip(self.layers, kv_caches, strict=True):
+            layer.self_attn.kv_cache = cache
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            target = self._map_name(hf_name)
+            if target is None:
+                continue
+            name, offset = target
+            if name not in params:
+                raise ValueError(f"checkpoint tensor {hf_name!r} has no parameter {name!r} in {type(self).__name__}")
+            param = params[name]
+            tensor = tensor.to(self.dtype)
+            if offset is None:
+                if tensor.shape != param.shape:
+                    raise ValueError(f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+                param.copy_(tensor)
+            else:
+                load_shard(param, tensor, offset)
+            loaded.add(hf_name if offset is None else f"{name}@{offset}")
+        return loaded
+
+    def _map_name(self, hf_name: str) -> tuple[str, int | None] | None:
+        """HF name -> (our parameter name, row offset inside a fused parameter or None)."""
+        if "rotary_emb" in hf_name:
+            return None
+        name = hf_name.removeprefix("model.")
+        if name == "lm_head.weight" and self.tie_word_embeddings:
+            return None
+        attn = self.layers[0].self_attn
+        fused = {
+            "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+            "self_attn.k_proj": ("self_attn.qkv_proj", attn.q_size),
+            "self_attn.v_proj": ("self_attn.qkv_proj", attn.q_size + attn.kv_size),
+            "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+            "mlp.up_proj": ("mlp.gate_up_proj", self.layers[0].mlp.intermediate),
+        }
+        for part, (fused_name, offset) in fused.items():
+            if f".{part}." in name:
+                return name.replace(part, fused_name), offset
+        return name, None
+
+    def expected_weight_names(self) -> set[str]:
+        """Keys `load_weights` must have set for the model to be complete."""
+        names = set()
+        attn = self.layers[0].self_attn
+        mlp = self.layers[0].mlp
+        for pname, _ in self.named_parameters():
+            if pname.endswith("qkv_proj.weight") or pname.endswith("qkv_proj.bias"):
+                names |= {f"{pname}@0", f"{pname}@{attn.q_size}", f"{pname}@{attn.q_size + attn.kv_size}"}
+            elif pname.endswith("gate_up_proj.weight") or pname.endswith("gate_up_proj.bias"):
+                names |= {f"{pname}@0", f"{pname}@{mlp.intermediate}"}
+            else:
+                names.add(("model." if not pname.startswith("lm_head") else "") + pname)
+        return names
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    architectures = ("Qwen2ForCausalLM",)
+    qkv_bias = True
+
+    @staticmethod
+    def _hf_rotary(config: Any) -> nn.Module:
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
+
+        return Qwen2RotaryEmbedding(config)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    architectures = ("Qwen3ForCausalLM",)
+    qk_norm = True
+
+    @staticmethod
+    def _hf_rotary(config: Any) -> nn.Module:
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+        return Qwen3RotaryEmbedding(config)

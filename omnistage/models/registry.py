@@ -1,0 +1,36 @@
+"""Registry from HF `architectures` names to omnistage model classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnistage.models.base import CausalLM
+from omnistage.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+_MODELS: dict[str, type[CausalLM]] = {}
+
+
+def register_model(cls: type[CausalLM]) -> type[CausalLM]:
+    for arch in cls.architectures:
+        _MODELS[arch] = cls
+    return cls
+
+
+for _cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM):
+    register_model(_cls)
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def model_class_for(hf_config: Any) -> type[CausalLM]:
+    """The class serving this config's `architectures`; ValueError listing the supported ones."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    for arch in archs:
+        if arch in _MODELS:
+            return _MODELS[arch]
+    raise ValueError(
+        f"architectures: {archs or 'none given'} is not supported; "
+        f"supported: {', '.join(supported_architectures())}"
+    )

@@ -1,0 +1,20 @@
+"""The CPU platform and its model runner."""
+
+from __future__ import annotations
+
+import torch
+
+from omnistage.platforms.interface import Platform
+from omnistage.worker.model_runner import ModelRunner
+
+
+class CPUModelRunner(ModelRunner):
+    """CPU runner: device placement only; sampling dispatch is inherited, never overridden."""
+
+
+class CpuPlatform(Platform):
+    name = "cpu"
+    runner_class = CPUModelRunner
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")

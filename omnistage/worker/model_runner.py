@@ -1,0 +1,245 @@
+"""`ModelRunner`: executes one scheduled step on a model and samples.
+
+Per step (`execute_model`):
+  update the persistent batch from the `SchedulerOutput` (drop ended and
+  preempted requests, add new ones, extend block tables) → build the flat
+  inputs and the attention metadata → forward in a forward context → logits
+  of the rows that sample → sampling → append the sampled tokens to each
+  request's real history → `ModelRunnerOutput`.
+
+Sampling dispatch is written here, once: logits processors, then the model's
+own `sample()` when it prefers it, then the default sampler. Platform runners
+(CPU, CUDA) subclass this for device details only and must not override
+`_sample` (seeds/001: a platform runner that skipped the dispatch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from omnistage.models.base import CausalLM
+from omnistage.sample import (
+    Sampler,
+    SamplingMetadata,
+    apply_logits_processors,
+    compute_logprobs,
+    gather_logprobs,
+)
+from omnistage.sample.metadata import RowSamplingState
+from omnistage.worker.attention import AttentionMetadata, PrefillSeq
+from omnistage.worker.forward_context import forward_context
+from omnistage.worker.input_batch import InputBatch, RequestState
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn: AttentionMetadata
+    rows: list[int]
+    """Batch rows scheduled this step, in flat order."""
+    sample_rows: list[int]
+    """Rows that sample a token this step (their prompt is fully computed)."""
+    logits_indices: torch.Tensor
+    """Flat index of the last token of each sampling row."""
+
+
+class ModelRunner:
+    """Platform-independent runner; subclasses set the device details."""
+
+    def __init__(
+        self,
+        model: CausalLM,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        max_num_reqs: int,
+        max_model_len: int,
+        eos_token_id: int | None,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.eos_token_id = eos_token_id
+        self.model.bind_kv_cache(kv_caches)
+        max_blocks = -(-max_model_len // block_size)
+        self.batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
+        self.requests: dict[str, RequestState] = {}
+        self.sampler = Sampler()
+
+    # -- batch bookkeeping ---------------------------------------------------------------
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids | so.preempted_req_ids:
+            self.requests.pop(req_id, None)
+            self.batch.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            state = RequestState(
+                req_id=new.req_id,
+                prompt_token_ids=list(new.prompt_token_ids),
+                output_token_ids=list(new.output_token_ids),
+                sampling_params=new.sampling_params,
+                sample_seed=new.sample_seed,
+                block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+                eos_token_id=self.eos_token_id,
+            )
+            self.requests[new.req_id] = state
+            self.batch.add(state)
+        for cached in so.scheduled_cached_reqs:
+            state = self.requests[cached.req_id]
+            state.num_computed_tokens = cached.num_computed_tokens
+            if cached.new_block_ids:
+                state.block_ids.extend(cached.new_block_ids)
+                self.batch.append_blocks(self.batch.req_id_to_row[cached.req_id], cached.new_block_ids)
+        self.batch.condense()
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        batch, bs = self.batch, self.block_size
+        rows, ids, pos, slots = [], [], [], []
+        sample_rows, logits_idx, decode_rows, decode_idx = [], [], [], []
+        prefills: list[PrefillSeq] = []
+        flat = 0
+        for row in range(batch.num_rows):
+            state = batch.states[row]
+            n = so.num_scheduled_tokens.get(state.req_id, 0)
+            if n == 0:
+                continue
+            start = state.num_computed_tokens
+            p = np.arange(start, start + n)
+            rows.append(row)
+            ids.append(batch.token_ids[row, start : start + n])
+            pos.append(p)
+            slots.append(batch.block_table[row, p // bs] * bs + p % bs)
+            if start + n >= int(batch.num_tokens[row]):
+                sample_rows.append(row)
+                logits_idx.append(flat + n - 1)
+            if n == 1:
+                decode_rows.append(row)
+                decode_idx.append(flat)
+            else:
+                nblk = -(-(start + n) // bs)
+                prefills.append(
+                    PrefillSeq(flat, n, start, torch.from_numpy(batch.block_table[row, :nblk].copy()))
+                )
+            flat += n
+        attn = self._attention_metadata(flat, np.concatenate(slots), decode_rows, decode_idx, prefills)
+        return StepInputs(
+            input_ids=torch.from_numpy(np.concatenate(ids)).to(self.device),
+            positions=torch.from_numpy(np.concatenate(pos)).to(self.device),
+            attn=attn,
+            rows=rows,
+            sample_rows=sample_rows,
+            logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=self.device),
+        )
+
+    def _attention_metadata(
+        self,
+        num_tokens: int,
+        slots: np.ndarray,
+        decode_rows: list[int],
+        decode_idx: list[int],
+        prefills: list[PrefillSeq],
+    ) -> AttentionMetadata:
+        bt = mask = idx = None
+        if decode_rows:
+            seq_lens = np.array(
+                [self.batch.states[r].num_computed_tokens + 1 for r in decode_rows], dtype=np.int64
+            )
+            nblk = int(-(-seq_lens.max() // self.block_size))
+            bt = torch.from_numpy(self.batch.block_table[decode_rows, :nblk]).to(self.device)
+            span = torch.arange(nblk * self.block_size, device=self.device)
+            mask = (span.unsqueeze(0) < torch.from_numpy(seq_lens).to(self.device).unsqueeze(1))
+            mask = mask[:, None, None, :]
+            idx = torch.tensor(decode_idx, dtype=torch.long, device=self.device)
+        return AttentionMetadata(
+            num_tokens=num_tokens,
+            slot_mapping=torch.from_numpy(slots).to(self.device),
+            decode_token_idx=idx,
+            decode_block_table=bt,
+            decode_mask=mask,
+            prefills=prefills,
+            all_decode=not prefills,
+        )
+
+    # -- the step -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=[])
+        inputs = self._prepare_inputs(so)
+        with forward_context(inputs.attn):
+            hidden = self.model(inputs.input_ids, inputs.positions)
+        sampled: dict[int, int] = {}
+        logprobs: dict[int, tuple[list[int], list[float], int]] = {}
+        if inputs.sample_rows:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            sampled, logprobs = self._sample(logits, inputs.sample_rows)
+        return self._finish_step(inputs.rows, sampled, logprobs)
+
+    def _sampling_metadata(self, rows: list[int]) -> SamplingMetadata:
+        states = [self.batch.states[r] for r in rows]
+        return SamplingMetadata.from_requests(
+            [
+                RowSamplingState(
+                    sampling_params=s.sampling_params,
+                    seed=s.sample_seed,
+                    prompt_token_ids=s.prompt_token_ids,
+                    output_token_ids=s.output_token_ids,
+                    eos_token_id=s.eos_token_id,
+                )
+                for s in states
+            ],
+            self.device,
+        )
+
+    def _sample(
+        self, logits: torch.Tensor, rows: list[int]
+    ) -> tuple[dict[int, int], dict[int, tuple[list[int], list[float], int]]]:
+        """The one sampling dispatch of every platform: processors → model sampler → default."""
+        md = self._sampling_metadata(rows)
+        raw_logprobs = compute_logprobs(logits, md) if md.max_num_logprobs is not None else None
+        logits = apply_logits_processors(logits, md)
+        tokens = None
+        if self.model.prefer_model_sampler:
+            tokens = self.model.sample(logits, md)
+        if tokens is None:
+            tokens = self.sampler(logits, md)
+        token_list = tokens.tolist()
+        sampled = dict(zip(rows, token_list, strict=True))
+        logprobs = {}
+        if raw_logprobs is not None:
+            ids, lps, ranks = gather_logprobs(raw_logprobs, tokens, md.max_num_logprobs)
+            for i, row in enumerate(rows):
+                k = self.batch.states[row].sampling_params.logprobs
+                if k is not None:
+                    logprobs[row] = (ids[i, : k + 1].tolist(), lps[i, : k + 1].tolist(), int(ranks[i]))
+        return sampled, logprobs
+
+    def _finish_step(
+        self,
+        rows: list[int],
+        sampled: dict[int, int],
+        logprobs: dict[int, tuple[list[int], list[float], int]],
+    ) -> ModelRunnerOutput:
+        """Record sampled tokens in each request's real history (sync: right away)."""
+        req_ids, tokens, lps = [], [], []
+        for row in rows:
+            state = self.batch.states[row]
+            req_ids.append(state.req_id)
+            if row in sampled:
+                token = sampled[row]
+                state.output_token_ids.append(token)
+                self.batch.append_token(row, token)
+                tokens.append([token])
+                lps.append([logprobs[row]] if row in logprobs else None)
+            else:
+                tokens.append([])
+                lps.append(None)
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=tokens, logprobs=lps)

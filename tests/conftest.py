@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny checkpoints (session-scoped) and engine factories."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from tests.tiny_models import make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("tiny-qwen3"), "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_f64(tmp_path_factory):
+    """A float64-saved llama for exact equivalence tests."""
+    import torch
+
+    return make_checkpoint(tmp_path_factory.mktemp("tiny-llama-f64"), "llama", seed=1, dtype=torch.float64)

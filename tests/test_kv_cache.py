@@ -1,0 +1,90 @@
+"""Block pool and KV cache manager: reference counts, prefix cache, check-then-commit."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnistage.core.kv_cache_manager import KVCacheManager
+from omnistage.core.request import Request
+from omnistage.sampling_params import SamplingParams
+
+
+def make_request(rid: str, tokens: list[int]) -> Request:
+    return Request(rid, tokens, SamplingParams(max_tokens=8), eos_token_id=None, max_tokens=8, sample_seed=0)
+
+
+def manager(num_blocks=9, block_size=4, caching=True) -> KVCacheManager:
+    return KVCacheManager(num_blocks, block_size, max_model_len=64, enable_caching=caching)
+
+
+def test_allocate_and_free_returns_every_block():
+    kv = manager()
+    req = make_request("a", list(range(10)))
+    assert kv.can_allocate(req, 10)
+    blocks = kv.allocate_slots(req, 10)
+    assert len(blocks) == 3
+    assert kv.num_free_blocks == 8 - 3
+    kv.free(req)
+    assert kv.num_free_blocks == 8
+    assert kv.num_requests == 0
+
+
+def test_can_allocate_says_no_when_full_and_allocate_then_raises():
+    kv = manager(num_blocks=3)  # 2 usable blocks
+    req = make_request("a", list(range(12)))
+    assert not kv.can_allocate(req, 12)
+    with pytest.raises(RuntimeError):
+        kv.allocate_slots(req, 12)
+    assert kv.num_free_blocks == 2
+
+
+def test_prefix_cache_hit_shares_blocks_and_leaves_one_token():
+    kv = manager()
+    a = make_request("a", list(range(12)))
+    kv.allocate_slots(a, 12)
+    b = make_request("b", list(range(12)))
+    hit, num = kv.get_computed_blocks(b)
+    # 3 full blocks cached, but one token must be left to compute: 2 blocks hit.
+    assert num == 8 and len(hit) == 2
+    assert hit.block_ids == kv.block_ids("a")[:2]
+    kv.allocate_slots(b, 4, hit)
+    assert kv.block_ids("b")[:2] == kv.block_ids("a")[:2]
+    kv.free(a)
+    kv.free(b)
+    assert kv.num_free_blocks == 8
+
+
+def test_hash_chain_distinguishes_prefixes():
+    kv = manager()
+    a = make_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    kv.allocate_slots(a, 9)
+    b = make_request("b", [0, 2, 3, 4, 5, 6, 7, 8, 9])  # first block differs -> no hit at all
+    assert kv.get_computed_blocks(b)[1] == 0
+    c = make_request("c", [1, 2, 3, 4, 0, 6, 7, 8, 9])  # second block differs -> 1 block
+    assert kv.get_computed_blocks(c)[1] == 4
+
+
+def test_freed_cached_blocks_are_reused_then_evicted():
+    kv = manager(num_blocks=5)  # 4 usable
+    a = make_request("a", list(range(9)))
+    kv.allocate_slots(a, 9)
+    kv.free(a)
+    b = make_request("b", list(range(9)))
+    hit, num = kv.get_computed_blocks(b)
+    assert num == 8
+    # Reviving 2 cached free blocks counts against the free pool.
+    assert kv.can_allocate(b, 1, hit)
+    kv.allocate_slots(b, 1, hit)
+    assert kv.num_free_blocks == 1
+    kv.free(b)
+    c = make_request("c", [100 + i for i in range(16)])
+    kv.allocate_slots(c, 16)  # needs all 4: evicts the cached ones
+    kv.free(c)
+    assert kv.get_computed_blocks(make_request("d", list(range(9))))[1] == 0
+
+
+def test_caching_off_never_hits():
+    kv = manager(caching=False)
+    a = make_request("a", list(range(12)))
+    kv.allocate_slots(a, 12)
+    assert kv.get_computed_blocks(make_request("b", list(range(12))))[1] == 0

@@ -1,0 +1,131 @@
+"""Scheduler: token budget, chunked prefill, max_num_seqs, preemption, stop rules, freeing."""
+
+from __future__ import annotations
+
+from omnistage.config import EngineConfig
+from omnistage.core.kv_cache_manager import KVCacheManager
+from omnistage.core.request import Request, RequestStatus
+from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from omnistage.core.scheduler import Scheduler
+from omnistage.sampling_params import SamplingParams
+
+
+def make_scheduler(num_blocks=64, block_size=4, budget=16, max_seqs=8, chunked=True, caching=True):
+    config = EngineConfig(
+        model="unused", max_model_len=64, max_num_batched_tokens=budget, max_num_seqs=max_seqs,
+        enable_chunked_prefill=chunked, enable_prefix_caching=caching, block_size=block_size,
+    )
+    kv = KVCacheManager(num_blocks, block_size, 64, caching)
+    return Scheduler(config, kv)
+
+
+def req(rid, n_prompt, max_tokens=4, first=0, **params) -> Request:
+    sp = SamplingParams(max_tokens=max_tokens, **params)
+    return Request(rid, list(range(first, first + n_prompt)), sp, eos_token_id=99, max_tokens=max_tokens, sample_seed=0)
+
+
+def fake_step(sched: Scheduler, token=7) -> tuple[SchedulerOutput, list]:
+    """Run one step with a fake runner that samples `token` for every request done with its prompt."""
+    so = sched.schedule()
+    ids, sampled = [], []
+    for rid in so.num_scheduled_tokens:
+        r = sched.requests[rid]
+        ids.append(rid)
+        sampled.append([token] if r.num_computed_tokens >= r.num_tokens else [])
+    out = ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, logprobs=[None] * len(ids))
+    return so, sched.update_from_output(so, out)
+
+
+def test_chunked_prefill_respects_budget_and_decodes_share_steps():
+    s = make_scheduler(budget=16)
+    s.add_request(req("a", 40))
+    so, _ = fake_step(s)
+    assert so.num_scheduled_tokens == {"a": 16}
+    s.add_request(req("b", 3))
+    so, _ = fake_step(s)
+    assert so.num_scheduled_tokens == {"a": 16}
+    so, outs = fake_step(s)
+    # a's last 8 prompt tokens, and b's 3 tokens fill the rest of the budget
+    assert so.num_scheduled_tokens == {"a": 8, "b": 3}
+    assert {o.request_id for o in outs} == {"a", "b"}
+    so, _ = fake_step(s)
+    assert so.num_scheduled_tokens == {"a": 1, "b": 1}
+
+
+def test_no_chunking_waits_for_room():
+    s = make_scheduler(budget=64, chunked=False)
+    s.add_request(req("a", 40))
+    s.add_request(req("b", 30, first=100))
+    so, _ = fake_step(s)
+    assert so.num_scheduled_tokens == {"a": 40}
+
+
+def test_max_num_seqs():
+    s = make_scheduler(budget=64, max_seqs=2)
+    for i in range(4):
+        s.add_request(req(f"r{i}", 2, first=10 * i))
+    so, _ = fake_step(s)
+    assert set(so.num_scheduled_tokens) == {"r0", "r1"}
+
+
+def test_preemption_frees_and_recomputes_latest_arrival():
+    s = make_scheduler(num_blocks=5, block_size=4, budget=64)  # 4 usable blocks = 16 tokens
+    s.add_request(req("a", 8, max_tokens=8))
+    s.add_request(req("b", 8, max_tokens=8, first=50))
+    fake_step(s)  # both prefilled: 2 blocks each, 8 tokens each
+    so, _ = fake_step(s)  # both need a 3rd block at token 9: b is preempted
+    assert "b" in so.preempted_req_ids
+    b = s.requests["b"]
+    assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
+    assert b.output_token_ids == [7]  # confirmed outputs survive preemption
+    while s.has_unfinished_requests():
+        fake_step(s)
+    assert s.kv.num_free_blocks == 4
+
+
+def test_stop_rules_and_release():
+    s = make_scheduler()
+    s.add_request(req("len", 2, max_tokens=3))
+    s.add_request(req("eos", 2, max_tokens=10, first=20))
+    s.add_request(req("stopid", 2, max_tokens=10, first=30, stop_token_ids=[7]))
+    s.add_request(req("min", 2, max_tokens=10, first=40, min_tokens=3))
+    s.add_request(req("ign", 2, max_tokens=2, first=50, ignore_eos=True))
+    finished = {}
+    for _ in range(12):
+        if not s.has_unfinished_requests():
+            break
+        so = s.schedule()
+        ids = list(so.num_scheduled_tokens)
+        toks = [[7] if r == "stopid" else [99] if r != "len" else [5] for r in ids]
+        out = ModelRunnerOutput(req_ids=ids, sampled_token_ids=toks, logprobs=[None] * len(ids))
+        for o in s.update_from_output(so, out):
+            if o.finished:
+                finished[o.request_id] = (o.finish_reason, o.stop_reason)
+    assert finished["len"] == ("length", None)
+    assert finished["eos"] == ("stop", None)
+    assert finished["stopid"] == ("stop", 7)
+    assert finished["min"] == ("stop", None)
+    assert finished["ign"] == ("length", None)
+    assert s.kv.num_free_blocks == 63
+
+
+def test_min_tokens_delays_eos_stop():
+    s = make_scheduler()
+    s.add_request(req("m", 2, max_tokens=10, min_tokens=3))
+    n = 0
+    while s.has_unfinished_requests():
+        fake_step(s, token=99)
+        n += 1
+    assert n == 3
+
+
+def test_abort_frees_blocks_and_tells_runner():
+    s = make_scheduler()
+    s.add_request(req("a", 10))
+    s.add_request(req("w", 10, first=40))
+    fake_step(s)
+    s.finish_requests(["a", "w", "unknown"], RequestStatus.FINISHED_ABORTED)
+    assert not s.has_unfinished_requests()
+    assert s.kv.num_free_blocks == 63
+    so = s.schedule()
+    assert so.finished_req_ids == {"a", "w"} and so.is_empty

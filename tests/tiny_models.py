@@ -1,0 +1,91 @@
+"""Tiny random-weight checkpoints of the architectures we serve, made by the tests.
+
+Each is saved in the real HF layout (config.json, safetensors, tokenizer files
+with a chat template) so the engine loads it the way it loads a real model.
+The tokenizer is byte-level BPE without merges: every byte is a token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VOCAB_SIZE = 320
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for ch in sorted(byte_chars):
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIALS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(arch: str, **overrides):
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    if arch == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(**common, rope_theta=10000.0)
+    if arch == "qwen2":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(**common, rope_theta=10000.0)
+    if arch == "qwen3":
+        from transformers import Qwen3Config
+
+        return Qwen3Config(**common, head_dim=32, rope_theta=10000.0)
+    raise ValueError(arch)
+
+
+def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(arch, **overrides)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # Random init of transformers is small; scale up so logits are well separated.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.2)
+            elif "norm" not in str(p):
+                p.normal_(0, 0.1)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    byte_tokenizer().save_pretrained(path)
+    return path
