@@ -46,7 +46,7 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate for every prompt (strings or {"prompt_token_ids": [...]}); outputs in prompt order."""
-        if isinstance(prompts, (str, dict)):
+        if not isinstance(prompts, (list, tuple)):
             prompts = [prompts]
         prepared = [self.engine.inputs.tokenize(p) for p in prompts]
         return self._run(prepared, sampling_params, use_tqdm)

@@ -1,0 +1,1 @@
+"""Benchmarks run as commands (`omnistage bench ...`), never as timed unit tests."""

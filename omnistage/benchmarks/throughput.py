@@ -1,0 +1,167 @@
+"""`omnistage bench throughput`: our engine against HF transformers, same model, same run.
+
+Workload (seeded): N prompts of random token ids, L prompt tokens each, M
+output tokens each with `ignore_eos`. Each peer runs in a fresh subprocess:
+load the model, serve one short warm-up request (its first token gives the
+time from process start to first token), then the timed workload. The
+parent prints a table and ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+PEERS = ("omnistage", "transformers")
+
+
+def make_workload(num_prompts: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    low, high = min(100, vocab_size // 4), vocab_size - 1
+    return [[rng.randrange(low, high) for _ in range(input_len)] for _ in range(num_prompts)]
+
+
+# -- peers (each runs in its own process) ------------------------------------------------------
+def run_omnistage(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]:
+    from omnistage import SamplingParams
+    from omnistage.config import EngineConfig
+    from omnistage.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(
+        EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=max(args.num_prompts, 1),
+                     max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
+    )
+    vocab = engine.hf_config.vocab_size
+    prompts = make_workload(args.num_prompts, args.input_len, vocab, args.seed)
+    engine.add_tokenized_request("warmup", None, prompts[0][:16], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    first = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if first is None and out.outputs[0].token_ids:
+                first = time.time()
+    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_tokenized_request(str(i), None, p, params)
+    generated = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                generated += len(out.outputs[0].token_ids)
+    elapsed = time.perf_counter() - start
+    return {"elapsed_s": elapsed, "output_tokens": generated, "startup_to_first_token_s": first - spawn_time,
+            "model_path": str(engine.model_files.path)}
+
+
+def run_transformers(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]:
+    from transformers import AutoModelForCausalLM
+    from transformers.generation.streamers import BaseStreamer
+
+    from omnistage.config import parse_dtype
+    from omnistage.models.loader import resolve_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    files = resolve_model(args.model)
+    model = AutoModelForCausalLM.from_pretrained(files.path, dtype=parse_dtype(args.dtype)).eval()
+
+    class FirstToken(BaseStreamer):
+        def __init__(self) -> None:
+            self.calls, self.first = 0, None
+
+        def put(self, value: Any) -> None:
+            self.calls += 1
+            if self.calls == 2 and self.first is None:
+                self.first = time.time()
+
+        def end(self) -> None:
+            pass
+
+    prompts = make_workload(args.num_prompts, args.input_len, model.config.vocab_size, args.seed)
+    streamer = FirstToken()
+    with torch.inference_mode():
+        model.generate(torch.tensor([prompts[0][:16]]), max_new_tokens=4, min_new_tokens=4,
+                       do_sample=False, streamer=streamer, pad_token_id=0)
+        ids = torch.tensor(prompts)
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
+                             min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
+        elapsed = time.perf_counter() - start
+    generated = int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+    return {"elapsed_s": elapsed, "output_tokens": generated,
+            "startup_to_first_token_s": streamer.first - spawn_time}
+
+
+# -- driver ------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per peer (default: all cores)")
+    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: omnistage,transformers")
+    parser.add_argument("--_peer", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--_spawn-time", type=float, default=None, help=argparse.SUPPRESS)
+
+
+def run_peer_subprocess(args: argparse.Namespace, peer: str) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "omnistage.benchmarks.throughput", "--_peer", peer,
+           "--_spawn-time", repr(time.time())]
+    for key in ("model", "dtype", "num_prompts", "input_len", "output_len", "seed",
+                "max_num_batched_tokens", "threads"):
+        value = getattr(args, key)
+        if value is not None:
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"peer {peer} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(args: argparse.Namespace) -> int:
+    if args._peer is not None:
+        runner = run_omnistage if args._peer == "omnistage" else run_transformers
+        print(json.dumps(runner(args, args._spawn_time)))
+        return 0
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        raise ValueError(f"--peers: unknown peer(s) {sorted(unknown)}; known: {', '.join(PEERS)}")
+    results = {peer: run_peer_subprocess(args, peer) for peer in peers}
+    for r in results.values():
+        r["output_tokens_per_s"] = r["output_tokens"] / r["elapsed_s"]
+    workload = (f"{args.num_prompts} prompts x {args.input_len} random tokens, {args.output_len} output "
+                f"tokens each, greedy, ignore_eos, dtype {args.dtype}")
+    print(f"workload: {workload}")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    print(f"{'peer':<14}{'output tok/s':>14}{'elapsed s':>12}{'start->1st tok s':>18}")
+    for peer, r in results.items():
+        print(f"{peer:<14}{r['output_tokens_per_s']:>14.1f}{r['elapsed_s']:>12.2f}{r['startup_to_first_token_s']:>18.2f}")
+    summary: dict[str, Any] = {"benchmark": "throughput", "model": args.model, "workload": workload}
+    for peer, r in results.items():
+        summary[f"{peer}_output_tok_s"] = round(r["output_tokens_per_s"], 2)
+        summary[f"{peer}_startup_to_first_token_s"] = round(r["startup_to_first_token_s"], 2)
+    if "omnistage" in results and "transformers" in results:
+        ratio = results["omnistage"]["output_tokens_per_s"] / results["transformers"]["output_tokens_per_s"]
+        print(f"omnistage / transformers: {ratio:.2f}x")
+        summary["ratio_vs_transformers"] = round(ratio, 3)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

@@ -1,0 +1,205 @@
+"""The default sampler and the logprobs helpers.
+
+    logits [B, V] (after the logits processors)
+      ├─ greedy rows (temperature 0) ──────────────────────────────▶ argmax
+      └─ random rows: / temperature ─▶ top-k ─▶ top-p ─▶ min-p ─▶ softmax
+                       ─▶ argmax(probs / q),  q ~ Exp(1) per vocab entry
+
+The exponential race picks token i with probability probs[i]. `q` of a row is
+drawn from a generator seeded by a hash of (seed, output position) only, so a
+row gets the same token alone, in any batch, at any row, and after being
+preempted and recomputed (DESIGN.md invariant 3). Every filter is computed per
+row from that row's values only, for the same reason.
+
+Filters keep ties at their boundary: top-k keeps every token whose logit is at
+least the k-th largest; top-p keeps every token at least as likely as the one at
+which the sorted cumulative probability first reaches top_p; min-p keeps every
+token with probability >= min_p * max probability.
+
+Work is float32 (float64 inputs stay float64).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from omnistage.sample.metadata import SAMPLING_EPS, SamplingMetadata
+
+_MASK63 = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
+# Top-p looks for its cutoff among this many most likely tokens before sorting a row.
+_TOP_P_PREFIX = 256
+
+
+class LogprobsTensors(NamedTuple):
+    """Per row: the sampled token first, then the top-k tokens by raw logprob."""
+
+    token_ids: torch.Tensor
+    """[B, k + 1] int64."""
+
+    logprobs: torch.Tensor
+    """[B, k + 1] raw logprobs of `token_ids`."""
+
+    ranks: torch.Tensor
+    """[B] int64: 1 + number of tokens with a strictly greater logprob than the sampled one."""
+
+
+def compute_logprobs(logits: torch.Tensor, md: SamplingMetadata | None = None) -> torch.Tensor:
+    """Raw logprobs [B, V]: log-softmax of the model's logits, before any processing.
+
+    Returns a new tensor, so the logits processors may then edit `logits` in place.
+    """
+    del md  # raw logprobs do not depend on sampling settings
+    return torch.log_softmax(logits.to(_work_dtype(logits)), dim=-1)
+
+
+def gather_logprobs(raw_logprobs: torch.Tensor, sampled: torch.Tensor, k: int) -> LogprobsTensors:
+    """Pick the sampled token's logprob and the top-k per row from `compute_logprobs`' output."""
+    sampled = sampled.to(torch.int64).unsqueeze(1)
+    sampled_logprobs = raw_logprobs.gather(1, sampled)
+    ranks = (raw_logprobs > sampled_logprobs).sum(dim=-1) + 1
+    if k > 0:
+        top_logprobs, top_ids = raw_logprobs.topk(k, dim=-1)
+        token_ids = torch.cat([sampled, top_ids], dim=1)
+        logprobs = torch.cat([sampled_logprobs, top_logprobs], dim=1)
+    else:
+        token_ids, logprobs = sampled, sampled_logprobs
+    return LogprobsTensors(token_ids, logprobs, ranks)
+
+
+def row_seed(seed: int, position: int) -> int:
+    """The generator seed of one draw: a splitmix64 hash of (seed, output position)."""
+    x = (seed * 1_000_003 + position) & _MASK64
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) & _MASK63
+
+
+class Sampler:
+    """The default sampler: greedy, temperature, top-k, top-p, min-p, seeded per row.
+
+    Stateless: every draw is reseeded from (seed, output position), so one
+    instance may be shared, and a fresh one samples exactly like an old one.
+    """
+
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Sample one token per row of `logits` [B, V]; returns [B] int64.
+
+        Does not modify `logits`.
+        """
+        if md.all_greedy:
+            return logits.argmax(dim=-1)
+        if md.all_random:
+            return self._sample_random(logits, md, rows=None)
+        greedy = logits.argmax(dim=-1)
+        random_rows = (md.temperature >= SAMPLING_EPS).nonzero().flatten()
+        if random_rows.numel() > 0:
+            greedy[random_rows] = self._sample_random(logits[random_rows], md, random_rows)
+        return greedy
+
+    def _sample_random(
+        self, logits: torch.Tensor, md: SamplingMetadata, rows: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Sample the random rows; `logits` holds exactly those rows (`rows` maps them back)."""
+
+        def pick(values: torch.Tensor | None) -> torch.Tensor | None:
+            if values is None or rows is None:
+                return values
+            return values[rows]
+
+        dtype = _work_dtype(logits)
+        temperature = pick(md.temperature).to(device=logits.device, dtype=dtype)
+        scaled = logits.to(dtype) / temperature.unsqueeze(1)
+        _apply_top_k_top_p(scaled, pick(md.top_k), pick(md.top_p))
+        if md.min_p is not None:
+            _apply_min_p(scaled, pick(md.min_p))
+        probs = torch.softmax(scaled, dim=-1)
+        row_ids = range(md.num_rows) if rows is None else rows.tolist()
+        q = self._exponentials(probs, [(md.seeds[r], md.output_positions[r]) for r in row_ids])
+        return probs.div_(q).argmax(dim=-1)
+
+    @staticmethod
+    def _exponentials(probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:
+        """[R, V] Exp(1) draws, row i from a generator seeded by `row_seed(*keys[i])`."""
+        # A generator per call (cheap) keeps the sampler free of shared state.
+        generator = torch.Generator(device=probs.device)
+        u = torch.empty_like(probs)
+        for i, (seed, position) in enumerate(keys):
+            generator.manual_seed(row_seed(seed, position))
+            u[i].uniform_(generator=generator)
+        # q = -log(u) ~ Exp(1); cheaper than `exponential_` on CPU. u = 0 gives
+        # q = inf, which only keeps that token from winning (probability ~2**-24).
+        return u.log_().neg_()
+
+
+def _apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> None:
+    """Set logits outside each row's top-k, then top-p, set to -inf, in place."""
+    if top_k is not None:
+        _apply_top_k(logits, top_k)
+    if top_p is not None:
+        _apply_top_p(logits, top_p)
+
+
+def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> None:
+    """Keep the logits >= each row's k-th largest (ties at the boundary are all kept)."""
+    vocab = logits.shape[-1]
+    k = top_k.to(device=logits.device, dtype=torch.int64)
+    rows = ((k > 0) & (k < vocab)).nonzero().flatten()
+    if rows.numel() == 0:
+        return
+    k = k[rows].unsqueeze(1)
+    sub = logits[rows]
+    # A partial top-k of the largest k is far cheaper than a full sort.
+    kth = sub.topk(int(k.max()), dim=-1).values.gather(1, k - 1)
+    logits[rows] = sub.masked_fill_(sub < kth, float("-inf"))
+
+
+def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> None:
+    """Keep the smallest prefix of tokens (by probability) whose mass reaches top_p.
+
+    Token i of the sorted order is kept while the mass before it is < top_p, so
+    the most likely token always stays; every token as likely as the last kept
+    one stays too (ties). Rows with top_p >= 1 are left alone. The cutoff is looked
+    for in the top `_TOP_P_PREFIX` tokens first; only rows whose nucleus is
+    larger pay for a full sort. Both give the same cutoff, so a row's result
+    never depends on the other rows.
+    """
+    p = top_p.to(device=logits.device, dtype=logits.dtype)
+    rows = (p < 1.0).nonzero().flatten()
+    if rows.numel() == 0:
+        return
+    p = p[rows].unsqueeze(1)
+    sub = logits[rows]
+    probs = torch.softmax(sub, dim=-1)
+    prefix = probs.topk(min(_TOP_P_PREFIX, probs.shape[-1]), dim=-1).values
+    cutoff, resolved = _top_p_cutoff(prefix, p)
+    unresolved = (~resolved).nonzero().flatten()
+    if unresolved.numel() > 0:
+        full = probs[unresolved].sort(dim=-1, descending=True).values
+        cutoff[unresolved] = _top_p_cutoff(full, p[unresolved])[0]
+    logits[rows] = sub.masked_fill_(probs < cutoff, float("-inf"))
+
+
+def _top_p_cutoff(sorted_probs: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the probability of the last kept token [R, 1], whether this prefix decided it [R])."""
+    cumulative = sorted_probs.cumsum(dim=-1)
+    keep = 1 + (cumulative[:, :-1] < p).sum(dim=-1, keepdim=True)
+    resolved = (cumulative[:, -1:] >= p).squeeze(1)
+    return sorted_probs.gather(1, keep - 1), resolved
+
+
+def _apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
+    """Drop tokens with probability < min_p * max probability (compared in logit space)."""
+    min_p = min_p.to(device=logits.device, dtype=logits.dtype).unsqueeze(1)
+    # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p); log(0) = -inf keeps all.
+    cutoff = logits.amax(dim=-1, keepdim=True) + torch.log(min_p)
+    logits.masked_fill_(logits < cutoff, float("-inf"))
+
+
+def _work_dtype(tensor: torch.Tensor) -> torch.dtype:
+    return torch.float64 if tensor.dtype == torch.float64 else torch.float32
