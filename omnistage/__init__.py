@@ -1,6 +1,6 @@
 """omnistage: an inference engine for omni-modal models.
 
-    from omnistage import LLM, SamplingParams
+from omnistage import LLM, SamplingParams
 """
 
 from omnistage.config import EngineConfig

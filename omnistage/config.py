@@ -131,9 +131,7 @@ class EngineConfig:
         budget = self.max_num_batched_tokens
         if budget is None:
             budget = 2048 if self.enable_chunked_prefill else max_model_len
-        return dataclasses.replace(
-            self, max_model_len=max_model_len, max_num_batched_tokens=budget
-        )
+        return dataclasses.replace(self, max_model_len=max_model_len, max_num_batched_tokens=budget)
 
     @classmethod
     def field_names(cls) -> set[str]:

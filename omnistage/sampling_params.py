@@ -119,7 +119,9 @@ class SamplingParams:
                     raise ValueError(f"logit_bias: key {key!r} is not a token id") from None
                 _number("logit_bias", bias)
                 if not -100 <= bias <= 100:
-                    raise ValueError(f"logit_bias: bias for token {token_id} must be in [-100, 100]")
+                    raise ValueError(
+                        f"logit_bias: bias for token {token_id} must be in [-100, 100]"
+                    )
                 clean[token_id] = float(bias)
             self.logit_bias = clean
 

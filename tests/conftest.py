@@ -32,4 +32,6 @@ def tiny_llama_f64(tmp_path_factory):
     """A float64-saved llama for exact equivalence tests."""
     import torch
 
-    return make_checkpoint(tmp_path_factory.mktemp("tiny-llama-f64"), "llama", seed=1, dtype=torch.float64)
+    return make_checkpoint(
+        tmp_path_factory.mktemp("tiny-llama-f64"), "llama", seed=1, dtype=torch.float64
+    )

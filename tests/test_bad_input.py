@@ -16,8 +16,13 @@ def llm(tiny_llama):
 
 
 def serves(llm: LLM) -> bool:
-    out = llm.generate("ok", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
-    return len(out[0].outputs[0].token_ids) == 3 and llm.engine.num_free_kv_blocks() == llm.engine.num_usable_kv_blocks()
+    out = llm.generate(
+        "ok", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False
+    )
+    return (
+        len(out[0].outputs[0].token_ids) == 3
+        and llm.engine.num_free_kv_blocks() == llm.engine.num_usable_kv_blocks()
+    )
 
 
 @pytest.mark.parametrize(
@@ -113,7 +118,9 @@ def test_unsupported_architecture_lists_supported(tiny_llama, tmp_path):
     config = json.loads((ckpt / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (ckpt / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="not supported; supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"):
+    with pytest.raises(
+        ValueError, match="not supported; supported: .*LlamaForCausalLM.*Qwen3ForCausalLM"
+    ):
         LLM(str(ckpt))
 
 

@@ -29,8 +29,14 @@ def workload() -> tuple[list[dict], list[SamplingParams]]:
             params.append(SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
         else:
             params.append(
-                SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=100 + i,
-                               max_tokens=MAX_TOKENS - i % 5, ignore_eos=True)
+                SamplingParams(
+                    temperature=0.9,
+                    top_p=0.9,
+                    top_k=50,
+                    seed=100 + i,
+                    max_tokens=MAX_TOKENS - i % 5,
+                    ignore_eos=True,
+                )
             )
     return prompts, params
 
@@ -46,8 +52,13 @@ def run(path, **engine_args) -> tuple[list[list[int]], LLM]:
 
 @pytest.fixture(scope="module")
 def reference(tiny_llama_f64):
-    tokens, _ = run(tiny_llama_f64, enable_prefix_caching=False, enable_chunked_prefill=False,
-                    max_num_batched_tokens=4096, max_model_len=256)
+    tokens, _ = run(
+        tiny_llama_f64,
+        enable_prefix_caching=False,
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=4096,
+        max_model_len=256,
+    )
     assert all(len(t) > 0 for t in tokens)
     return tokens
 
@@ -59,14 +70,24 @@ def test_prefix_caching_does_not_change_outputs(tiny_llama_f64, reference):
 
 
 def test_chunked_prefill_does_not_change_outputs(tiny_llama_f64, reference):
-    tokens, _ = run(tiny_llama_f64, enable_prefix_caching=False, enable_chunked_prefill=True,
-                    max_num_batched_tokens=24, max_model_len=256)
+    tokens, _ = run(
+        tiny_llama_f64,
+        enable_prefix_caching=False,
+        enable_chunked_prefill=True,
+        max_num_batched_tokens=24,
+        max_model_len=256,
+    )
     assert tokens == reference
 
 
 def test_preemption_does_not_change_outputs(tiny_llama_f64, reference):
-    tokens, llm = run(tiny_llama_f64, num_kv_blocks=17, block_size=16, max_model_len=256,
-                      max_num_batched_tokens=64)
+    tokens, llm = run(
+        tiny_llama_f64,
+        num_kv_blocks=17,
+        block_size=16,
+        max_model_len=256,
+        max_num_batched_tokens=64,
+    )
     assert llm.engine.core.scheduler.num_preemptions > 0  # the tiny budget really preempted
     assert tokens == reference
 

@@ -23,7 +23,10 @@ def all_free(llm: LLM) -> bool:
 def test_seeded_sample_is_the_same_alone_and_in_a_batch(llm):
     target = SamplingParams(temperature=1.0, seed=1234, max_tokens=20, ignore_eos=True)
     alone = llm.generate("the seeded one", target, use_tqdm=False)[0].outputs[0].token_ids
-    others = [SamplingParams(temperature=0.8, seed=s, max_tokens=5 + s % 17, ignore_eos=True) for s in range(15)]
+    others = [
+        SamplingParams(temperature=0.8, seed=s, max_tokens=5 + s % 17, ignore_eos=True)
+        for s in range(15)
+    ]
     prompts = [f"other prompt {i} " * (i % 4 + 1) for i in range(15)]
     prompts.insert(7, "the seeded one")
     others.insert(7, target)
@@ -41,7 +44,11 @@ def test_n_gives_distinct_reproducible_samples(llm):
     assert len(set(samples)) == 4
     assert samples == [tuple(o.token_ids) for o in second.outputs]
     # Sample 0 of an n>1 request is the request's own seeded sample.
-    single = llm.generate("abc", SamplingParams(temperature=1.0, seed=7, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    single = llm.generate(
+        "abc",
+        SamplingParams(temperature=1.0, seed=7, max_tokens=16, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert tuple(single[0].outputs[0].token_ids) == samples[0]
     assert all_free(llm)
 
@@ -62,7 +69,9 @@ def test_stop_string_cuts_text_and_ends_generation(llm):
     assert cut.text == text[: text.find(stop)]
     assert cut.finish_reason == "stop" and cut.stop_reason == stop
     assert len(cut.token_ids) < len(full.token_ids)
-    kept = llm.generate("hello", greedy.clone(stop=[stop], include_stop_str_in_output=True), use_tqdm=False)[0]
+    kept = llm.generate(
+        "hello", greedy.clone(stop=[stop], include_stop_str_in_output=True), use_tqdm=False
+    )[0]
     assert kept.outputs[0].text == text[: text.find(stop) + len(stop)]
     assert all_free(llm)
 
@@ -99,7 +108,9 @@ def test_logprobs_match_transformers(llm, tiny_llama):
         assert math.isclose(first[tid].logprob, ref[tid].item(), abs_tol=1e-4)
     sampled = out.token_ids[0]
     assert first[sampled].rank == 1  # greedy picks the top token
-    assert out.cumulative_logprob == pytest.approx(sum(lp[t].logprob for lp, t in zip(out.logprobs, out.token_ids)))
+    assert out.cumulative_logprob == pytest.approx(
+        sum(lp[t].logprob for lp, t in zip(out.logprobs, out.token_ids, strict=True))
+    )
 
 
 def test_chat_applies_the_template(llm):
@@ -112,12 +123,22 @@ def test_chat_applies_the_template(llm):
 
 
 def test_text_equals_full_decode(llm):
-    out = llm.generate("decode me", SamplingParams(temperature=1.0, seed=3, max_tokens=40, ignore_eos=True), use_tqdm=False)[0]
+    out = llm.generate(
+        "decode me",
+        SamplingParams(temperature=1.0, seed=3, max_tokens=40, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     completion = out.outputs[0]
-    assert completion.text == llm.get_tokenizer().decode(completion.token_ids, skip_special_tokens=True)
+    assert completion.text == llm.get_tokenizer().decode(
+        completion.token_ids, skip_special_tokens=True
+    )
 
 
 def test_max_tokens_none_runs_to_the_context_limit(tiny_llama):
     small = LLM(str(tiny_llama), max_model_len=32)
-    out = small.generate({"prompt_token_ids": [5] * 20}, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True), use_tqdm=False)
+    out = small.generate(
+        {"prompt_token_ids": [5] * 20},
+        SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+        use_tqdm=False,
+    )
     assert len(out[0].outputs[0].token_ids) == 12 and out[0].outputs[0].finish_reason == "length"

@@ -10,7 +10,9 @@ from omnistage.sampling_params import SamplingParams
 
 
 def make_request(rid: str, tokens: list[int]) -> Request:
-    return Request(rid, tokens, SamplingParams(max_tokens=8), eos_token_id=None, max_tokens=8, sample_seed=0)
+    return Request(
+        rid, tokens, SamplingParams(max_tokens=8), eos_token_id=None, max_tokens=8, sample_seed=0
+    )
 
 
 def manager(num_blocks=9, block_size=4, caching=True) -> KVCacheManager:

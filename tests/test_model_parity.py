@@ -36,7 +36,9 @@ def test_logits_match_transformers_for_a_mixed_length_batch(arch, request):
     llm = LLM(str(path), max_num_batched_tokens=512)
     seen = capture_logits(llm)
     llm.generate(
-        [{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False
+        [{"prompt_token_ids": p} for p in PROMPTS],
+        SamplingParams(temperature=0, max_tokens=1),
+        use_tqdm=False,
     )
     assert len(seen) == 1 and seen[0].shape[0] == len(PROMPTS)  # one step, all prompts together
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -58,6 +60,8 @@ def test_greedy_tokens_match_transformers_for_32_steps(arch, request):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     for prompt, out in zip(PROMPTS, outs, strict=True):
         ids = torch.tensor([prompt])
-        ref = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
+        ref = hf.generate(
+            ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0
+        )
         assert out.outputs[0].token_ids == ref[0, len(prompt) :].tolist()
     assert llm.engine.num_free_kv_blocks() == llm.engine.num_usable_kv_blocks()

@@ -12,8 +12,13 @@ from omnistage.sampling_params import SamplingParams
 
 def make_scheduler(num_blocks=64, block_size=4, budget=16, max_seqs=8, chunked=True, caching=True):
     config = EngineConfig(
-        model="unused", max_model_len=64, max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-        enable_chunked_prefill=chunked, enable_prefix_caching=caching, block_size=block_size,
+        model="unused",
+        max_model_len=64,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_seqs,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=caching,
+        block_size=block_size,
     )
     kv = KVCacheManager(num_blocks, block_size, 64, caching)
     return Scheduler(config, kv)
@@ -21,7 +26,14 @@ def make_scheduler(num_blocks=64, block_size=4, budget=16, max_seqs=8, chunked=T
 
 def req(rid, n_prompt, max_tokens=4, first=0, **params) -> Request:
     sp = SamplingParams(max_tokens=max_tokens, **params)
-    return Request(rid, list(range(first, first + n_prompt)), sp, eos_token_id=99, max_tokens=max_tokens, sample_seed=0)
+    return Request(
+        rid,
+        list(range(first, first + n_prompt)),
+        sp,
+        eos_token_id=99,
+        max_tokens=max_tokens,
+        sample_seed=0,
+    )
 
 
 def fake_step(sched: Scheduler, token=7) -> tuple[SchedulerOutput, list]:

@@ -72,7 +72,9 @@ def tiny_config(arch: str, **overrides):
     raise ValueError(arch)
 
 
-def make_checkpoint(path: Path, arch: str = "llama", seed: int = 0, dtype=torch.float32, **overrides) -> Path:
+def make_checkpoint(
+    path: Path, arch: str = "llama", seed: int = 0, dtype=torch.float32, **overrides
+) -> Path:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)

@@ -37,12 +37,22 @@ def run_omnistage(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]
     from omnistage.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(
-        EngineConfig(model=args.model, dtype=args.dtype, max_num_seqs=max(args.num_prompts, 1),
-                     max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
+        EngineConfig(
+            model=args.model,
+            dtype=args.dtype,
+            max_num_seqs=max(args.num_prompts, 1),
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            num_threads=args.threads,
+        )
     )
     vocab = engine.hf_config.vocab_size
     prompts = make_workload(args.num_prompts, args.input_len, vocab, args.seed)
-    engine.add_tokenized_request("warmup", None, prompts[0][:16], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    engine.add_tokenized_request(
+        "warmup",
+        None,
+        prompts[0][:16],
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+    )
     first = None
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -58,8 +68,12 @@ def run_omnistage(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]
             if out.finished:
                 generated += len(out.outputs[0].token_ids)
     elapsed = time.perf_counter() - start
-    return {"elapsed_s": elapsed, "output_tokens": generated, "startup_to_first_token_s": first - spawn_time,
-            "model_path": str(engine.model_files.path)}
+    return {
+        "elapsed_s": elapsed,
+        "output_tokens": generated,
+        "startup_to_first_token_s": first - spawn_time,
+        "model_path": str(engine.model_files.path),
+    }
 
 
 def run_transformers(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]:
@@ -89,16 +103,31 @@ def run_transformers(args: argparse.Namespace, spawn_time: float) -> dict[str, A
     prompts = make_workload(args.num_prompts, args.input_len, model.config.vocab_size, args.seed)
     streamer = FirstToken()
     with torch.inference_mode():
-        model.generate(torch.tensor([prompts[0][:16]]), max_new_tokens=4, min_new_tokens=4,
-                       do_sample=False, streamer=streamer, pad_token_id=0)
+        model.generate(
+            torch.tensor([prompts[0][:16]]),
+            max_new_tokens=4,
+            min_new_tokens=4,
+            do_sample=False,
+            streamer=streamer,
+            pad_token_id=0,
+        )
         ids = torch.tensor(prompts)
         start = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.output_len,
-                             min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=args.output_len,
+            min_new_tokens=args.output_len,
+            do_sample=False,
+            pad_token_id=0,
+        )
         elapsed = time.perf_counter() - start
     generated = int(out.shape[0] * (out.shape[1] - ids.shape[1]))
-    return {"elapsed_s": elapsed, "output_tokens": generated,
-            "startup_to_first_token_s": streamer.first - spawn_time}
+    return {
+        "elapsed_s": elapsed,
+        "output_tokens": generated,
+        "startup_to_first_token_s": streamer.first - spawn_time,
+    }
 
 
 # -- driver ------------------------------------------------------------------------------------------
@@ -110,21 +139,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads per peer (default: all cores)")
-    parser.add_argument("--peers", default=",".join(PEERS), help="comma-separated: omnistage,transformers")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads per peer (default: all cores)"
+    )
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help="comma-separated: omnistage,transformers"
+    )
     parser.add_argument("--_peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_spawn-time", type=float, default=None, help=argparse.SUPPRESS)
 
 
 def run_peer_subprocess(args: argparse.Namespace, peer: str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "omnistage.benchmarks.throughput", "--_peer", peer,
-           "--_spawn-time", repr(time.time())]
-    for key in ("model", "dtype", "num_prompts", "input_len", "output_len", "seed",
-                "max_num_batched_tokens", "threads"):
+    cmd = [
+        sys.executable,
+        "-m",
+        "omnistage.benchmarks.throughput",
+        "--_peer",
+        peer,
+        "--_spawn-time",
+        repr(time.time()),
+    ]
+    for key in (
+        "model",
+        "dtype",
+        "num_prompts",
+        "input_len",
+        "output_len",
+        "seed",
+        "max_num_batched_tokens",
+        "threads",
+    ):
         value = getattr(args, key)
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"})
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"}
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"peer {peer} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -142,19 +192,28 @@ def main(args: argparse.Namespace) -> int:
     results = {peer: run_peer_subprocess(args, peer) for peer in peers}
     for r in results.values():
         r["output_tokens_per_s"] = r["output_tokens"] / r["elapsed_s"]
-    workload = (f"{args.num_prompts} prompts x {args.input_len} random tokens, {args.output_len} output "
-                f"tokens each, greedy, ignore_eos, dtype {args.dtype}")
+    workload = (
+        f"{args.num_prompts} prompts x {args.input_len} random tokens, {args.output_len} output "
+        f"tokens each, greedy, ignore_eos, dtype {args.dtype}"
+    )
     print(f"workload: {workload}")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    )
     print(f"{'peer':<14}{'output tok/s':>14}{'elapsed s':>12}{'start->1st tok s':>18}")
     for peer, r in results.items():
-        print(f"{peer:<14}{r['output_tokens_per_s']:>14.1f}{r['elapsed_s']:>12.2f}{r['startup_to_first_token_s']:>18.2f}")
+        print(
+            f"{peer:<14}{r['output_tokens_per_s']:>14.1f}{r['elapsed_s']:>12.2f}{r['startup_to_first_token_s']:>18.2f}"
+        )
     summary: dict[str, Any] = {"benchmark": "throughput", "model": args.model, "workload": workload}
     for peer, r in results.items():
         summary[f"{peer}_output_tok_s"] = round(r["output_tokens_per_s"], 2)
         summary[f"{peer}_startup_to_first_token_s"] = round(r["startup_to_first_token_s"], 2)
     if "omnistage" in results and "transformers" in results:
-        ratio = results["omnistage"]["output_tokens_per_s"] / results["transformers"]["output_tokens_per_s"]
+        ratio = (
+            results["omnistage"]["output_tokens_per_s"]
+            / results["transformers"]["output_tokens_per_s"]
+        )
         print(f"omnistage / transformers: {ratio:.2f}x")
         summary["ratio_vs_transformers"] = round(ratio, 3)
     print(json.dumps(summary))

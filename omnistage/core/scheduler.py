@@ -239,7 +239,10 @@ class Scheduler:
             if params.stop_token_ids and token in params.stop_token_ids:
                 request.stop_reason = token
                 return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+        if (
+            request.num_output_tokens >= request.max_tokens
+            or request.num_tokens >= self.max_model_len
+        ):
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -42,7 +42,9 @@ class BuiltStage:
     kv_cache_manager: KVCacheManager
 
 
-def build_model(files: ModelFiles, hf_config: Any, dtype: torch.dtype, max_model_len: int) -> CausalLM:
+def build_model(
+    files: ModelFiles, hf_config: Any, dtype: torch.dtype, max_model_len: int
+) -> CausalLM:
     cls = model_class_for(hf_config)
     with _skip_weight_init():
         model = cls(hf_config, dtype, max_model_len)
@@ -108,11 +110,26 @@ def build_stage(config: EngineConfig) -> BuiltStage:
     block_bytes = kv_block_bytes(model, config.block_size, dtype)
     blocks = num_kv_blocks(config, block_bytes)
     kv_caches = [
-        torch.zeros(2, blocks, config.block_size, model.num_kv_heads, model.head_dim, dtype=dtype, device=platform.device)
+        torch.zeros(
+            2,
+            blocks,
+            config.block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            dtype=dtype,
+            device=platform.device,
+        )
         for _ in range(model.num_layers)
     ]
-    logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", blocks - 1, config.block_size, blocks * block_bytes / 2**20)
-    kv = KVCacheManager(blocks, config.block_size, config.max_model_len, config.enable_prefix_caching)
+    logger.info(
+        "KV cache: %d blocks x %d tokens (%.1f MiB)",
+        blocks - 1,
+        config.block_size,
+        blocks * block_bytes / 2**20,
+    )
+    kv = KVCacheManager(
+        blocks, config.block_size, config.max_model_len, config.enable_prefix_caching
+    )
     runner = platform.runner_class(
         model=model,
         kv_caches=kv_caches,
@@ -123,7 +140,9 @@ def build_stage(config: EngineConfig) -> BuiltStage:
         device=platform.device,
     )
     core = EngineCore(Scheduler(config, kv), InlineExecutor(runner))
-    return BuiltStage(config=config, files=files, hf_config=hf_config, core=core, kv_cache_manager=kv)
+    return BuiltStage(
+        config=config, files=files, hf_config=hf_config, core=core, kv_cache_manager=kv
+    )
 
 
 def eos_token_id(hf_config: Any) -> int | None:

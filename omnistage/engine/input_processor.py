@@ -25,7 +25,9 @@ def child_seed(seed: int, index: int) -> int:
 
 
 class InputProcessor:
-    def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None) -> None:
+    def __init__(
+        self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -62,7 +64,9 @@ class InputProcessor:
             )
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise ValueError(f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(
+                f"prompt_token_ids: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
 
     def check_params(self, params: SamplingParams) -> None:
         if params.logit_bias:

@@ -77,11 +77,16 @@ class LLMEngine:
                 index=i,
                 core_id=core_id,
                 detok=IncrementalDetokenizer(
-                    self.tokenizer, ids, params.skip_special_tokens, params.stop_strings,
+                    self.tokenizer,
+                    ids,
+                    params.skip_special_tokens,
+                    params.stop_strings,
                     params.include_stop_str_in_output,
                 ),
                 output=CompletionOutput(
-                    index=i, text="", token_ids=[],
+                    index=i,
+                    text="",
+                    token_ids=[],
                     logprobs=[] if params.logprobs is not None else None,
                     cumulative_logprob=0.0 if params.logprobs is not None else None,
                 ),
@@ -140,7 +145,9 @@ class LLMEngine:
         stopped = seq.detok.add_tokens(out.new_token_ids)
         comp.text = seq.detok.text
         tracked_output = self._by_core_id[seq.core_id][0].output
-        tracked_output.num_cached_tokens = max(tracked_output.num_cached_tokens, out.num_cached_tokens)
+        tracked_output.num_cached_tokens = max(
+            tracked_output.num_cached_tokens, out.num_cached_tokens
+        )
         if stopped and not out.finished:
             self.core.finish_requests([seq.core_id], RequestStatus.FINISHED_STOPPED)
         if stopped:
@@ -148,7 +155,9 @@ class LLMEngine:
         elif out.finished:
             comp.finish_reason, comp.stop_reason = out.finish_reason, out.stop_reason
 
-    def _logprob_dict(self, seq: _Sequence, token: int, entry: tuple[list[int], list[float], int]) -> dict[int, Logprob]:
+    def _logprob_dict(
+        self, seq: _Sequence, token: int, entry: tuple[list[int], list[float], int]
+    ) -> dict[int, Logprob]:
         ids, lps, rank = entry
         result = {ids[0]: Logprob(lps[0], rank, seq.detok.decode_token(ids[0]))}
         for r, (tid, lp) in enumerate(zip(ids[1:], lps[1:], strict=True), start=1):

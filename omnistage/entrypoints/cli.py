@@ -1,8 +1,8 @@
 """The `omnistage` command line: generate, models, bench.
 
-    omnistage generate "PROMPT" [--model smollm2] [--chat] [--max-tokens N] [--temperature T] ...
-    omnistage models
-    omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
+omnistage generate "PROMPT" [--model smollm2] [--chat] [--max-tokens N] [--temperature T] ...
+omnistage models
+omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
 """
 
 from __future__ import annotations
@@ -16,13 +16,21 @@ from omnistage.config import DEFAULT_MODEL
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="built-in name, HF checkpoint dir or .gguf file")
-    parser.add_argument("--dtype", default="auto", help="auto (float32), float32, bfloat16, float64")
+    parser.add_argument(
+        "--model", default=DEFAULT_MODEL, help="built-in name, HF checkpoint dir or .gguf file"
+    )
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (float32), float32, bfloat16, float64"
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True
+    )
+    parser.add_argument(
+        "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
+    )
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
@@ -47,8 +55,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from omnistage import LLM, SamplingParams
 
     params = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens,
-        seed=args.seed, n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        n=args.n,
     )
     llm = LLM(args.model, **_engine_kwargs(args))
     if args.chat:

@@ -1,9 +1,9 @@
 """`LLM`: the offline Python API, shaped like vLLM's so code moves over by changing an import.
 
-    from omnistage import LLM, SamplingParams
-    llm = LLM(model="smollm2")
-    outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
-    print(outs[0].outputs[0].text)
+from omnistage import LLM, SamplingParams
+llm = LLM(model="smollm2")
+outs = llm.generate(["Hello"], SamplingParams(max_tokens=32))
+print(outs[0].outputs[0].text)
 """
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ class LLM:
         ):
             raise ValueError("messages: expected a list of {'role': ..., 'content': ...} dicts")
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+            messages,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
             **(chat_template_kwargs or {}),
         )
 
@@ -107,7 +109,9 @@ class LLM:
 
     def _drain(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
+        bar = tqdm(
+            total=len(ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True
+        )
         with bar:
             while self.engine.has_unfinished_requests():
                 for out in self.engine.step():

@@ -28,7 +28,14 @@ def _linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> nn.Linear:
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config: Any, dtype: torch.dtype, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self,
+        config: Any,
+        dtype: torch.dtype,
+        rotary: RotaryEmbedding,
+        qkv_bias: bool,
+        qk_norm: bool,
+    ) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -37,7 +44,9 @@ class DecoderAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
         self.qkv_proj = _linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias, dtype)
-        self.o_proj = _linear(self.q_size, config.hidden_size, getattr(config, "attention_bias", False), dtype)
+        self.o_proj = _linear(
+            self.q_size, config.hidden_size, getattr(config, "attention_bias", False), dtype
+        )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
         self.rotary = rotary
@@ -70,7 +79,14 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any, dtype: torch.dtype, rotary: RotaryEmbedding, qkv_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self,
+        config: Any,
+        dtype: torch.dtype,
+        rotary: RotaryEmbedding,
+        qkv_bias: bool,
+        qk_norm: bool,
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.self_attn = DecoderAttention(config, dtype, rotary, qkv_bias, qk_norm)
@@ -101,7 +117,11 @@ class LlamaForCausalLM(CausalLM):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else _linear(config.hidden_size, config.vocab_size, False, dtype)
+        self.lm_head = (
+            None
+            if self.tie_word_embeddings
+            else _linear(config.hidden_size, config.vocab_size, False, dtype)
+        )
         attn = self.layers[0].self_attn
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = attn.num_kv_heads
@@ -136,12 +156,16 @@ class LlamaForCausalLM(CausalLM):
                 continue
             name, offset = target
             if name not in params:
-                raise ValueError(f"checkpoint tensor {hf_name!r} has no parameter {name!r} in {type(self).__name__}")
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} has no parameter {name!r} in {type(self).__name__}"
+                )
             param = params[name]
             tensor = tensor.to(self.dtype)
             if offset is None:
                 if tensor.shape != param.shape:
-                    raise ValueError(f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+                    raise ValueError(
+                        f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+                    )
                 param.copy_(tensor)
             else:
                 load_shard(param, tensor, offset)
@@ -175,7 +199,11 @@ class LlamaForCausalLM(CausalLM):
         mlp = self.layers[0].mlp
         for pname, _ in self.named_parameters():
             if pname.endswith("qkv_proj.weight") or pname.endswith("qkv_proj.bias"):
-                names |= {f"{pname}@0", f"{pname}@{attn.q_size}", f"{pname}@{attn.q_size + attn.kv_size}"}
+                names |= {
+                    f"{pname}@0",
+                    f"{pname}@{attn.q_size}",
+                    f"{pname}@{attn.q_size + attn.kv_size}",
+                }
             elif pname.endswith("gate_up_proj.weight") or pname.endswith("gate_up_proj.bias"):
                 names |= {f"{pname}@0", f"{pname}@{mlp.intermediate}"}
             else:

@@ -72,7 +72,9 @@ def paged_attention(
         return _decode(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
     if meta.decode_token_idx is not None:
-        out.index_copy_(0, meta.decode_token_idx, _decode(q[meta.decode_token_idx], kv_cache, meta, scale))
+        out.index_copy_(
+            0, meta.decode_token_idx, _decode(q[meta.decode_token_idx], kv_cache, meta, scale)
+        )
     for seq in meta.prefills:
         s, e = seq.query_start, seq.query_start + seq.query_len
         out[s:e] = _prefill(q[s:e], k[s:e], v[s:e], kv_cache, seq, scale)
@@ -87,7 +89,9 @@ def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tens
     return keys.reshape(shape), values.reshape(shape)
 
 
-def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def _decode(
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     keys, values = _gather(kv_cache, meta.decode_block_table)  # [B, L, kvh, d]
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2),  # [B, heads, 1, d]
@@ -101,12 +105,22 @@ def _decode(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, sc
 
 
 def _prefill(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, seq: PrefillSeq, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor,
+    seq: PrefillSeq,
+    scale: float,
 ) -> torch.Tensor:
     # 4-D [1, heads, L, d] inputs: torch's CPU kernels are several times faster than with 3-D.
     if seq.context_len == 0:
         out = F.scaled_dot_product_attention(
-            _heads_first(q), _heads_first(k), _heads_first(v), is_causal=True, scale=scale, enable_gqa=True
+            _heads_first(q),
+            _heads_first(k),
+            _heads_first(v),
+            is_causal=True,
+            scale=scale,
+            enable_gqa=True,
         )
         return out[0].transpose(0, 1)
     keys, values = _gather(kv_cache, seq.block_ids)
@@ -115,7 +129,12 @@ def _prefill(
     q_pos = torch.arange(seq.context_len, total, device=q.device).unsqueeze(1)
     mask = torch.arange(total, device=q.device).unsqueeze(0) <= q_pos  # [q, total]
     out = F.scaled_dot_product_attention(
-        _heads_first(q), _heads_first(keys), _heads_first(values), attn_mask=mask, scale=scale, enable_gqa=True
+        _heads_first(q),
+        _heads_first(keys),
+        _heads_first(values),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
     )
     return out[0].transpose(0, 1)
 

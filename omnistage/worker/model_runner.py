@@ -95,7 +95,9 @@ class ModelRunner:
             state.num_computed_tokens = cached.num_computed_tokens
             if cached.new_block_ids:
                 state.block_ids.extend(cached.new_block_ids)
-                self.batch.append_blocks(self.batch.req_id_to_row[cached.req_id], cached.new_block_ids)
+                self.batch.append_blocks(
+                    self.batch.req_id_to_row[cached.req_id], cached.new_block_ids
+                )
         self.batch.condense()
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -125,10 +127,14 @@ class ModelRunner:
             else:
                 nblk = -(-(start + n) // bs)
                 prefills.append(
-                    PrefillSeq(flat, n, start, torch.from_numpy(batch.block_table[row, :nblk].copy()))
+                    PrefillSeq(
+                        flat, n, start, torch.from_numpy(batch.block_table[row, :nblk].copy())
+                    )
                 )
             flat += n
-        attn = self._attention_metadata(flat, np.concatenate(slots), decode_rows, decode_idx, prefills)
+        attn = self._attention_metadata(
+            flat, np.concatenate(slots), decode_rows, decode_idx, prefills
+        )
         return StepInputs(
             input_ids=torch.from_numpy(np.concatenate(ids)).to(self.device),
             positions=torch.from_numpy(np.concatenate(pos)).to(self.device),
@@ -154,7 +160,7 @@ class ModelRunner:
             nblk = int(-(-seq_lens.max() // self.block_size))
             bt = torch.from_numpy(self.batch.block_table[decode_rows, :nblk]).to(self.device)
             span = torch.arange(nblk * self.block_size, device=self.device)
-            mask = (span.unsqueeze(0) < torch.from_numpy(seq_lens).to(self.device).unsqueeze(1))
+            mask = span.unsqueeze(0) < torch.from_numpy(seq_lens).to(self.device).unsqueeze(1)
             mask = mask[:, None, None, :]
             idx = torch.tensor(decode_idx, dtype=torch.long, device=self.device)
         return AttentionMetadata(
@@ -219,7 +225,11 @@ class ModelRunner:
             for i, row in enumerate(rows):
                 k = self.batch.states[row].sampling_params.logprobs
                 if k is not None:
-                    logprobs[row] = (ids[i, : k + 1].tolist(), lps[i, : k + 1].tolist(), int(ranks[i]))
+                    logprobs[row] = (
+                        ids[i, : k + 1].tolist(),
+                        lps[i, : k + 1].tolist(),
+                        int(ranks[i]),
+                    )
         return sampled, logprobs
 
     def _finish_step(
