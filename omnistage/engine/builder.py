@@ -26,6 +26,7 @@ from omnistage.models.base import CausalLM
 from omnistage.models.loader import ModelFiles, iter_weights, load_hf_config, resolve_model
 from omnistage.models.registry import model_class_for
 from omnistage.platforms import platform_for
+from omnistage.worker.attention import allocate_kv_cache
 
 logger = logging.getLogger("omnistage")
 
@@ -107,17 +108,12 @@ def build_stage(config: EngineConfig) -> BuiltStage:
     config = config.resolve_for_model(model_max_len(hf_config))
     dtype = config.torch_dtype
     model = build_model(files, hf_config, dtype, config.max_model_len).to(platform.device)
+    model = platform.prepare_model(model)
     block_bytes = kv_block_bytes(model, config.block_size, dtype)
     blocks = num_kv_blocks(config, block_bytes)
     kv_caches = [
-        torch.zeros(
-            2,
-            blocks,
-            config.block_size,
-            model.num_kv_heads,
-            model.head_dim,
-            dtype=dtype,
-            device=platform.device,
+        allocate_kv_cache(
+            blocks, config.block_size, model.num_kv_heads, model.head_dim, dtype, platform.device
         )
         for _ in range(model.num_layers)
     ]

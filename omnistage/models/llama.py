@@ -117,11 +117,9 @@ class LlamaForCausalLM(CausalLM):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = (
-            None
-            if self.tie_word_embeddings
-            else _linear(config.hidden_size, config.vocab_size, False, dtype)
-        )
+        self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
         attn = self.layers[0].self_attn
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = attn.num_kv_heads
@@ -140,8 +138,7 @@ class LlamaForCausalLM(CausalLM):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.lm_head(hidden).float()
 
     def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
         for layer, cache in zip(self.layers, kv_caches, strict=True):

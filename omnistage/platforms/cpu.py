@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from omnistage.platforms.cpu_linear import pack_linears
 from omnistage.platforms.interface import Platform
 from omnistage.worker.model_runner import ModelRunner
 
@@ -18,3 +19,7 @@ class CpuPlatform(Platform):
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        pack_linears(model)
+        return model

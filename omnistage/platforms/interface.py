@@ -12,6 +12,10 @@ class Platform:
     device: torch.device
     runner_class: type[ModelRunner] = ModelRunner
 
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Device-specific preparation after weights are loaded (weight packing, graphs)."""
+        return model
+
     def configure_threads(self, num_threads: int | None) -> None:
         """Set torch's intra-op threads for this process (None: leave the default)."""
         if num_threads is not None:

@@ -1,7 +1,9 @@
 """Attention over the paged KV cache, in plain torch (the CPU backend).
 
-Layout: one tensor per layer, `[2, num_blocks, block_size, num_kv_heads, head_dim]`
-(keys, values). A token at position p of a request lives in slot
+Layout: one tensor per layer, `[2, kv_heads, num_blocks, block_size, head_dim]`
+(keys, values), heads outermost, so gathering a request's blocks yields keys
+already shaped `[kv_heads, tokens, head_dim]` as attention wants them (no
+transpose copies). A token at position p of a request lives in slot
 `block_table[p // block_size] * block_size + p % block_size`.
 
 Each layer first writes the new keys and values of every token of the step
@@ -9,17 +11,18 @@ into their slots, then attends — so a request may read blocks another request
 of the same step is filling (a prefix-cache hit on a block being computed).
 
 The step's requests come in two groups (`AttentionMetadata`):
-- decodes (one query token each) are attended in one batched call over their
-  gathered, padded context;
+- decodes (one query token each) are attended together: their contexts are
+  gathered into one padded tensor and attended with two batched GEMMs, the
+  query heads that share a KV head acting as that head's query rows (GQA
+  without broadcasting keys);
 - prefills (several query tokens: a prompt or a chunk of it) are attended one
   request at a time; a prompt starting at position 0 attends to its own fresh
-  keys with a causal mask, a later chunk gathers its earlier context from the
-  cache.
+  keys with a causal mask, a later chunk gathers its earlier context.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -45,17 +48,42 @@ class AttentionMetadata:
     decode_block_table: torch.Tensor | None
     """[num_decodes, max_blocks] int64 (padded with block 0)."""
     decode_mask: torch.Tensor | None
-    """[num_decodes, 1, 1, max_blocks * block_size] bool: which gathered slots are real."""
+    """[num_decodes, max_blocks * block_size] bool: which gathered slots are real."""
     prefills: list[PrefillSeq]
     all_decode: bool
+    _bias_cache: dict = field(default_factory=dict)
+
+    def decode_bias(self, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
+        """Additive mask [kv_heads * num_decodes, 1, L] (0 or -inf), built once per step."""
+        key = (kv_heads, dtype)
+        if key not in self._bias_cache:
+            mask = self.decode_mask
+            bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+            bias.masked_fill_(~mask, float("-inf"))
+            self._bias_cache[key] = (
+                bias.unsqueeze(0).expand(kv_heads, -1, -1).reshape(-1, 1, mask.shape[-1])
+            )
+        return self._bias_cache[key]
+
+
+def allocate_kv_cache(
+    num_blocks: int,
+    block_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    # Zeroed: padded slots are masked, and 0 * (masked garbage) must never be NaN.
+    return torch.zeros(2, kv_heads, num_blocks, block_size, head_dim, dtype=dtype, device=device)
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
     """Store the step's keys/values ([T, kv_heads, head_dim]) into their slots."""
-    num_blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
-    flat = kv_cache.view(2, num_blocks * block_size, *kv_cache.shape[3:])
-    flat[0].index_copy_(0, slots, k)
-    flat[1].index_copy_(0, slots, v)
+    _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
+    flat = kv_cache.view(2, kv_heads, num_blocks * block_size, head_dim)
+    flat[0].index_copy_(1, slots, k.transpose(0, 1))
+    flat[1].index_copy_(1, slots, v.transpose(0, 1))
 
 
 def paged_attention(
@@ -72,9 +100,8 @@ def paged_attention(
         return _decode(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
     if meta.decode_token_idx is not None:
-        out.index_copy_(
-            0, meta.decode_token_idx, _decode(q[meta.decode_token_idx], kv_cache, meta, scale)
-        )
+        idx = meta.decode_token_idx
+        out.index_copy_(0, idx, _decode(q.index_select(0, idx), kv_cache, meta, scale))
     for seq in meta.prefills:
         s, e = seq.query_start, seq.query_start + seq.query_len
         out[s:e] = _prefill(q[s:e], k[s:e], v[s:e], kv_cache, seq, scale)
@@ -82,26 +109,42 @@ def paged_attention(
 
 
 def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values of the given blocks, flattened: [..., n_blocks * block_size, kv_heads, d]."""
-    keys = kv_cache[0][block_ids]
-    values = kv_cache[1][block_ids]
-    shape = (*block_ids.shape[:-1], -1, *kv_cache.shape[3:])
-    return keys.reshape(shape), values.reshape(shape)
+    """Keys and values of the blocks `block_ids` ([n] or [B, n]) -> [kv_heads, (B,) n * block_size, d].
+
+    One `index_select` over the outermost dimension of the cache viewed as
+    `[2 * kv_heads * num_blocks, block_size, d]` fetches keys and values of every
+    head at once (selecting along an inner dimension is several times slower on CPU).
+    """
+    _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
+    flat_ids = block_ids.reshape(-1)
+    offsets = torch.arange(2 * kv_heads, device=flat_ids.device).unsqueeze(1) * num_blocks
+    rows = (offsets + flat_ids.unsqueeze(0)).reshape(-1)
+    gathered = kv_cache.view(-1, block_size, head_dim).index_select(0, rows)
+    shape = (2, kv_heads, *block_ids.shape[:-1], -1, head_dim)
+    gathered = gathered.view(shape)
+    return gathered[0], gathered[1]
 
 
 def _decode(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    keys, values = _gather(kv_cache, meta.decode_block_table)  # [B, L, kvh, d]
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [B, heads, 1, d]
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        attn_mask=meta.decode_mask,
-        scale=scale,
-        enable_gqa=True,
+    """One query token per request: two batched GEMMs over [kv_heads * batch] small matrices."""
+    keys, values = _gather(kv_cache, meta.decode_block_table)  # [kv_heads, B, L, d]
+    kv_heads, batch, length, head_dim = keys.shape
+    keys = keys.view(kv_heads * batch, length, head_dim)
+    values = values.view(kv_heads * batch, length, head_dim)
+    # [B, heads, d] -> [kv_heads * B, group, d]: the group of query heads of each KV head.
+    grouped = (
+        q.view(batch, kv_heads, -1, head_dim)
+        .transpose(0, 1)
+        .reshape(kv_heads * batch, -1, head_dim)
     )
-    return out.squeeze(2)
+    scores = torch.baddbmm(
+        meta.decode_bias(kv_heads, q.dtype), grouped, keys.transpose(1, 2), alpha=scale
+    )
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    out = torch.bmm(probs, values)  # [kv_heads * B, group, d]
+    return out.view(kv_heads, batch, -1, head_dim).transpose(0, 1).reshape(q.shape)
 
 
 def _prefill(
@@ -113,32 +156,19 @@ def _prefill(
     scale: float,
 ) -> torch.Tensor:
     # 4-D [1, heads, L, d] inputs: torch's CPU kernels are several times faster than with 3-D.
+    query = q.transpose(0, 1).unsqueeze(0)
     if seq.context_len == 0:
+        keys, values = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(
-            _heads_first(q),
-            _heads_first(k),
-            _heads_first(v),
-            is_causal=True,
-            scale=scale,
-            enable_gqa=True,
+            query, keys, values, is_causal=True, scale=scale, enable_gqa=True
         )
         return out[0].transpose(0, 1)
-    keys, values = _gather(kv_cache, seq.block_ids)
+    keys, values = _gather(kv_cache, seq.block_ids)  # [kv_heads, n * block_size, d]
     total = seq.context_len + seq.query_len
-    keys, values = keys[:total], values[:total]
+    keys, values = keys[:, :total].unsqueeze(0), values[:, :total].unsqueeze(0)
     q_pos = torch.arange(seq.context_len, total, device=q.device).unsqueeze(1)
     mask = torch.arange(total, device=q.device).unsqueeze(0) <= q_pos  # [q, total]
     out = F.scaled_dot_product_attention(
-        _heads_first(q),
-        _heads_first(keys),
-        _heads_first(values),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=True,
+        query, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )
     return out[0].transpose(0, 1)
-
-
-def _heads_first(x: torch.Tensor) -> torch.Tensor:
-    """[L, heads, d] -> [1, heads, L, d]."""
-    return x.transpose(0, 1).unsqueeze(0)

@@ -161,7 +161,6 @@ class ModelRunner:
             bt = torch.from_numpy(self.batch.block_table[decode_rows, :nblk]).to(self.device)
             span = torch.arange(nblk * self.block_size, device=self.device)
             mask = span.unsqueeze(0) < torch.from_numpy(seq_lens).to(self.device).unsqueeze(1)
-            mask = mask[:, None, None, :]
             idx = torch.tensor(decode_idx, dtype=torch.long, device=self.device)
         return AttentionMetadata(
             num_tokens=num_tokens,
