@@ -12,19 +12,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from omnistage.models.base import CausalLM
 from omnistage.models.layers import RMSNorm, RotaryEmbedding, load_shard
-from omnistage.worker.attention import paged_attention
+from omnistage.models.linear import Linear
+from omnistage.worker.attention import attend, rope_and_write_kv, write_kv
 from omnistage.worker.forward_context import get_forward_context
-
-
-def _linear(n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> nn.Linear:
-    layer = nn.Linear(n_in, n_out, bias=bias, dtype=dtype)
-    layer.requires_grad_(False)
-    return layer
 
 
 class DecoderAttention(nn.Module):
@@ -43,8 +37,8 @@ class DecoderAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = _linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias, dtype)
-        self.o_proj = _linear(
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, qkv_bias, dtype)
+        self.o_proj = Linear(
             self.q_size, config.hidden_size, getattr(config, "attention_bias", False), dtype
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype) if qk_norm else None
@@ -52,30 +46,42 @@ class DecoderAttention(nn.Module):
         self.rotary = rotary
         self.kv_cache: torch.Tensor | None = None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention output plus `residual` (the add is fused into o_proj where possible)."""
         qkv = self.qkv_proj(x)
+        meta = get_forward_context()
+        rotary = self.rotary
+        fused = self.q_norm is None and rope_and_write_kv(
+            qkv, positions, rotary.cos, rotary.sin, self.kv_cache, meta, self.num_heads
+        )
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = paged_attention(q, k, v, self.kv_cache, get_forward_context(), self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        if not fused:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = rotary(positions, q, k)
+            write_kv(self.kv_cache, k, v, meta.slot_mapping)
+        out = attend(q, k, v, self.kv_cache, meta, self.scale)
+        return self.o_proj.add(out.reshape(-1, self.q_size), residual)
 
 
 class DecoderMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)) + residual, each element-wise step fused into a GEMM."""
+
     def __init__(self, config: Any, dtype: torch.dtype) -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.intermediate = config.intermediate_size
-        self.gate_up_proj = _linear(config.hidden_size, 2 * self.intermediate, bias, dtype)
-        self.down_proj = _linear(self.intermediate, config.hidden_size, bias, dtype)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias, dtype)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias, dtype)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        gate = self.gate_proj.silu(x)
+        return self.down_proj.add(self.up_proj.mul(x, gate), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -94,8 +100,8 @@ class DecoderLayer(nn.Module):
         self.mlp = DecoderMLP(config, dtype)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(positions, self.input_layernorm(x), residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -117,7 +123,7 @@ class LlamaForCausalLM(CausalLM):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = _linear(config.hidden_size, config.vocab_size, False, dtype)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         attn = self.layers[0].self_attn
@@ -181,8 +187,6 @@ class LlamaForCausalLM(CausalLM):
             "self_attn.q_proj": ("self_attn.qkv_proj", 0),
             "self_attn.k_proj": ("self_attn.qkv_proj", attn.q_size),
             "self_attn.v_proj": ("self_attn.qkv_proj", attn.q_size + attn.kv_size),
-            "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-            "mlp.up_proj": ("mlp.gate_up_proj", self.layers[0].mlp.intermediate),
         }
         for part, (fused_name, offset) in fused.items():
             if f".{part}." in name:
@@ -193,7 +197,6 @@ class LlamaForCausalLM(CausalLM):
         """Keys `load_weights` must have set for the model to be complete."""
         names = set()
         attn = self.layers[0].self_attn
-        mlp = self.layers[0].mlp
         for pname, _ in self.named_parameters():
             if pname.endswith("qkv_proj.weight") or pname.endswith("qkv_proj.bias"):
                 names |= {
@@ -201,8 +204,6 @@ class LlamaForCausalLM(CausalLM):
                     f"{pname}@{attn.q_size}",
                     f"{pname}@{attn.q_size + attn.kv_size}",
                 }
-            elif pname.endswith("gate_up_proj.weight") or pname.endswith("gate_up_proj.bias"):
-                names |= {f"{pname}@0", f"{pname}@{mlp.intermediate}"}
             else:
                 names.add(("model." if not pname.startswith("lm_head") else "") + pname)
         return names

@@ -23,9 +23,12 @@ The step's requests come in two groups (`AttentionMetadata`):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from omnistage import kernels
 
 
 @dataclass
@@ -49,6 +52,8 @@ class AttentionMetadata:
     """[num_decodes, max_blocks] int64 (padded with block 0)."""
     decode_mask: torch.Tensor | None
     """[num_decodes, max_blocks * block_size] bool: which gathered slots are real."""
+    decode_seq_lens: torch.Tensor | None
+    """[num_decodes] int64: context length of each decode, its new token included."""
     prefills: list[PrefillSeq]
     all_decode: bool
     _bias_cache: dict = field(default_factory=dict)
@@ -86,7 +91,44 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: to
     flat[1].index_copy_(1, slots, v.transpose(0, 1))
 
 
-def paged_attention(
+def rope_and_write_kv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    heads: int,
+) -> bool:
+    """Rotate q and k in place inside `qkv` and write k, v to the cache with the C kernel.
+
+    Returns False (having done nothing) where the kernel does not apply; the
+    caller then rotates and calls `write_kv` itself.
+    """
+    if qkv.dtype != torch.float32 or qkv.device.type != "cpu" or not qkv.is_contiguous():
+        return False
+    lib = kernels.load()
+    if lib is None:
+        return False
+    _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
+    lib.rope_write_kv_f32(
+        qkv.data_ptr(),
+        qkv.shape[0],
+        heads,
+        kv_heads,
+        head_dim,
+        positions.data_ptr(),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        kv_cache.data_ptr(),
+        num_blocks * block_size,
+        meta.slot_mapping.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return True
+
+
+def attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -94,8 +136,10 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q: [T, heads, d]; k, v: [T, kv_heads, d] (this step's). Returns [T, heads, d]."""
-    write_kv(kv_cache, k, v, meta.slot_mapping)
+    """Attention of the step's queries over the cache, which already holds this step's keys.
+
+    q: [T, heads, d]; k, v: [T, kv_heads, d] (this step's, used by fresh prompts). -> [T, heads, d].
+    """
     if meta.all_decode:
         return _decode(q, kv_cache, meta, scale)
     out = torch.empty_like(q)
@@ -128,7 +172,47 @@ def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tens
 def _decode(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """One query token per request: two batched GEMMs over [kv_heads * batch] small matrices."""
+    """One query token per request: the C kernel reads the blocks in place where it can."""
+    if q.dtype == torch.float32 and q.device.type == "cpu":
+        lib = kernels.load()
+        _, kv_heads, _, block_size, head_dim = kv_cache.shape
+        if lib is not None and lib.paged_decode_limits_ok(
+            q.shape[1] // kv_heads, block_size, head_dim
+        ):
+            return _decode_kernel(lib, q, kv_cache, meta, scale)
+    return _decode_torch(q, kv_cache, meta, scale)
+
+
+def _decode_kernel(
+    lib: Any, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    table = meta.decode_block_table
+    _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
+    lib.paged_decode_attention_f32(
+        q.data_ptr(),
+        kv_cache.data_ptr(),
+        table.data_ptr(),
+        meta.decode_seq_lens.data_ptr(),
+        out.data_ptr(),
+        q.shape[0],
+        q.shape[1],
+        kv_heads,
+        head_dim,
+        num_blocks,
+        block_size,
+        table.shape[1],
+        scale,
+        torch.get_num_threads(),
+    )
+    return out
+
+
+def _decode_torch(
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Two batched GEMMs over [kv_heads * batch] small matrices of gathered keys and values."""
     keys, values = _gather(kv_cache, meta.decode_block_table)  # [kv_heads, B, L, d]
     kv_heads, batch, length, head_dim = keys.shape
     keys = keys.view(kv_heads * batch, length, head_dim)

@@ -152,7 +152,7 @@ class ModelRunner:
         decode_idx: list[int],
         prefills: list[PrefillSeq],
     ) -> AttentionMetadata:
-        bt = mask = idx = None
+        bt = mask = idx = lens = None
         if decode_rows:
             seq_lens = np.array(
                 [self.batch.states[r].num_computed_tokens + 1 for r in decode_rows], dtype=np.int64
@@ -160,7 +160,8 @@ class ModelRunner:
             nblk = int(-(-seq_lens.max() // self.block_size))
             bt = torch.from_numpy(self.batch.block_table[decode_rows, :nblk]).to(self.device)
             span = torch.arange(nblk * self.block_size, device=self.device)
-            mask = span.unsqueeze(0) < torch.from_numpy(seq_lens).to(self.device).unsqueeze(1)
+            lens = torch.from_numpy(seq_lens).to(self.device)
+            mask = span.unsqueeze(0) < lens.unsqueeze(1)
             idx = torch.tensor(decode_idx, dtype=torch.long, device=self.device)
         return AttentionMetadata(
             num_tokens=num_tokens,
@@ -168,6 +169,7 @@ class ModelRunner:
             decode_token_idx=idx,
             decode_block_table=bt,
             decode_mask=mask,
+            decode_seq_lens=lens,
             prefills=prefills,
             all_decode=not prefills,
         )

@@ -1,0 +1,29 @@
+"""`Linear`: `nn.Linear` plus the fused forms the decoder layers use.
+
+`silu(x)`, `mul(x, other)` and `add(x, other)` compute `silu(x W^T + b)`,
+`(x W^T + b) * other` and `(x W^T + b) + other`. Here they are plain torch;
+a platform may swap in a subclass that fuses the element-wise part into the
+GEMM (the CPU platform's oneDNN `PackedLinear`), so the model code is the same
+everywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Linear(nn.Linear):
+    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__(n_in, n_out, bias=bias, dtype=dtype)
+        self.requires_grad_(False)
+
+    def silu(self, x: torch.Tensor) -> torch.Tensor:
+        return F.silu(self(x))
+
+    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return self(x).mul_(other)
+
+    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return self(x).add_(other)
