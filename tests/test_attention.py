@@ -66,3 +66,20 @@ def test_c_kernel_matches_dense_reference(seed, shape):
     q, cache, meta = make_case(seed=seed, **shape)
     out = A._decode_kernel(lib, q, cache, meta, 0.125)
     torch.testing.assert_close(out, dense_reference(q, cache, meta, 0.125), atol=1e-5, rtol=1e-4)
+
+
+def test_engine_tokens_same_with_and_without_c_kernels(tiny_llama, monkeypatch):
+    from omnistage import LLM, SamplingParams
+
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 17, 40)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with_kernels = [
+        o.outputs[0].token_ids
+        for o in LLM(str(tiny_llama)).generate(prompts, params, use_tqdm=False)
+    ]
+    monkeypatch.setattr(kernels, "load", lambda: None)
+    torch_only = [
+        o.outputs[0].token_ids
+        for o in LLM(str(tiny_llama)).generate(prompts, params, use_tqdm=False)
+    ]
+    assert with_kernels == torch_only

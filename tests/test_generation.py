@@ -142,3 +142,19 @@ def test_max_tokens_none_runs_to_the_context_limit(tiny_llama):
         use_tqdm=False,
     )
     assert len(out[0].outputs[0].token_ids) == 12 and out[0].outputs[0].finish_reason == "length"
+
+
+def test_bfloat16_runs_and_stays_close_to_float32(tiny_llama):
+    prompt = {"prompt_token_ids": [11, 22, 33, 44, 55]}
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=3)
+    f32 = (
+        LLM(str(tiny_llama), dtype="float32").generate(prompt, params, use_tqdm=False)[0].outputs[0]
+    )
+    bf16 = (
+        LLM(str(tiny_llama), dtype="bfloat16")
+        .generate(prompt, params, use_tqdm=False)[0]
+        .outputs[0]
+    )
+    top32 = f32.logprobs[0][f32.token_ids[0]].logprob
+    assert bf16.token_ids == f32.token_ids
+    assert abs(bf16.logprobs[0][bf16.token_ids[0]].logprob - top32) < 0.1
