@@ -82,6 +82,10 @@ class EngineConfig:
     """KV cache size as a number of blocks. Default (neither given): enough blocks for
     max_num_seqs requests of max_model_len tokens, capped at 4 GiB."""
 
+    async_scheduling: bool = True
+    """Schedule step N+1 while step N runs (the runner works on a worker thread).
+    Outputs are identical to synchronous scheduling; only speed differs."""
+
     seed: int = 0
     """Engine seed: makes unseeded sampling reproducible run to run."""
 

@@ -188,6 +188,9 @@ class Scheduler:
         """Advance progress as if the step had run (the async subclass adds placeholders)."""
         request.num_computed_tokens += num_new_tokens
 
+    def _on_sampled(self, request: Request, num_tokens: int) -> None:
+        """Tokens of a step arrived for `request` (the async subclass drops placeholders)."""
+
     # -- results -------------------------------------------------------------------------
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
@@ -204,6 +207,7 @@ class Scheduler:
             if not sampled:
                 continue  # a prompt chunk: nothing to report yet
             logprobs = runner_output.logprobs[i] if runner_output.logprobs else None
+            self._on_sampled(request, len(sampled))
             new_tokens = self._append_and_check_stop(request, sampled)
             outputs.append(
                 EngineCoreOutput(

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from omnistage.config import EngineConfig
+from omnistage.core.async_scheduler import AsyncScheduler
 from omnistage.core.engine_core import EngineCore
-from omnistage.core.executor import InlineExecutor
+from omnistage.core.executor import InlineExecutor, ThreadExecutor
 from omnistage.core.kv_cache_manager import KVCacheManager
 from omnistage.core.scheduler import Scheduler
 from omnistage.models.base import CausalLM
@@ -135,7 +136,10 @@ def build_stage(config: EngineConfig) -> BuiltStage:
         eos_token_id=eos_token_id(hf_config),
         device=platform.device,
     )
-    core = EngineCore(Scheduler(config, kv), InlineExecutor(runner))
+    if config.async_scheduling:
+        core = EngineCore(AsyncScheduler(config, kv), ThreadExecutor(runner), async_scheduling=True)
+    else:
+        core = EngineCore(Scheduler(config, kv), InlineExecutor(runner))
     return BuiltStage(
         config=config, files=files, hf_config=hf_config, core=core, kv_cache_manager=kv
     )

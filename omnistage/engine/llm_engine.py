@@ -108,6 +108,8 @@ class LLMEngine:
             self.core.abort_requests(list(tracked.seqs))
             for seq in tracked.seqs.values():
                 self._by_core_id.pop(seq.core_id, None)
+        if not self._tracked:
+            self.core.flush()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._tracked)
@@ -133,6 +135,8 @@ class LLMEngine:
             if all(o.finished for o in output.outputs):
                 output.finished = True
                 del self._tracked[request_id]
+        if not self._tracked:
+            self.core.flush()
         return list(changed.values())
 
     def _apply(self, seq: _Sequence, out: EngineCoreOutput) -> None:

@@ -31,6 +31,12 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True
     )
+    parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="schedule step N+1 while step N runs (same outputs, less idle time)",
+    )
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
@@ -44,6 +50,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "enable_prefix_caching": args.enable_prefix_caching,
         "enable_chunked_prefill": args.enable_chunked_prefill,
+        "async_scheduling": args.async_scheduling,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_threads": args.num_threads,
         "device": args.device,
