@@ -86,6 +86,10 @@ class EngineConfig:
     """Schedule step N+1 while step N runs (the runner works on a worker thread).
     Outputs are identical to synchronous scheduling; only speed differs."""
 
+    stage_transitions: dict | None = None
+    """Forced token sequences after trigger tokens, e.g. {"</think>": ["<recaption>"]}
+    (keys: a token string, an id, or a tuple of them; values: token strings or ids)."""
+
     seed: int = 0
     """Engine seed: makes unseeded sampling reproducible run to run."""
 
@@ -108,6 +112,8 @@ class EngineConfig:
             _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
             if self.num_kv_blocks is not None:
                 raise ValueError("kv_cache_memory_bytes: give either it or num_kv_blocks, not both")
+        if self.stage_transitions is not None and not isinstance(self.stage_transitions, dict):
+            raise ValueError("stage_transitions: expected a dict of trigger -> forced tokens")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: expected cpu or cuda, got {self.device!r}")
         if (

@@ -24,9 +24,16 @@ from omnistage.core.executor import InlineExecutor, ThreadExecutor
 from omnistage.core.kv_cache_manager import KVCacheManager
 from omnistage.core.scheduler import Scheduler
 from omnistage.models.base import CausalLM
-from omnistage.models.loader import ModelFiles, iter_weights, load_hf_config, resolve_model
+from omnistage.models.loader import (
+    ModelFiles,
+    iter_weights,
+    load_hf_config,
+    load_tokenizer,
+    resolve_model,
+)
 from omnistage.models.registry import model_class_for
 from omnistage.platforms import platform_for
+from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.worker.attention import allocate_kv_cache
 
 logger = logging.getLogger("omnistage")
@@ -135,6 +142,7 @@ def build_stage(config: EngineConfig) -> BuiltStage:
         max_model_len=config.max_model_len,
         eos_token_id=eos_token_id(hf_config),
         device=platform.device,
+        stage_transitions=_stage_transitions(config, files),
     )
     if config.async_scheduling:
         core = EngineCore(AsyncScheduler(config, kv), ThreadExecutor(runner), async_scheduling=True)
@@ -143,6 +151,23 @@ def build_stage(config: EngineConfig) -> BuiltStage:
     return BuiltStage(
         config=config, files=files, hf_config=hf_config, core=core, kv_cache_manager=kv
     )
+
+
+def _stage_transitions(config: EngineConfig, files: ModelFiles) -> StageTransitions | None:
+    if not config.stage_transitions:
+        return None
+    tokenizer = load_tokenizer(files)
+    unk = getattr(tokenizer, "unk_token_id", None)
+
+    def token_to_id(token: str) -> int | None:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        return (
+            None
+            if token_id is None or (token_id == unk and token != tokenizer.unk_token)
+            else token_id
+        )
+
+    return StageTransitions.from_config(config.stage_transitions, token_to_id)
 
 
 def eos_token_id(hf_config: Any) -> int | None:

@@ -13,7 +13,7 @@ a row samples the same token whatever batch it sits in (invariant 3).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +45,9 @@ class RowSamplingState:
 
     output_position: int | None = None
     """Index among the outputs of the token sampled now; default `len(output_token_ids)`."""
+
+    req_id: str = ""
+    """The sequence's request id (model samplers key per-request state by it, never by row)."""
 
 
 @dataclass
@@ -98,6 +101,12 @@ class SamplingMetadata:
 
     max_num_logprobs: int | None
     """Largest `logprobs` asked by any row; None when no row asks for logprobs."""
+
+    req_ids: list[str] = field(default_factory=list)
+    """Per row: the request id (for samplers that keep per-request state)."""
+
+    sampling_params: list[SamplingParams] = field(default_factory=list)
+    """Per row: the request's sampling parameters."""
 
     @property
     def num_rows(self) -> int:
@@ -153,6 +162,8 @@ class SamplingMetadata:
                 for row in rows
             ],
             output_token_ids=[row.output_token_ids for row in rows],
+            req_ids=[row.req_id for row in rows],
+            sampling_params=params,
             prompt_token_ids=[row.prompt_token_ids for row in rows],
             presence_penalties=penalty("presence_penalty"),
             frequency_penalties=penalty("frequency_penalty"),

@@ -30,6 +30,7 @@ from omnistage.sample import (
     gather_logprobs,
 )
 from omnistage.sample.metadata import RowSamplingState
+from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.worker.attention import AttentionMetadata, PrefillSeq
 from omnistage.worker.forward_context import forward_context
 from omnistage.worker.input_batch import InputBatch, RequestState
@@ -60,6 +61,7 @@ class ModelRunner:
         max_model_len: int,
         eos_token_id: int | None,
         device: torch.device,
+        stage_transitions: StageTransitions | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -71,6 +73,7 @@ class ModelRunner:
         self.batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
         self.requests: dict[str, RequestState] = {}
         self.sampler = Sampler()
+        self.stage_transitions = stage_transitions
 
     # -- batch bookkeeping ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -200,6 +203,7 @@ class ModelRunner:
                     prompt_token_ids=s.prompt_token_ids,
                     output_token_ids=s.output_token_ids,
                     eos_token_id=s.eos_token_id,
+                    req_id=s.req_id,
                 )
                 for s in states
             ],
@@ -213,6 +217,8 @@ class ModelRunner:
         md = self._sampling_metadata(rows)
         raw_logprobs = compute_logprobs(logits, md) if md.max_num_logprobs is not None else None
         logits = apply_logits_processors(logits, md)
+        if self.stage_transitions is not None:
+            self.stage_transitions.apply(logits, md.output_token_ids)
         tokens = None
         if self.model.prefer_model_sampler:
             tokens = self.model.sample(logits, md)

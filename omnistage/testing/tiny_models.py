@@ -1,4 +1,4 @@
-"""Tiny random-weight checkpoints of the architectures we serve, made by the tests.
+"""Tiny random-weight checkpoints of the architectures we serve, for tests and benchmarks.
 
 Each is saved in the real HF layout (config.json, safetensors, tokenizer files
 with a chat template) so the engine loads it the way it loads a real model.
@@ -21,7 +21,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def byte_tokenizer() -> PreTrainedTokenizerFast:
+def byte_tokenizer(extra_special_tokens: list[str] | None = None) -> PreTrainedTokenizerFast:
     byte_chars = pre_tokenizers.ByteLevel.alphabet()
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
     for ch in sorted(byte_chars):
@@ -29,7 +29,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
+    tok.add_special_tokens(SPECIALS + list(extra_special_tokens or []))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<|im_start|>",
@@ -73,8 +73,14 @@ def tiny_config(arch: str, **overrides):
 
 
 def make_checkpoint(
-    path: Path, arch: str = "llama", seed: int = 0, dtype=torch.float32, **overrides
+    path: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    dtype=torch.float32,
+    extra_special_tokens: list[str] | None = None,
+    **overrides,
 ) -> Path:
+    """Save a seeded random `arch` checkpoint (config overrides allowed) with a byte tokenizer."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -82,12 +88,14 @@ def make_checkpoint(
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     # Random init of transformers is small; scale up so logits are well separated.
     with torch.no_grad():
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0, 0.2)
-            elif "norm" not in str(p):
+            elif "norm" in name:
+                p.normal_(1.0, 0.1)
+            else:
                 p.normal_(0, 0.1)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    byte_tokenizer().save_pretrained(path)
+    model.save_pretrained(path)
+    byte_tokenizer(extra_special_tokens).save_pretrained(path)
     return path
