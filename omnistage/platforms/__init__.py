@@ -18,3 +18,11 @@ def platform_for(device: str) -> Platform:
 
         return CudaPlatform(device)
     raise ValueError(f"device: unknown device {device!r}; expected cpu or cuda")
+
+
+def runner_classes() -> dict[str, type]:
+    """Every platform's model runner class (tests check none bypasses the sampling dispatch)."""
+    from omnistage.platforms.cpu import CPUModelRunner
+    from omnistage.platforms.cuda import CUDAModelRunner
+
+    return {"cpu": CPUModelRunner, "cuda": CUDAModelRunner}

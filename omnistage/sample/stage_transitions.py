@@ -31,7 +31,7 @@ class StageTransitions:
                     "stage_transitions: trigger and forced sequences must be non-empty"
                 )
             self.rules.append((trigger, forced))
-        self._window = max(len(t) + len(f) for t, f in self.rules)
+        self._window = max((len(t) + len(f) for t, f in self.rules), default=0)
 
     @classmethod
     def from_config(

@@ -1,0 +1,202 @@
+"""Model-owned samplers and stage transitions, sync and async (sources 000 and 001).
+
+- `</think>` is always followed by `<recaption>` when a model's own sampler
+  applies the stage transitions, at temperature 1.0, sync and async.
+- A model sampler that checks every history it is given never sees a
+  placeholder or a token that is not (yet) real, under async with batch churn.
+- Every platform runner class reaches the model-sampler dispatch.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from omnistage import LLM, SamplingParams
+from omnistage.models.llama import LlamaForCausalLM
+from omnistage.models.registry import register_model
+from omnistage.platforms import runner_classes
+from omnistage.sample import Sampler
+from omnistage.sample.stage_transitions import StageTransitions
+from omnistage.testing.tiny_models import make_checkpoint
+from omnistage.worker.model_runner import ModelRunner
+
+THINK_TOKENS = ["<think>", "</think>", "<recaption>", "</recaption>", "<answer>", "<boi>"]
+
+
+class ThinkRecaptionTestModel(LlamaForCausalLM):
+    """A tiny thinker whose own sampler applies the stage transitions from its config."""
+
+    architectures = ("OmnistageThinkRecaptionTest",)
+    prefer_model_sampler = True
+
+    def __init__(self, config, dtype, max_positions):
+        super().__init__(config, dtype, max_positions)
+        self.transitions = StageTransitions({tuple(k): v for k, v in config.stage_transition_ids})
+        self.sampler = Sampler()
+        self.calls = 0
+
+    def sample(self, logits, metadata):
+        self.calls += 1
+        for history in metadata.output_token_ids:
+            if any((not isinstance(t, int)) or t < 0 or t >= logits.shape[1] for t in history):
+                raise AssertionError(f"model sampler got a placeholder in its history: {history}")
+        self.transitions.apply(logits, metadata.output_token_ids)
+        return self.sampler(logits, metadata)
+
+
+register_model(ThinkRecaptionTestModel)
+
+
+@pytest.fixture(scope="module")
+def think_ckpt(tmp_path_factory):
+    path = make_checkpoint(
+        tmp_path_factory.mktemp("think"), "llama", seed=3, extra_special_tokens=THINK_TOKENS
+    )
+    ids = {tok: 259 + i for i, tok in enumerate(THINK_TOKENS)}
+    config = json.loads((path / "config.json").read_text())
+    config["architectures"] = ["OmnistageThinkRecaptionTest"]
+    config["stage_transition_ids"] = [
+        [[ids["</think>"]], [ids["<recaption>"]]],
+        [[ids["</recaption>"]], [ids["<answer>"], ids["<boi>"]]],
+    ]
+    (path / "config.json").write_text(json.dumps(config))
+    return path, ids
+
+
+def run_think(path, ids, async_scheduling: bool):
+    llm = LLM(str(path), async_scheduling=async_scheduling, max_num_seqs=64)
+    bias = {ids["</think>"]: 4.0, ids["</recaption>"]: 3.0}
+    params = [
+        SamplingParams(temperature=1.0, seed=i, max_tokens=24, logit_bias=bias, ignore_eos=True)
+        for i in range(200)
+    ]
+    prompts = [
+        {
+            "prompt_token_ids": [ids["<think>"]]
+            + [random.Random(i).randrange(3, 250) for _ in range(5)]
+        }
+        for i in range(200)
+    ]
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert llm.engine.core.executor.runner.model.calls > 0
+    assert llm.engine.num_free_kv_blocks() == llm.engine.num_usable_kv_blocks()
+    return outs
+
+
+def test_recaption_always_follows_think_sync_and_async(think_ckpt):
+    path, ids = think_ckpt
+    results = {mode: run_think(path, ids, mode) for mode in (False, True)}
+    assert results[False] == results[True]
+    triggered = 0
+    for tokens in results[True]:
+        for i, t in enumerate(tokens[:-1]):
+            if t == ids["</think>"]:
+                triggered += 1
+                assert tokens[i + 1] == ids["<recaption>"]
+            if t == ids["</recaption>"]:
+                assert tokens[i + 1] == ids["<answer>"]
+                if i + 2 < len(tokens):
+                    assert tokens[i + 2] == ids["<boi>"]
+    assert triggered >= 100  # the transition really fired, many times
+
+
+def test_stage_transitions_by_configuration(think_ckpt, tiny_llama):
+    """Attached to a plain model through the engine argument, by token strings."""
+    path, ids = think_ckpt
+    llm = LLM(str(path), stage_transitions={"</think>": ["<recaption>", "<answer>"]})
+    forced_think = SamplingParams(
+        temperature=1.0, seed=5, max_tokens=6, logit_bias={ids["</think>"]: 100.0}
+    )
+    llm.engine.core.executor.runner.model.transitions = StageTransitions(
+        {}
+    )  # only the engine's rules
+    tokens = (
+        llm.generate({"prompt_token_ids": [5, 6, 7]}, forced_think, use_tqdm=False)[0]
+        .outputs[0]
+        .token_ids
+    )
+    assert tokens[:3] == [ids["</think>"], ids["<recaption>"], ids["<answer>"]]
+    with pytest.raises(ValueError, match="stage_transitions"):
+        LLM(str(path), stage_transitions={"</think>": ["<no-such-token>"]})
+
+
+def test_model_sampler_sees_only_real_history_under_async_churn(think_ckpt):
+    path, _ = think_ckpt
+    llm = LLM(
+        str(path),
+        async_scheduling=True,
+        max_num_seqs=8,
+        num_kv_blocks=8,
+        block_size=16,
+        max_model_len=64,
+        max_num_batched_tokens=48,
+    )
+    model = llm.engine.core.executor.runner.model
+    seen: dict[str, list[list[int]]] = {}
+    inner = model.sample
+
+    def recording(logits, metadata):
+        for req_id, history, pos in zip(
+            metadata.req_ids, metadata.output_token_ids, metadata.output_positions, strict=True
+        ):
+            assert pos == len(history)  # sampling exactly the next real position
+            seen.setdefault(req_id, []).append(list(history))
+        return inner(logits, metadata)
+
+    model.sample = recording
+    engine = llm.engine
+    rng = random.Random(0)
+    finals: dict[str, list[int]] = {}
+    aborted = set()
+    for step in range(400):
+        if step < 300 and rng.random() < 0.6:
+            rid = f"q{step}"
+            engine.add_request(
+                rid,
+                {"prompt_token_ids": [rng.randrange(3, 250) for _ in range(rng.randrange(1, 40))]},
+                SamplingParams(
+                    temperature=1.0, seed=step, max_tokens=rng.randrange(1, 10), ignore_eos=True
+                ),
+            )
+        if rng.random() < 0.05 and engine._tracked:
+            victim = rng.choice(sorted(engine._tracked))
+            engine.abort_request(victim)
+            aborted.add(victim)
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out.outputs[0].token_ids
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out.outputs[0].token_ids
+    assert engine.core.scheduler.num_preemptions > 0
+    assert len(finals) > 100
+    for rid, final in finals.items():
+        for history in seen.get(rid, []):
+            assert final[: len(history)] == history  # every history was a true prefix
+    assert engine.num_free_kv_blocks() == engine.num_usable_kv_blocks()
+    assert len(engine.core.executor.runner.batch) == 0 and not engine.core.executor.runner.requests
+
+
+@pytest.mark.parametrize("name", sorted(runner_classes()))
+def test_every_platform_runner_reaches_the_model_sampler(name, think_ckpt):
+    cls = runner_classes()[name]
+    assert issubclass(cls, ModelRunner)
+    # Nothing on the way from execute_model to sampling is overridden (source 001).
+    for method in ("execute_model", "_sample", "_sampling_metadata", "_finish_step"):
+        assert getattr(cls, method) is getattr(ModelRunner, method), (
+            f"{cls.__name__} overrides {method}"
+        )
+    # And the dispatch really runs through this class (on CPU tensors for the CUDA class too).
+    path, _ = think_ckpt
+    llm = LLM(str(path), async_scheduling=False)
+    runner = llm.engine.core.executor.runner
+    runner.__class__ = cls
+    before = runner.model.calls
+    llm.generate("hi", SamplingParams(max_tokens=3), use_tqdm=False)
+    assert runner.model.calls == before + 3
+    assert isinstance(runner, cls) and torch.is_tensor(runner.kv_caches[0])
