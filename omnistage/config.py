@@ -86,6 +86,10 @@ class EngineConfig:
     """Schedule step N+1 while step N runs (the runner works on a worker thread).
     Outputs are identical to synchronous scheduling; only speed differs."""
 
+    executor_backend: str = "auto"
+    """Where the model runner runs: inline (caller's thread), thread (a worker thread),
+    process (a worker process), or auto: process with async scheduling, else inline."""
+
     stage_transitions: dict | None = None
     """Forced token sequences after trigger tokens, e.g. {"</think>": ["<recaption>"]}
     (keys: a token string, an id, or a tuple of them; values: token strings or ids)."""
@@ -112,6 +116,10 @@ class EngineConfig:
             _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
             if self.num_kv_blocks is not None:
                 raise ValueError("kv_cache_memory_bytes: give either it or num_kv_blocks, not both")
+        if self.executor_backend not in ("auto", "inline", "thread", "process"):
+            raise ValueError(
+                f"executor_backend: expected auto, inline, thread or process, got {self.executor_backend!r}"
+            )
         if self.stage_transitions is not None and not isinstance(self.stage_transitions, dict):
             raise ValueError("stage_transitions: expected a dict of trigger -> forced tokens")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -126,6 +134,12 @@ class EngineConfig:
                 "max_num_batched_tokens: must be >= max_model_len when chunked prefill is off, "
                 f"got {self.max_num_batched_tokens} < {self.max_model_len}"
             )
+
+    @property
+    def resolved_executor_backend(self) -> str:
+        if self.executor_backend != "auto":
+            return self.executor_backend
+        return "process" if self.async_scheduling else "inline"
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -66,6 +66,13 @@ def workloads(draw):
 
 def run(engine: LLMEngine, specs: list[Spec]) -> dict[str, list[tuple]]:
     """Drive the engine step by step: add requests on arrival, abort after k tokens."""
+    try:
+        return _drive(engine, specs)
+    finally:  # a failing example must not leave requests behind for the next one
+        engine.abort_request(list(engine._tracked))
+
+
+def _drive(engine: LLMEngine, specs: list[Spec]) -> dict[str, list[tuple]]:
     results: dict[str, list[tuple]] = {}
     pending = sorted(range(len(specs)), key=lambda i: specs[i].arrival)
     step = 0
@@ -96,11 +103,10 @@ def snapshot(c) -> tuple:
 
 def assert_nothing_held(engine: LLMEngine) -> None:
     core = engine.core
-    runner = core.executor.runner
     assert engine.num_free_kv_blocks() == engine.num_usable_kv_blocks()
     assert core.scheduler.num_unfinished_requests == 0
     assert not core.batch_queue
-    assert len(runner.batch) == 0 and not runner.requests
+    assert core.executor.runner_stats() == {"batch_rows": 0, "requests": 0}
     assert engine.kv_cache_manager.num_requests == 0
 
 

@@ -68,7 +68,10 @@ def think_ckpt(tmp_path_factory):
 
 
 def run_think(path, ids, async_scheduling: bool):
-    llm = LLM(str(path), async_scheduling=async_scheduling, max_num_seqs=64)
+    # The test model class is registered in this process only: keep the runner in-process.
+    llm = LLM(
+        str(path), async_scheduling=async_scheduling, max_num_seqs=64, executor_backend="thread"
+    )
     bias = {ids["</think>"]: 4.0, ids["</recaption>"]: 3.0}
     params = [
         SamplingParams(temperature=1.0, seed=i, max_tokens=24, logit_bias=bias, ignore_eos=True)
@@ -107,7 +110,11 @@ def test_recaption_always_follows_think_sync_and_async(think_ckpt):
 def test_stage_transitions_by_configuration(think_ckpt, tiny_llama):
     """Attached to a plain model through the engine argument, by token strings."""
     path, ids = think_ckpt
-    llm = LLM(str(path), stage_transitions={"</think>": ["<recaption>", "<answer>"]})
+    llm = LLM(
+        str(path),
+        stage_transitions={"</think>": ["<recaption>", "<answer>"]},
+        executor_backend="thread",
+    )
     forced_think = SamplingParams(
         temperature=1.0, seed=5, max_tokens=6, logit_bias={ids["</think>"]: 100.0}
     )
@@ -121,7 +128,11 @@ def test_stage_transitions_by_configuration(think_ckpt, tiny_llama):
     )
     assert tokens[:3] == [ids["</think>"], ids["<recaption>"], ids["<answer>"]]
     with pytest.raises(ValueError, match="stage_transitions"):
-        LLM(str(path), stage_transitions={"</think>": ["<no-such-token>"]})
+        LLM(
+            str(path),
+            stage_transitions={"</think>": ["<no-such-token>"]},
+            executor_backend="thread",
+        )
 
 
 def test_model_sampler_sees_only_real_history_under_async_churn(think_ckpt):
@@ -129,6 +140,7 @@ def test_model_sampler_sees_only_real_history_under_async_churn(think_ckpt):
     llm = LLM(
         str(path),
         async_scheduling=True,
+        executor_backend="thread",
         max_num_seqs=8,
         num_kv_blocks=8,
         block_size=16,
@@ -179,7 +191,7 @@ def test_model_sampler_sees_only_real_history_under_async_churn(think_ckpt):
         for history in seen.get(rid, []):
             assert final[: len(history)] == history  # every history was a true prefix
     assert engine.num_free_kv_blocks() == engine.num_usable_kv_blocks()
-    assert len(engine.core.executor.runner.batch) == 0 and not engine.core.executor.runner.requests
+    assert engine.core.executor.runner_stats() == {"batch_rows": 0, "requests": 0}
 
 
 @pytest.mark.parametrize("name", sorted(runner_classes()))

@@ -141,3 +141,25 @@ def test_abort_frees_blocks_and_tells_runner():
     assert s.kv.num_free_blocks == 63
     so = s.schedule()
     assert so.finished_req_ids == {"a", "w"} and so.is_empty
+
+
+def test_async_request_preempted_while_its_stop_token_is_in_flight():
+    """Found by the randomized sync≡async test: the in-flight token of a request that was
+    preempted meanwhile is real, is appended, and may end the request from the waiting queue."""
+    from omnistage.core.async_scheduler import AsyncScheduler
+
+    config = EngineConfig(model="unused", max_model_len=64, max_num_batched_tokens=64, block_size=4)
+    s = AsyncScheduler(config, KVCacheManager(5, 4, 64, True))  # 4 usable blocks
+    s.add_request(req("a", 8, max_tokens=8))
+    s.add_request(req("b", 8, max_tokens=8, first=50))
+    first = s.schedule()  # both prompts: 2 blocks each, one token in flight each
+    assert s.requests["a"].num_output_placeholders == 1
+    second = s.schedule()  # a's in-flight token needs a 3rd block: b is preempted
+    assert second.preempted_req_ids == {"b"} and second.num_scheduled_tokens == {"a": 1}
+    out = ModelRunnerOutput(
+        req_ids=["a", "b"], sampled_token_ids=[[7], [99]], logprobs=[None, None]
+    )
+    finished = {o.request_id: o.finish_reason for o in s.update_from_output(first, out)}
+    assert finished == {"a": None, "b": "stop"}  # b's real token (EOS) ends it while it waits
+    assert "b" not in s.requests and all(r.request_id != "b" for r in s.waiting)
+    assert s.kv.num_free_blocks == 1  # only a's 3 blocks are held

@@ -1,5 +1,10 @@
 """`omnistage bench throughput`: our engine against HF transformers, same model, same run.
 
+With `--compare-scheduling`, the peers are our engine with synchronous and
+with asynchronous scheduling instead. `--model tiny-random` uses a tiny random
+llama (2 layers, hidden 64) made on first use, where per-step CPU overhead
+dominates.
+
 Workload (seeded): N prompts of random token ids, L prompt tokens each, M
 output tokens each with `ignore_eos`. Each peer runs in a fresh subprocess:
 load the model, serve one short warm-up request (its first token gives the
@@ -22,6 +27,23 @@ from typing import Any
 import torch
 
 PEERS = ("omnistage", "transformers")
+SCHEDULING_PEERS = ("omnistage-sync", "omnistage-async")
+TINY_MODEL = "tiny-random"
+
+
+def resolve_bench_model(model: str) -> str:
+    """`tiny-random` -> a cached tiny checkpoint (made once); anything else as given."""
+    if model != TINY_MODEL:
+        return model
+    from pathlib import Path
+
+    from omnistage.models.gguf_loader import cache_root
+    from omnistage.testing.tiny_models import make_checkpoint
+
+    path = Path(cache_root()) / "bench" / TINY_MODEL
+    if not (path / "config.json").exists():
+        make_checkpoint(path, "llama", seed=0)
+    return str(path)
 
 
 def make_workload(num_prompts: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -38,11 +60,12 @@ def run_omnistage(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]
 
     engine = LLMEngine(
         EngineConfig(
-            model=args.model,
+            model=resolve_bench_model(args.model),
             dtype=args.dtype,
             max_num_seqs=max(args.num_prompts, 1),
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_threads=args.threads,
+            async_scheduling=args.async_scheduling,
         )
     )
     vocab = engine.hf_config.vocab_size
@@ -85,7 +108,7 @@ def run_transformers(args: argparse.Namespace, spawn_time: float) -> dict[str, A
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    files = resolve_model(args.model)
+    files = resolve_model(resolve_bench_model(args.model))
     model = AutoModelForCausalLM.from_pretrained(files.path, dtype=parse_dtype(args.dtype)).eval()
 
     class FirstToken(BaseStreamer):
@@ -145,6 +168,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peers", default=",".join(PEERS), help="comma-separated: omnistage,transformers"
     )
+    parser.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="scheduling mode of the omnistage peer",
+    )
+    parser.add_argument(
+        "--compare-scheduling",
+        action="store_true",
+        help="run omnistage with sync and with async scheduling instead of vs transformers",
+    )
     parser.add_argument("--_peer", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--_spawn-time", type=float, default=None, help=argparse.SUPPRESS)
 
@@ -186,7 +220,9 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(runner(args, args._spawn_time)))
         return 0
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
-    unknown = set(peers) - set(PEERS)
+    if args.compare_scheduling:
+        peers = list(SCHEDULING_PEERS)
+    unknown = set(peers) - set(PEERS) - set(SCHEDULING_PEERS)
     if unknown:
         raise ValueError(f"--peers: unknown peer(s) {sorted(unknown)}; known: {', '.join(PEERS)}")
     results = {peer: run_peer_subprocess(args, peer) for peer in peers}
@@ -216,6 +252,13 @@ def main(args: argparse.Namespace) -> int:
         )
         print(f"omnistage / transformers: {ratio:.2f}x")
         summary["ratio_vs_transformers"] = round(ratio, 3)
+    if set(SCHEDULING_PEERS) <= set(results):
+        ratio = (
+            results["omnistage-async"]["output_tokens_per_s"]
+            / results["omnistage-sync"]["output_tokens_per_s"]
+        )
+        print(f"async / sync: {ratio:.2f}x")
+        summary["ratio_async_vs_sync"] = round(ratio, 3)
     print(json.dumps(summary))
     return 0
 

@@ -22,6 +22,11 @@ class Runner(Protocol):
 class InlineExecutor:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
+        self.num_kv_blocks: int = runner.num_kv_blocks
+
+    def runner_stats(self) -> dict[str, int]:
+        """What the runner holds (batch rows, known requests): zero when idle."""
+        return {"batch_rows": len(self.runner.batch), "requests": len(self.runner.requests)}
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

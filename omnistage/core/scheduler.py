@@ -207,6 +207,8 @@ class Scheduler:
             if not sampled:
                 continue  # a prompt chunk: nothing to report yet
             logprobs = runner_output.logprobs[i] if runner_output.logprobs else None
+            # Async: a request preempted while its token was in flight waits, yet may stop now.
+            queue = self.running if request.status == RequestStatus.RUNNING else self.waiting
             self._on_sampled(request, len(sampled))
             new_tokens = self._append_and_check_stop(request, sampled)
             outputs.append(
@@ -220,7 +222,7 @@ class Scheduler:
                 )
             )
             if request.is_finished:
-                self.running.remove(request)
+                queue.remove(request)
                 self._release(request)
         return outputs
 

@@ -22,6 +22,7 @@ from omnistage.core.async_scheduler import AsyncScheduler
 from omnistage.core.engine_core import EngineCore
 from omnistage.core.executor import InlineExecutor, ThreadExecutor
 from omnistage.core.kv_cache_manager import KVCacheManager
+from omnistage.core.process_executor import ProcessExecutor
 from omnistage.core.scheduler import Scheduler
 from omnistage.models.base import CausalLM
 from omnistage.models.loader import (
@@ -35,6 +36,7 @@ from omnistage.models.registry import model_class_for
 from omnistage.platforms import platform_for
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.worker.attention import allocate_kv_cache
+from omnistage.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("omnistage")
 
@@ -108,12 +110,14 @@ def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
     return blocks
 
 
-def build_stage(config: EngineConfig) -> BuiltStage:
+def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> ModelRunner:
+    """The runner side of a stage (model, KV cache tensors, runner) for a resolved config.
+
+    Runs in the engine's process, or in the worker process of `ProcessExecutor`.
+    `runner.num_kv_blocks` tells the scheduler side how many blocks exist.
+    """
     platform = platform_for(config.device)
     platform.configure_threads(config.num_threads)
-    files = resolve_model(config.model)
-    hf_config = load_hf_config(files)
-    config = config.resolve_for_model(model_max_len(hf_config))
     dtype = config.torch_dtype
     model = build_model(files, hf_config, dtype, config.max_model_len).to(platform.device)
     model = platform.prepare_model(model)
@@ -131,9 +135,6 @@ def build_stage(config: EngineConfig) -> BuiltStage:
         config.block_size,
         blocks * block_bytes / 2**20,
     )
-    kv = KVCacheManager(
-        blocks, config.block_size, config.max_model_len, config.enable_prefix_caching
-    )
     runner = platform.runner_class(
         model=model,
         kv_caches=kv_caches,
@@ -144,10 +145,30 @@ def build_stage(config: EngineConfig) -> BuiltStage:
         device=platform.device,
         stage_transitions=_stage_transitions(config, files),
     )
-    if config.async_scheduling:
-        core = EngineCore(AsyncScheduler(config, kv), ThreadExecutor(runner), async_scheduling=True)
+    runner.num_kv_blocks = blocks
+    return runner
+
+
+def build_stage(config: EngineConfig) -> BuiltStage:
+    files = resolve_model(config.model)
+    hf_config = load_hf_config(files)
+    config = config.resolve_for_model(model_max_len(hf_config))
+    backend = config.resolved_executor_backend
+    if backend == "process":
+        executor = ProcessExecutor(config, files, hf_config)
     else:
-        core = EngineCore(Scheduler(config, kv), InlineExecutor(runner))
+        runner = build_runner(config, files, hf_config)
+        executor = ThreadExecutor(runner) if backend == "thread" else InlineExecutor(runner)
+    kv = KVCacheManager(
+        executor.num_kv_blocks,
+        config.block_size,
+        config.max_model_len,
+        config.enable_prefix_caching,
+    )
+    scheduler_class = AsyncScheduler if config.async_scheduling else Scheduler
+    core = EngineCore(
+        scheduler_class(config, kv), executor, async_scheduling=config.async_scheduling
+    )
     return BuiltStage(
         config=config, files=files, hf_config=hf_config, core=core, kv_cache_manager=kv
     )

@@ -15,7 +15,7 @@ from typing import Any
 from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.request import RequestStatus
-from omnistage.engine.builder import build_stage
+from omnistage.engine.builder import build_stage, eos_token_id
 from omnistage.engine.detokenizer import IncrementalDetokenizer
 from omnistage.engine.input_processor import InputProcessor, PromptType, child_seed
 from omnistage.models.loader import load_tokenizer
@@ -46,7 +46,7 @@ class LLMEngine:
         self.hf_config = stage.hf_config
         self.model_files = stage.files
         self.tokenizer = load_tokenizer(stage.files)
-        eos = self.core.executor.runner.eos_token_id
+        eos = eos_token_id(self.hf_config)
         if eos is None:
             eos = getattr(self.tokenizer, "eos_token_id", None)
         self.eos_token_id = eos
