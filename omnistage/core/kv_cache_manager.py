@@ -40,6 +40,8 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         self._req_blocks: dict[str, list[KVCacheBlock]] = {}
+        self._num_hashed: dict[str, int] = {}
+        """Per request: how many of its leading blocks were already offered to the prefix cache."""
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -56,8 +58,13 @@ class KVCacheManager:
     def num_requests(self) -> int:
         return len(self._req_blocks)
 
-    def block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self._req_blocks.get(request_id, ())]
+    def block_ids(self, request_id: str, start: int = 0) -> list[int]:
+        """Ids of the request's blocks from index `start` on."""
+        blocks = self._req_blocks.get(request_id, ())
+        return [blocks[i].block_id for i in range(start, len(blocks))]
+
+    def num_blocks(self, request_id: str) -> int:
+        return len(self._req_blocks.get(request_id, ()))
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -117,9 +124,9 @@ class KVCacheManager:
         Returns the newly added blocks. Raises if `can_allocate` would have said no.
         Full blocks whose tokens are all known are entered into the prefix cache.
         """
-        if not self.can_allocate(request, num_new_tokens, computed):
+        new, revived = self._num_new_blocks(request, num_new_tokens, computed)
+        if new + revived > self.pool.num_free_blocks:
             raise RuntimeError(f"no KV blocks for request {request.request_id} (check first)")
-        new, _ = self._num_new_blocks(request, num_new_tokens, computed)
         held = self._req_blocks.setdefault(request.request_id, [])
         if computed.blocks:
             self.pool.touch(computed.blocks)
@@ -136,14 +143,21 @@ class KVCacheManager:
     def _cache_full_blocks(
         self, request: Request, held: list[KVCacheBlock], num_known: int
     ) -> None:
+        full = num_known // self.block_size
+        done = self._num_hashed.get(request.request_id, 0)
+        if full <= done:
+            return
         self.update_block_hashes(request)
-        for i in range(min(num_known // self.block_size, len(request.block_hashes), len(held))):
+        end = min(full, len(request.block_hashes), len(held))
+        for i in range(done, end):
             if held[i].block_hash is None:
                 self.pool.cache(held[i], request.block_hashes[i])
+        self._num_hashed[request.request_id] = end
 
     def free(self, request: Request) -> None:
         """Release every block the request holds (tail first, for eviction order)."""
         blocks = self._req_blocks.pop(request.request_id, None)
+        self._num_hashed.pop(request.request_id, None)
         if blocks:
             self.pool.free(reversed(blocks))
 

@@ -27,16 +27,21 @@ class NewRequestData(msgspec.Struct, kw_only=True):
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):
-    """A request the runner knows: only its new blocks and progress."""
+    """Requests the runner knows, as parallel lists (cheap to ship): new blocks and progress."""
 
-    req_id: str
-    new_block_ids: list[int]
-    num_computed_tokens: int
+    req_ids: list[str] = msgspec.field(default_factory=list)
+    new_block_ids: list[list[int]] = msgspec.field(default_factory=list)
+    num_computed_tokens: list[int] = msgspec.field(default_factory=list)
+
+    def add(self, req_id: str, new_block_ids: list[int], num_computed_tokens: int) -> None:
+        self.req_ids.append(req_id)
+        self.new_block_ids.append(new_block_ids)
+        self.num_computed_tokens.append(num_computed_tokens)
 
 
 class SchedulerOutput(msgspec.Struct, kw_only=True):
     scheduled_new_reqs: list[NewRequestData]
-    scheduled_cached_reqs: list[CachedRequestData]
+    scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: dict[str, int]
     """Tokens to compute this step, per request."""
     total_num_scheduled_tokens: int

@@ -84,7 +84,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = _Budget(self.token_budget)
         new_reqs: list[NewRequestData] = []
-        cached_reqs: list[CachedRequestData] = []
+        cached_reqs = CachedRequestData()
         preempted: set[str] = set()
         self._schedule_running(budget, cached_reqs, preempted)
         if not preempted:
@@ -107,7 +107,7 @@ class Scheduler:
         return min(pending, self.max_model_len) - request.num_computed_tokens
 
     def _schedule_running(
-        self, budget: _Budget, cached_reqs: list[CachedRequestData], preempted: set[str]
+        self, budget: _Budget, cached_reqs: CachedRequestData, preempted: set[str]
     ) -> None:
         i = 0
         while i < len(self.running) and budget.left > 0:
@@ -118,14 +118,12 @@ class Scheduler:
                 continue
             if not self._make_room(request, n, preempted):
                 break  # the request itself was preempted
-            held_before = len(self.kv.block_ids(request.request_id))
+            held_before = self.kv.num_blocks(request.request_id)
             self.kv.allocate_slots(request, n)
-            cached_reqs.append(
-                CachedRequestData(
-                    req_id=request.request_id,
-                    new_block_ids=self.kv.block_ids(request.request_id)[held_before:],
-                    num_computed_tokens=request.num_computed_tokens,
-                )
+            cached_reqs.add(
+                request.request_id,
+                self.kv.block_ids(request.request_id, held_before),
+                request.num_computed_tokens,
             )
             budget.take(request.request_id, n)
             i += 1

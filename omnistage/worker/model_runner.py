@@ -93,79 +93,73 @@ class ModelRunner:
             )
             self.requests[new.req_id] = state
             self.batch.add(state)
-        for cached in so.scheduled_cached_reqs:
-            state = self.requests[cached.req_id]
-            state.num_computed_tokens = cached.num_computed_tokens
-            if cached.new_block_ids:
-                state.block_ids.extend(cached.new_block_ids)
-                self.batch.append_blocks(
-                    self.batch.req_id_to_row[cached.req_id], cached.new_block_ids
-                )
+        cached = so.scheduled_cached_reqs
+        for req_id, new_blocks, num_computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        ):
+            state = self.requests[req_id]
+            state.num_computed_tokens = num_computed
+            if new_blocks:
+                state.block_ids.extend(new_blocks)
+                self.batch.append_blocks(self.batch.req_id_to_row[req_id], new_blocks)
         self.batch.condense()
 
     # -- inputs ---------------------------------------------------------------------------------
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
+        """Flat token ids, positions, cache slots and attention metadata of the step (numpy)."""
         batch, bs = self.batch, self.block_size
-        rows, ids, pos, slots = [], [], [], []
-        sample_rows, logits_idx, decode_rows, decode_idx = [], [], [], []
-        prefills: list[PrefillSeq] = []
-        flat = 0
-        for row in range(batch.num_rows):
-            state = batch.states[row]
-            n = so.num_scheduled_tokens.get(state.req_id, 0)
-            if n == 0:
-                continue
-            start = state.num_computed_tokens
-            p = np.arange(start, start + n)
-            rows.append(row)
-            ids.append(batch.token_ids[row, start : start + n])
-            pos.append(p)
-            slots.append(batch.block_table[row, p // bs] * bs + p % bs)
-            if start + n >= int(batch.num_tokens[row]):
-                sample_rows.append(row)
-                logits_idx.append(flat + n - 1)
-            if n == 1:
-                decode_rows.append(row)
-                decode_idx.append(flat)
-            else:
-                nblk = -(-(start + n) // bs)
-                prefills.append(
-                    PrefillSeq(
-                        flat, n, start, torch.from_numpy(batch.block_table[row, :nblk].copy())
-                    )
-                )
-            flat += n
+        live = batch.states[: batch.num_rows]
+        counts = np.array([so.num_scheduled_tokens.get(s.req_id, 0) for s in live], dtype=np.int64)
+        computed = np.array([s.num_computed_tokens for s in live], dtype=np.int64)
+        rows = np.flatnonzero(counts)
+        n, start = counts[rows], computed[rows]
+        ends = np.cumsum(n)
+        first = ends - n  # flat index of each row's first token
+        tok_rows = np.repeat(rows, n)
+        pos = np.repeat(start - first, n) + np.arange(int(ends[-1]))
+        slots = batch.block_table[tok_rows, pos // bs] * bs + pos % bs
+        sampling = start + n >= batch.num_tokens[rows]
+        decode = n == 1
+        prefills = [
+            PrefillSeq(
+                int(f),
+                int(k),
+                int(c),
+                torch.from_numpy(batch.block_table[r, : -(-(c + k) // bs)].copy()),
+            )
+            for r, f, k, c in zip(
+                rows[~decode], first[~decode], n[~decode], start[~decode], strict=True
+            )
+        ]
         attn = self._attention_metadata(
-            flat, np.concatenate(slots), decode_rows, decode_idx, prefills
+            int(ends[-1]), slots, rows[decode], start[decode] + 1, first[decode], prefills
         )
         return StepInputs(
-            input_ids=torch.from_numpy(np.concatenate(ids)).to(self.device),
-            positions=torch.from_numpy(np.concatenate(pos)).to(self.device),
+            input_ids=torch.from_numpy(batch.token_ids[tok_rows, pos]).to(self.device),
+            positions=torch.from_numpy(pos).to(self.device),
             attn=attn,
-            rows=rows,
-            sample_rows=sample_rows,
-            logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=self.device),
+            rows=rows.tolist(),
+            sample_rows=rows[sampling].tolist(),
+            logits_indices=torch.from_numpy(ends[sampling] - 1).to(self.device),
         )
 
     def _attention_metadata(
         self,
         num_tokens: int,
         slots: np.ndarray,
-        decode_rows: list[int],
-        decode_idx: list[int],
+        decode_rows: np.ndarray,
+        decode_seq_lens: np.ndarray,
+        decode_idx: np.ndarray,
         prefills: list[PrefillSeq],
     ) -> AttentionMetadata:
         bt = mask = idx = lens = None
-        if decode_rows:
-            seq_lens = np.array(
-                [self.batch.states[r].num_computed_tokens + 1 for r in decode_rows], dtype=np.int64
-            )
-            nblk = int(-(-seq_lens.max() // self.block_size))
+        if len(decode_rows):
+            nblk = int(-(-decode_seq_lens.max() // self.block_size))
             bt = torch.from_numpy(self.batch.block_table[decode_rows, :nblk]).to(self.device)
             span = torch.arange(nblk * self.block_size, device=self.device)
-            lens = torch.from_numpy(seq_lens).to(self.device)
+            lens = torch.from_numpy(decode_seq_lens).to(self.device)
             mask = span.unsqueeze(0) < lens.unsqueeze(1)
-            idx = torch.tensor(decode_idx, dtype=torch.long, device=self.device)
+            idx = torch.from_numpy(decode_idx).to(self.device)
         return AttentionMetadata(
             num_tokens=num_tokens,
             slot_mapping=torch.from_numpy(slots).to(self.device),
