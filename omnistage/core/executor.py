@@ -26,7 +26,11 @@ class InlineExecutor:
 
     def runner_stats(self) -> dict[str, int]:
         """What the runner holds (batch rows, known requests): zero when idle."""
-        return {"batch_rows": len(self.runner.batch), "requests": len(self.runner.requests)}
+        return {
+            "batch_rows": len(self.runner.batch),
+            "requests": len(self.runner.requests),
+            "busy_ms": int(1000 * self.runner.busy_seconds),
+        }
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

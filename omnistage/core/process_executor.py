@@ -84,7 +84,11 @@ def _worker_main(config: EngineConfig, files: Any, hf_config: Any, conn: Connect
                 reply: Any = StepDone(runner_output=runner.execute_model(message.scheduler_output))
             else:
                 reply = Stats(
-                    values={"batch_rows": len(runner.batch), "requests": len(runner.requests)}
+                    values={
+                        "batch_rows": len(runner.batch),
+                        "requests": len(runner.requests),
+                        "busy_ms": int(1000 * runner.busy_seconds),
+                    }
                 )
         except BaseException:  # noqa: BLE001
             reply = Failed(error=traceback.format_exc())

@@ -15,6 +15,7 @@ own `sample()` when it prefers it, then the default sampler. Platform runners
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,8 @@ class ModelRunner:
         self.batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
         self.requests: dict[str, RequestState] = {}
         self.sampler = Sampler()
+        self.busy_seconds = 0.0
+        """Time spent executing steps (telemetry: how loaded the runner is)."""
         self.stage_transitions = stage_transitions
 
     # -- batch bookkeeping ---------------------------------------------------------------
@@ -174,6 +177,13 @@ class ModelRunner:
     # -- the step -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        started = time.perf_counter()
+        try:
+            return self._execute(so)
+        finally:
+            self.busy_seconds += time.perf_counter() - started
+
+    def _execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=[])
