@@ -25,7 +25,7 @@ import transformers
 from gguf import GGMLQuantizationType as Q
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from omnistage.models import gguf_loader
+from omnistage.models import gguf_cache, gguf_loader
 from omnistage.models.builtin import (
     BUILTIN_MODELS,
     builtin_gguf_path,
@@ -308,7 +308,7 @@ def test_tiny_gguf_resolve_with_tokenizer_and_cache(tmp_path, monkeypatch):
 
     files = resolve_model(str(path))
     assert files.name == str(path)
-    assert files.path == gguf_loader.gguf_cache_dir(path)
+    assert files.path == gguf_cache.gguf_cache_dir(path)
     assert files.path.parent == tmp_path / "cache" / "gguf"
     assert files.path.name.startswith("tiny-")
     assert str(path.resolve()) in files.source
@@ -352,7 +352,7 @@ def test_tiny_gguf_resolve_with_tokenizer_and_cache(tmp_path, monkeypatch):
     marker = json.loads(marker_path.read_text())
     marker_path.write_text(json.dumps({**marker, "converter": "older-code"}))
     assert resolve_model(str(path)).path == files.path
-    assert json.loads(marker_path.read_text())["converter"] == gguf_loader.converter_fingerprint()
+    assert json.loads(marker_path.read_text())["converter"] == gguf_cache.converter_fingerprint()
 
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
     assert resolve_model(str(path)).path != files.path
@@ -368,14 +368,14 @@ def test_concurrent_conversion_keeps_the_first_complete_cache(tmp_path, monkeypa
     def racing_convert(gguf_path, out_dir, **kwargs):
         calls.append(out_dir)
         if len(calls) == 1:  # the "other process" converts and publishes while we work
-            assert gguf_loader.cached_gguf_checkpoint(gguf_path) == gguf_loader.gguf_cache_dir(path)
+            assert gguf_cache.cached_gguf_checkpoint(gguf_path) == gguf_cache.gguf_cache_dir(path)
         real_convert(gguf_path, out_dir, **kwargs)
 
     monkeypatch.setattr(gguf_loader, "convert_gguf", racing_convert)
-    final = gguf_loader.gguf_cache_dir(path)
-    assert gguf_loader.cached_gguf_checkpoint(path) == final
+    final = gguf_cache.gguf_cache_dir(path)
+    assert gguf_cache.cached_gguf_checkpoint(path) == final
     assert len(calls) == 2
-    assert gguf_loader._is_complete(final)
+    assert gguf_cache._is_complete(final)
     assert [p.name for p in final.parent.iterdir()] == [final.name]
 
 

@@ -37,7 +37,7 @@ def resolve_bench_model(model: str) -> str:
         return model
     from pathlib import Path
 
-    from omnistage.models.gguf_loader import cache_root
+    from omnistage.cache import cache_root
     from omnistage.testing.tiny_models import make_checkpoint
 
     path = Path(cache_root()) / "bench" / TINY_MODEL

@@ -20,15 +20,12 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from omnistage.cache import cache_root
+
 logger = logging.getLogger("omnistage")
 
 _SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "rope_cache.c")]
 _DISABLE_ENV = "OMNISTAGE_DISABLE_C_KERNELS"
-
-
-def _cache_root() -> Path:
-    root = os.environ.get("OMNISTAGE_CACHE_DIR") or Path.home() / ".cache" / "omnistage"
-    return Path(root) / "kernels"
 
 
 def _cpu_fingerprint() -> str:
@@ -57,7 +54,7 @@ def load() -> ctypes.CDLL | None:
         return None
     source = b"".join(p.read_bytes() for p in _SOURCES)
     key = hashlib.sha256(source + compiler.encode() + _cpu_fingerprint().encode()).hexdigest()[:16]
-    target = _cache_root() / key / "libomnistage_kernels.so"
+    target = cache_root() / "kernels" / key / "libomnistage_kernels.so"
     if not target.exists():
         try:
             _build(compiler, target)

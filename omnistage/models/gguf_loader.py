@@ -10,28 +10,20 @@ engine loads HF checkpoints, so a GGUF file is converted once into a directory
     omnistage-gguf.json          written last: marks the directory complete, names the
                                  source file and the converter that wrote it
 
-kept under `$OMNISTAGE_CACHE_DIR` (default `~/.cache/omnistage`) in
-`gguf/<file stem>-<hash of path, size, mtime>`. Later starts find it there and
-read nothing from the GGUF. The directory is built in a temporary sibling and
-renamed into place, so a concurrent process sees either nothing or all of it.
+which `gguf_cache` keeps under `$OMNISTAGE_CACHE_DIR` (default
+`~/.cache/omnistage`) so later starts read nothing from the GGUF.
 
-`convert_gguf` does the conversion without caching; `read_gguf`,
+`convert_gguf` does the conversion; `read_gguf`,
 `gguf_hf_config` and `iter_gguf_weights` are its parts (weights and config
 need no tokenizer metadata).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
-import importlib.metadata
 import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +37,7 @@ from gguf import GGMLQuantizationType
 
 logger = logging.getLogger("omnistage")
 
-_CACHE_VERSION = 1
 """Part of `converter_fingerprint`; bump to force every cache to be rebuilt."""
-_MARKER = "omnistage-gguf.json"
 _SHARD_BYTES = 2 << 30
 """Largest safetensors file written; bounds memory during conversion."""
 
@@ -350,95 +340,3 @@ def _convert_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     except Exception as e:  # transformers raises many kinds for a bad tokenizer section
         raise ValueError(f"{gguf_path}: cannot build a tokenizer from its metadata ({e})") from e
     tok.save_pretrained(out_dir)
-
-
-def cache_root() -> Path:
-    """`$OMNISTAGE_CACHE_DIR`, else `~/.cache/omnistage`."""
-    root = os.environ.get("OMNISTAGE_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "omnistage"
-
-
-def _identity(gguf_path: Path) -> dict:
-    st = gguf_path.stat()
-    return {"source": str(gguf_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def gguf_cache_dir(gguf_path: Path) -> Path:
-    """Where the converted checkpoint of `gguf_path` lives (whether or not it exists yet)."""
-    gguf_path = Path(gguf_path).resolve()
-    ident = json.dumps(_identity(gguf_path), sort_keys=True)
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
-    return cache_root() / "gguf" / f"{gguf_path.stem}-{digest}"
-
-
-@functools.cache
-def converter_fingerprint() -> str:
-    """Identifies the code that converts: this module's source and the library versions.
-
-    Stored in the cache marker; a cache written by other code is rebuilt, so a
-    fix to the conversion (or a transformers upgrade that changes the
-    tokenizer) cannot leave a stale checkpoint behind.
-    """
-    h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(f"{_CACHE_VERSION}|{transformers.__version__}|{_gguf_version()}".encode())
-    return h.hexdigest()[:16]
-
-
-def _gguf_version() -> str:
-    try:
-        return importlib.metadata.version("gguf")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _is_complete(out_dir: Path) -> bool:
-    """The marker is present, written by this converter, and every file it lists has its size."""
-    try:
-        marker = json.loads((out_dir / _MARKER).read_text())
-        files = marker["files"]
-        return marker["converter"] == converter_fingerprint() and all(
-            (out_dir / name).stat().st_size == size for name, size in files.items()
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def cached_gguf_checkpoint(gguf_path: Path) -> Path:
-    """The converted checkpoint directory of `gguf_path`, converting it on first use.
-
-    Silent when the cache is there; logs one line when converting. An
-    incomplete or damaged cache directory is rebuilt.
-    """
-    gguf_path = Path(gguf_path).resolve()
-    final = gguf_cache_dir(gguf_path)
-    if _is_complete(final):
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():
-        _discard(final)
-    logger.info(
-        "converting %s to an HF checkpoint in %s (once; later starts reuse it)", gguf_path, final
-    )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        convert_gguf(gguf_path, tmp)
-        files = {p.name: p.stat().st_size for p in tmp.iterdir()}
-        marker = {"converter": converter_fingerprint(), **_identity(gguf_path), "files": files}
-        (tmp / _MARKER).write_text(json.dumps(marker, indent=2))
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process renamed its copy into place first; use that one.
-            if not _is_complete(final):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def _discard(path: Path) -> None:
-    """Remove a stale cache directory; renamed aside first so its removal is atomic."""
-    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.stale-", dir=path.parent))
-    with contextlib.suppress(FileNotFoundError):  # someone else removed it already
-        os.replace(path, aside / path.name)
-    shutil.rmtree(aside, ignore_errors=True)

@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from omnistage.models.builtin import BUILTIN_MODELS, builtin_gguf_path, builtin_model
-from omnistage.models.gguf_loader import cached_gguf_checkpoint
+from omnistage.models.gguf_cache import cached_gguf_checkpoint
 
 _INDEX = "model.safetensors.index.json"
 
