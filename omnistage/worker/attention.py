@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -79,8 +80,18 @@ def allocate_kv_cache(
     dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:
-    # Zeroed: padded slots are masked, and 0 * (masked garbage) must never be NaN.
-    return torch.zeros(2, kv_heads, num_blocks, block_size, head_dim, dtype=dtype, device=device)
+    """A zeroed cache: padded slots are masked, and 0 * (masked garbage) must never be NaN.
+
+    On CPU the zeros come from `calloc` (through numpy), so the OS hands out zero
+    pages lazily: a 1 GiB cache costs nothing until blocks are written, where
+    `torch.zeros` would touch every page at start-up (seconds on this machine).
+    """
+    shape = (2, kv_heads, num_blocks, block_size, head_dim)
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    elem = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros(shape, dtype={2: np.int16, 4: np.int32, 8: np.int64}[elem])
+    return torch.from_numpy(raw).view(dtype)
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
