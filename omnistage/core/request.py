@@ -89,9 +89,5 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.finished
 
-    def token_at(self, index: int) -> int:
-        n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
-
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

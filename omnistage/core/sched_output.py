@@ -67,6 +67,3 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     @property
     def req_id_to_index(self) -> dict[str, int]:
         return {r: i for i, r in enumerate(self.req_ids)}
-
-
-EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=[])

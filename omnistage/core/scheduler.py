@@ -237,7 +237,7 @@ class Scheduler:
 
     def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
         params = request.sampling_params
-        if request.num_output_tokens > params.min_tokens - 1 or params.min_tokens == 0:
+        if request.num_output_tokens >= params.min_tokens:
             if token == request.eos_token_id and not params.ignore_eos:
                 return RequestStatus.FINISHED_STOPPED
             if params.stop_token_ids and token in params.stop_token_ids:

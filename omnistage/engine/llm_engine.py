@@ -127,7 +127,7 @@ class LLMEngine:
             if entry is None:
                 continue
             tracked, seq = entry
-            self._apply(seq, out)
+            self._apply(tracked, seq, out)
             if seq.output.finished:
                 self._by_core_id.pop(seq.core_id, None)
             changed[tracked.output.request_id] = tracked.output
@@ -139,7 +139,7 @@ class LLMEngine:
             self.core.flush()
         return list(changed.values())
 
-    def _apply(self, seq: _Sequence, out: EngineCoreOutput) -> None:
+    def _apply(self, tracked: _Tracked, seq: _Sequence, out: EngineCoreOutput) -> None:
         comp = seq.output
         comp.token_ids.extend(out.new_token_ids)
         if out.new_logprobs and comp.logprobs is not None:
@@ -148,9 +148,8 @@ class LLMEngine:
                 comp.cumulative_logprob += entry[1][0]
         stopped = seq.detok.add_tokens(out.new_token_ids)
         comp.text = seq.detok.text
-        tracked_output = self._by_core_id[seq.core_id][0].output
-        tracked_output.num_cached_tokens = max(
-            tracked_output.num_cached_tokens, out.num_cached_tokens
+        tracked.output.num_cached_tokens = max(
+            tracked.output.num_cached_tokens, out.num_cached_tokens
         )
         if stopped and not out.finished:
             self.core.finish_requests([seq.core_id], RequestStatus.FINISHED_STOPPED)

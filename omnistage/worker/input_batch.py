@@ -12,7 +12,7 @@ history, invariant 1); the row only points at it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,7 +32,6 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     eos_token_id: int | None = None
-    logprobs: list = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
