@@ -94,6 +94,10 @@ class EngineConfig:
     """Forced token sequences after trigger tokens, e.g. {"</think>": ["<recaption>"]}
     (keys: a token string, an id, or a tuple of them; values: token strings or ids)."""
 
+    output_hidden_states: bool = False
+    """Return the final hidden state of every computed position with each step's outputs
+    (what a next stage conditions on, e.g. `hidden_states.output` in a pipeline)."""
+
     seed: int = 0
     """Engine seed: makes unseeded sampling reproducible run to run."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 
@@ -13,6 +15,10 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    hidden_states: Any = None
+    """With `output_hidden_states`: [n, hidden] tensor of the positions computed this step,
+    starting at `hidden_start`. Only steps the scheduler accepted ever report these."""
+    hidden_start: int = 0
 
     @property
     def finished(self) -> bool:

@@ -79,7 +79,7 @@ class KVCacheManager:
             if tokens is None:
                 tokens = request.all_token_ids
             i = len(request.block_hashes)
-            parent = request.block_hashes[-1] if i else None
+            parent = request.block_hashes[-1] if i else request.cache_salt
             request.block_hashes.append(hash_block_tokens(parent, tokens[i * bs : (i + 1) * bs]))
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:

@@ -9,8 +9,11 @@ stored in a list (DESIGN.md invariant 1).
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from dataclasses import dataclass, field
+
+import torch
 
 from omnistage.sampling_params import SamplingParams
 
@@ -67,6 +70,21 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     block_hashes: list[bytes] = field(default_factory=list)
+    prompt_embeds: torch.Tensor | None = None
+    """[num_prompt_tokens, hidden] embeddings used instead of the prompt's token embeddings
+    (a stage conditioned on another stage's hidden states)."""
+
+    @property
+    def cache_salt(self) -> bytes | None:
+        """Mixed into the first block hash: prompts with embeddings only share equal embeddings."""
+        if self.prompt_embeds is None:
+            return None
+        if self._cache_salt is None:
+            t = self.prompt_embeds.detach().cpu().contiguous()
+            self._cache_salt = hashlib.blake2b(t.view(torch.uint8).numpy(), digest_size=16).digest()
+        return self._cache_salt
+
+    _cache_salt: bytes | None = field(default=None, init=False, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from omnistage.core.tensor_blob import TensorBlob
 from omnistage.sampling_params import SamplingParams
 
 
@@ -24,6 +25,8 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     sample_seed: int
     block_ids: list[int]
     num_computed_tokens: int
+    prompt_embeds: TensorBlob | None = None
+    """Embeddings replacing the prompt's token embeddings, when the request has them."""
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):
@@ -63,6 +66,11 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     logprobs: list[list[tuple[list[int], list[float], int]] | None]
     """Per request, per sampled token: (top token ids, their logprobs, rank of the sampled
     token). The sampled token is first in the lists. None when not asked for."""
+    hidden_states: TensorBlob | None = None
+    """With `output_hidden_states`: the final hidden state of every token computed this step,
+    [total_num_scheduled_tokens, hidden], requests in `req_ids` order."""
+    hidden_starts: list[int] | None = None
+    """Per request: the position of its first hidden-state row this step."""
 
     @property
     def req_id_to_index(self) -> dict[str, int]:

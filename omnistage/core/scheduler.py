@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+import torch
+
 from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -29,6 +31,7 @@ from omnistage.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from omnistage.core.tensor_blob import blob_to_tensor, tensor_to_blob
 
 
 class Scheduler:
@@ -169,6 +172,9 @@ class Scheduler:
                     sample_seed=request.sample_seed,
                     block_ids=self.kv.block_ids(request.request_id),
                     num_computed_tokens=num_hit,
+                    prompt_embeds=None
+                    if request.prompt_embeds is None
+                    else tensor_to_blob(request.prompt_embeds),
                 )
             )
             budget.take(request.request_id, n)
@@ -196,6 +202,7 @@ class Scheduler:
         """Append sampled tokens, apply stop rules, free finished requests."""
         outputs: list[EngineCoreOutput] = []
         index = runner_output.req_id_to_index
+        hidden = _split_hidden_states(scheduler_output, runner_output)
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
             if request is None or request.is_finished:
@@ -203,7 +210,16 @@ class Scheduler:
             i = index[req_id]
             sampled = runner_output.sampled_token_ids[i]
             if not sampled:
-                continue  # a prompt chunk: nothing to report yet
+                if hidden is not None:  # a prompt chunk: only its hidden states to report
+                    outputs.append(
+                        EngineCoreOutput(
+                            request_id=req_id,
+                            new_token_ids=[],
+                            hidden_states=hidden[i],
+                            hidden_start=runner_output.hidden_starts[i],
+                        )
+                    )
+                continue
             logprobs = runner_output.logprobs[i] if runner_output.logprobs else None
             # Async: a request preempted while its token was in flight waits, yet may stop now.
             queue = self.running if request.status == RequestStatus.RUNNING else self.waiting
@@ -217,6 +233,8 @@ class Scheduler:
                     finish_reason=request.status.finish_reason,
                     stop_reason=request.stop_reason,
                     num_cached_tokens=max(request.num_cached_tokens, 0),
+                    hidden_states=None if hidden is None else hidden[i],
+                    hidden_start=0 if hidden is None else runner_output.hidden_starts[i],
                 )
             )
             if request.is_finished:
@@ -263,3 +281,14 @@ class _Budget:
         self.scheduled[req_id] = n
         self.left -= n
         self.used += n
+
+
+def _split_hidden_states(
+    scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+) -> list[torch.Tensor] | None:
+    """The step's hidden-state rows per request (runner order), when the runner sent them."""
+    if runner_output.hidden_states is None:
+        return None
+    rows = blob_to_tensor(runner_output.hidden_states)
+    counts = [scheduler_output.num_scheduled_tokens[r] for r in runner_output.req_ids]
+    return list(torch.split(rows, counts))

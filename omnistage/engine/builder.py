@@ -144,6 +144,7 @@ def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> Mod
         eos_token_id=eos_token_id(hf_config),
         device=platform.device,
         stage_transitions=_stage_transitions(config, files),
+        output_hidden_states=config.output_hidden_states,
     )
     runner.num_kv_blocks = blocks
     return runner

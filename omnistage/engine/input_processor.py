@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from omnistage.core.request import Request
 from omnistage.sampling_params import SamplingParams
 
@@ -78,7 +80,12 @@ class InputProcessor:
                 raise ValueError(f"stop_token_ids: token id {t} is outside the vocabulary")
 
     def make_request(
-        self, request_id: str, ids: list[int], params: SamplingParams, seed: int
+        self,
+        request_id: str,
+        ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        prompt_embeds: torch.Tensor | None = None,
     ) -> Request:
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -89,4 +96,14 @@ class InputProcessor:
             eos_token_id=self.eos_token_id,
             max_tokens=max_tokens,
             sample_seed=seed,
+            prompt_embeds=prompt_embeds,
         )
+
+    def check_prompt_embeds(self, ids: list[int], embeds: torch.Tensor, hidden_size: int) -> None:
+        if not isinstance(embeds, torch.Tensor) or not embeds.is_floating_point():
+            raise ValueError("prompt_embeds: must be a floating-point torch.Tensor")
+        if tuple(embeds.shape) != (len(ids), hidden_size):
+            raise ValueError(
+                f"prompt_embeds: expected shape ({len(ids)}, {hidden_size}) "
+                f"(prompt tokens, hidden size), got {tuple(embeds.shape)}"
+            )

@@ -9,8 +9,11 @@ incremental text, stop strings (which end the sequence in the core), logprobs.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
@@ -56,6 +59,9 @@ class LLMEngine:
         self._seed_rng = random.Random(config.seed)
         self._tracked: dict[str, _Tracked] = {}
         self._by_core_id: dict[str, tuple[_Tracked, _Sequence]] = {}
+        self.core_output_listener: Callable[[str, EngineCoreOutput], None] | None = None
+        """Called with (request id, core output) for every step result the engine accepts,
+        before it is applied (a pipeline stage collects hidden states through it)."""
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams) -> None:
@@ -63,12 +69,19 @@ class LLMEngine:
         self.add_tokenized_request(request_id, text, ids, params)
 
     def add_tokenized_request(
-        self, request_id: str, text: str | None, ids: list[int], params: SamplingParams
+        self,
+        request_id: str,
+        text: str | None,
+        ids: list[int],
+        params: SamplingParams,
+        prompt_embeds: torch.Tensor | None = None,
     ) -> None:
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         self.inputs.validate_ids(ids)
         self.inputs.check_params(params)
+        if prompt_embeds is not None:
+            self.inputs.check_prompt_embeds(ids, prompt_embeds, self.hf_config.hidden_size)
         base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         tracked = _Tracked(RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids))
         for i in range(params.n):
@@ -97,7 +110,9 @@ class LLMEngine:
         for seq in tracked.seqs.values():
             self._by_core_id[seq.core_id] = (tracked, seq)
             self.core.add_request(
-                self.inputs.make_request(seq.core_id, ids, params, child_seed(base_seed, seq.index))
+                self.inputs.make_request(
+                    seq.core_id, ids, params, child_seed(base_seed, seq.index), prompt_embeds
+                )
             )
 
     def abort_request(self, request_ids: str | list[str]) -> None:
@@ -127,6 +142,10 @@ class LLMEngine:
             if entry is None:
                 continue
             tracked, seq = entry
+            if self.core_output_listener is not None:
+                self.core_output_listener(tracked.output.request_id, out)
+            if not out.new_token_ids and not out.finished:
+                continue  # a prompt chunk's hidden states: nothing changed for the caller
             self._apply(tracked, seq, out)
             if seq.output.finished:
                 self._by_core_id.pop(seq.core_id, None)

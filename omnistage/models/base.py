@@ -26,8 +26,20 @@ class CausalLM(nn.Module):
     num_kv_heads: int
     head_dim: int
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[T] token ids and positions of the step -> [T, hidden] hidden states."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[T] token ids and positions of the step -> [T, hidden] final hidden states.
+
+        `inputs_embeds` ([T, hidden]), when given, replaces the token embeddings
+        (a request whose prompt arrives as embeddings from another stage)."""
+        raise NotImplementedError
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids -> [T, hidden] input embeddings."""
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from omnistage.sampling_params import SamplingParams
 
@@ -32,6 +33,8 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int
     eos_token_id: int | None = None
+    prompt_embeds: torch.Tensor | None = None
+    """Embeddings used instead of the prompt's token embeddings (conditioned stages)."""
 
     @property
     def num_tokens(self) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from omnistage.core.tensor_blob import blob_to_tensor, tensor_to_blob
 from omnistage.models.base import CausalLM
 from omnistage.sample import (
     Sampler,
@@ -44,6 +45,8 @@ class StepInputs:
     attn: AttentionMetadata
     rows: list[int]
     """Batch rows scheduled this step, in flat order."""
+    row_counts: list[int]
+    """Tokens of each of those rows this step."""
     sample_rows: list[int]
     """Rows that sample a token this step (their prompt is fully computed)."""
     logits_indices: torch.Tensor
@@ -63,6 +66,7 @@ class ModelRunner:
         eos_token_id: int | None,
         device: torch.device,
         stage_transitions: StageTransitions | None = None,
+        output_hidden_states: bool = False,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -77,6 +81,7 @@ class ModelRunner:
         self.busy_seconds = 0.0
         """Time spent executing steps (telemetry: how loaded the runner is)."""
         self.stage_transitions = stage_transitions
+        self.output_hidden_states = output_hidden_states
 
     # -- batch bookkeeping ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -93,6 +98,9 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 eos_token_id=self.eos_token_id,
+                prompt_embeds=None
+                if new.prompt_embeds is None
+                else blob_to_tensor(new.prompt_embeds).to(self.device, self.model.dtype),
             )
             self.requests[new.req_id] = state
             self.batch.add(state)
@@ -142,6 +150,7 @@ class ModelRunner:
             positions=torch.from_numpy(pos).to(self.device),
             attn=attn,
             rows=rows.tolist(),
+            row_counts=n.tolist(),
             sample_rows=rows[sampling].tolist(),
             logits_indices=torch.from_numpy(ends[sampling] - 1).to(self.device),
         )
@@ -188,14 +197,36 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=[])
         inputs = self._prepare_inputs(so)
+        embeds = self._prompt_embeds(inputs)
         with forward_context(inputs.attn):
-            hidden = self.model(inputs.input_ids, inputs.positions)
+            hidden = self.model(inputs.input_ids, inputs.positions, embeds)
         sampled: dict[int, int] = {}
         logprobs: dict[int, tuple[list[int], list[float], int]] = {}
         if inputs.sample_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             sampled, logprobs = self._sample(logits, inputs.sample_rows)
-        return self._finish_step(inputs.rows, sampled, logprobs)
+        output = self._finish_step(inputs.rows, sampled, logprobs)
+        if self.output_hidden_states:
+            output.hidden_states = tensor_to_blob(hidden)
+            output.hidden_starts = [self.batch.states[r].num_computed_tokens for r in inputs.rows]
+        return output
+
+    def _prompt_embeds(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Input embeddings of the step when a scheduled prompt brings its own, else None."""
+        rows = [r for r in inputs.rows if self.batch.states[r].prompt_embeds is not None]
+        if not rows:
+            return None
+        embeds = self.model.embed_input_ids(inputs.input_ids)
+        offset = 0
+        for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
+            state = self.batch.states[row]
+            if state.prompt_embeds is not None:
+                start = state.num_computed_tokens
+                stop = min(start + n, len(state.prompt_token_ids))
+                if stop > start:
+                    embeds[offset : offset + stop - start] = state.prompt_embeds[start:stop]
+            offset += n
+        return embeds
 
     def _sampling_metadata(self, rows: list[int]) -> SamplingMetadata:
         states = [self.batch.states[r] for r in rows]

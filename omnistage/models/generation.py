@@ -1,0 +1,130 @@
+"""Generation-stage models: whole inputs in one forward pass (vocoders, decoders).
+
+A `GenerationModel` turns a request's input rows (e.g. codec codes) into its
+output (e.g. a waveform) in one call, for a batch of requests at once. For
+streamed input, each call gets a chunk with up to `left_context` rows of the
+previous chunks in front, and returns only the output of the new rows, so a
+model whose receptive field fits in the left context gives exactly what it
+would give on the whole input.
+
+Checkpoints are directories with `config.json` (naming `architectures`) and
+`model.safetensors`, so loading reads the same layout as the AR models.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import safetensors.torch
+import torch
+from torch import nn
+
+
+class GenerationModel(nn.Module):
+    architectures: ClassVar[tuple[str, ...]] = ()
+    output_modality: ClassVar[str] = "audio"
+    sample_rate: int | None = None
+
+    def generate(self, inputs: list[torch.Tensor], context_lens: list[int]) -> list[torch.Tensor]:
+        """Per request: input rows (the first `context_lens[i]` are left context) -> output of
+        the rows after the context."""
+        raise NotImplementedError
+
+
+class TinyCodeVocoder(GenerationModel):
+    """A small causal vocoder: code embeddings → causal conv stack → `samples_per_code` samples.
+
+    Its receptive field is `num_layers * (kernel_size - 1)` codes of left context;
+    it stands in for a real code2wav in pipeline tests and benchmarks.
+    """
+
+    architectures = ("OmnistageTinyCodeVocoder",)
+
+    def __init__(self, config: dict[str, Any], dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden, k = config["hidden_size"], config["kernel_size"]
+        self.kernel_size = k
+        self.embed = nn.Embedding(config["vocab_size"], hidden, dtype=dtype)
+        self.convs = nn.ModuleList(
+            nn.Conv1d(hidden, hidden, k, dtype=dtype) for _ in range(config["num_layers"])
+        )
+        self.out = nn.Linear(hidden, config["samples_per_code"], dtype=dtype)
+        self.sample_rate = int(config["sample_rate"])
+        self.receptive_field = config["num_layers"] * (k - 1)
+
+    @torch.inference_mode()
+    def generate(self, inputs: list[torch.Tensor], context_lens: list[int]) -> list[torch.Tensor]:
+        outputs = []
+        for codes, context in zip(inputs, context_lens, strict=True):
+            if codes.numel() == context:
+                outputs.append(torch.zeros(0, dtype=torch.float32))
+                continue
+            x = self.embed(codes.long()).T.unsqueeze(0)  # [1, hidden, T]
+            for conv in self.convs:
+                x = torch.tanh(conv(nn.functional.pad(x, (self.kernel_size - 1, 0))))
+            samples = torch.tanh(self.out(x[0].T[context:]))  # [T - context, samples_per_code]
+            outputs.append(samples.reshape(-1).float())
+        return outputs
+
+
+_GENERATION_MODELS: dict[str, type[GenerationModel]] = {}
+
+
+def register_generation_model(cls: type[GenerationModel]) -> type[GenerationModel]:
+    for arch in cls.architectures:
+        _GENERATION_MODELS[arch] = cls
+    return cls
+
+
+register_generation_model(TinyCodeVocoder)
+
+
+def load_generation_model(path: str | Path, dtype: torch.dtype) -> GenerationModel:
+    """Build the model a checkpoint directory's config.json names, with its weights."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"model: {path} has no config.json")
+    config = json.loads(config_file.read_text())
+    archs = config.get("architectures") or []
+    cls = next((_GENERATION_MODELS[a] for a in archs if a in _GENERATION_MODELS), None)
+    if cls is None:
+        raise ValueError(
+            f"architectures: {archs or 'none given'} is not a generation model; "
+            f"supported: {', '.join(sorted(_GENERATION_MODELS))}"
+        )
+    model = cls(config, dtype)
+    state = safetensors.torch.load_file(str(path / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: checkpoint does not match {cls.__name__} "
+            f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})"
+        )
+    return model.eval()
+
+
+def make_tiny_vocoder(
+    path: Path, vocab_size: int = 320, seed: int = 0, samples_per_code: int = 8
+) -> Path:
+    """Save a seeded random `TinyCodeVocoder` checkpoint (tests, benchmarks)."""
+    config = {
+        "architectures": list(TinyCodeVocoder.architectures),
+        "vocab_size": vocab_size,
+        "hidden_size": 32,
+        "kernel_size": 3,
+        "num_layers": 2,
+        "samples_per_code": samples_per_code,
+        "sample_rate": 16000,
+    }
+    torch.manual_seed(seed)
+    model = TinyCodeVocoder(config, torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    safetensors.torch.save_file(model.state_dict(), str(path / "model.safetensors"))
+    return path

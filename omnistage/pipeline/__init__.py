@@ -1,0 +1,1 @@
+"""Multi-stage pipelines: deploy files, payloads, connectors, stages and the orchestrator."""

@@ -1,0 +1,124 @@
+"""`ARStageCore`: an autoregressive stage (thinker, talker) on our engine.
+
+Requests start from a prompt (entry stage, or a `prompt` edge built by the
+orchestrator) or from a payload of an incoming `payload` edge (e.g. another
+stage's hidden states as prompt embeddings). The engine reports every step
+result it accepted to `_on_core_output`, which feeds the request's
+accumulator — so only confirmed tokens and hidden states ever reach a payload
+(DESIGN.md invariant 6), in sync and async scheduling alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnistage.config import EngineConfig
+from omnistage.core.engine_core_output import EngineCoreOutput
+from omnistage.engine.llm_engine import LLMEngine
+from omnistage.pipeline.accumulator import HIDDEN_KEY, RequestAccumulator
+from omnistage.pipeline.deploy import DeploySpec, StageSpec
+from omnistage.pipeline.messages import DeliverPayload, FromStage, StageOutput, SubmitRequest
+from omnistage.pipeline.payload import Payload
+from omnistage.pipeline.processors import StageInput
+from omnistage.pipeline.stage_core import StageCore
+from omnistage.sampling_params import SamplingParams
+
+
+class ARStageCore(StageCore):
+    def __init__(self, spec: StageSpec, deploy: DeploySpec, namespace: str) -> None:
+        super().__init__(spec, deploy, namespace)
+        streamed = [name for name, (e, _) in self.incoming.items() if e.transfer == "stream"]
+        if streamed:
+            raise ValueError(
+                f"stage {spec.name!r}: stream edges into ar stages are not supported ({streamed[0]})"
+            )
+        if len(self.incoming) > 1:
+            raise ValueError(f"stage {spec.name!r}: an ar stage takes at most one payload edge")
+        wants_hidden = any(HIDDEN_KEY in p.accumulate for _, p in self.outgoing)
+        self.engine = LLMEngine(
+            EngineConfig(model=spec.model, **spec.engine_args, output_hidden_states=wants_hidden)
+        )
+        self.engine.core_output_listener = self._on_core_output
+        self.accumulators: dict[str, RequestAccumulator] = {}
+        self.num_sent_tokens: dict[str, int] = {}
+
+    def start(self, msg: SubmitRequest, payloads: dict[str, Payload] | None) -> list[FromStage]:
+        params = SamplingParams(**{**self.spec.default_sampling, **(msg.sampling or {})})
+        if params.n != 1:
+            raise ValueError("n: a pipeline stage generates one sequence per request")
+        if payloads:
+            ((edge, payload),) = payloads.items()
+            inputs = self.incoming[edge][1].to_input(payload)
+        else:
+            inputs = StageInput(prompt=msg.prompt, prompt_token_ids=msg.prompt_token_ids)
+        if inputs.prompt_token_ids is not None:
+            text, ids = inputs.prompt, list(inputs.prompt_token_ids)
+        elif inputs.prompt is not None:
+            text, ids = self.engine.inputs.tokenize(inputs.prompt)
+        else:
+            raise ValueError(f"stage {self.name!r}: the request has no prompt")
+        self.engine.add_tokenized_request(msg.request_id, text, ids, params, inputs.prompt_embeds)
+        outgoing = self.outgoing_for(msg)
+        if outgoing:
+            self.accumulators[msg.request_id] = RequestAccumulator(
+                msg.request_id, self.name, ids, outgoing
+            )
+        self.num_sent_tokens[msg.request_id] = 0
+        return []
+
+    def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
+        entry = self.coordinator.arrived(msg.request_id, msg.edge, payload, msg.last)
+        if entry is None or entry.waiting_edges:
+            return []
+        self.coordinator.release(msg.request_id)
+        return self.start(entry.submit, entry.received)
+
+    def _on_core_output(self, request_id: str, out: EngineCoreOutput) -> None:
+        accumulator = self.accumulators.get(request_id)
+        if accumulator is not None:
+            accumulator.add_step(out.new_token_ids, out.hidden_states, out.hidden_start)
+
+    def step(self) -> list[FromStage]:
+        events: list[FromStage] = []
+        for ro in self.engine.step():
+            rid, completion = ro.request_id, ro.outputs[0]
+            accumulator = self.accumulators.get(rid)
+            if accumulator is not None:
+                pieces = accumulator.final_payloads() if ro.finished else accumulator.ready_chunks()
+                events += self.send_payloads(rid, pieces)
+            sent = self.num_sent_tokens.get(rid, 0)
+            events.append(
+                StageOutput(
+                    stage=self.name,
+                    request_id=rid,
+                    new_token_ids=completion.token_ids[sent:],
+                    text=completion.text,
+                    finished=ro.finished,
+                    finish_reason=completion.finish_reason,
+                )
+            )
+            self.num_sent_tokens[rid] = len(completion.token_ids)
+            if ro.finished:
+                self.accumulators.pop(rid, None)
+                self.num_sent_tokens.pop(rid, None)
+        return events
+
+    def drop_request(self, request_id: str) -> None:
+        self.engine.abort_request(request_id)
+        self.accumulators.pop(request_id, None)
+        self.num_sent_tokens.pop(request_id, None)
+
+    def has_work(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def counters(self) -> dict[str, Any]:
+        kv = self.engine.kv_cache_manager
+        return super().counters() | {
+            "engine_requests": self.engine.num_unfinished_requests,
+            "kv_blocks_used": kv.pool.num_usable_blocks - kv.num_free_blocks,
+            "accumulator_entries": len(self.accumulators),
+        }
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        super().shutdown()

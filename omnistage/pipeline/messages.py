@@ -1,0 +1,121 @@
+"""Control-plane messages between the orchestrator and stage processes (msgspec, tagged).
+
+Only small things travel here: requests, deltas of text and tokens, payload
+*handles* and errors. Bulk data (hidden states, codes, waveforms in flight
+between stages) goes through connectors; a stage's final output (e.g. a
+waveform chunk for the caller) travels as a `TensorBlob`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from omnistage.core.tensor_blob import TensorBlob
+from omnistage.pipeline.connectors.base import PayloadHandle
+
+
+class _Msg(msgspec.Struct, tag=True, kw_only=True):
+    pass
+
+
+# -- orchestrator -> stage ---------------------------------------------------------------------
+class SubmitRequest(_Msg):
+    """Start `request_id` on the stage. With `wait_for` the request parks in
+    WAITING_FOR_INPUT until a payload of each listed edge has arrived."""
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    sampling: dict[str, Any] | None = None
+    """SamplingParams fields for AR stages (validated by the frontend before submission)."""
+    wait_for: list[str] = msgspec.field(default_factory=list)
+    """Incoming edges ("producer->consumer") whose payload this request needs."""
+    send_to: list[str] | None = None
+    """Outgoing payload/stream edges this request feeds (None: all). A text-only request
+    on a thinker does not collect hidden states for a talker it will never reach."""
+
+
+class DeliverPayload(_Msg):
+    """A payload (or a stream chunk) for `request_id` is ready in a connector."""
+
+    request_id: str
+    edge: str
+    handle: PayloadHandle
+    chunk_index: int
+    last: bool
+
+
+class AbortRequest(_Msg):
+    request_id: str
+
+
+class GetStats(_Msg):
+    pass
+
+
+class Shutdown(_Msg):
+    pass
+
+
+ToStage = SubmitRequest | DeliverPayload | AbortRequest | GetStats | Shutdown
+
+
+# -- stage -> orchestrator ---------------------------------------------------------------------
+class StageReady(_Msg):
+    stage: str
+    pid: int
+    sample_rate: int | None = None
+    """For stages whose output is audio."""
+
+
+class StageFatal(_Msg):
+    """The stage could not start (or hit an unrecoverable error); it is exiting."""
+
+    stage: str
+    message: str
+
+
+class StageOutput(_Msg):
+    """What a request produced on a stage this step."""
+
+    stage: str
+    request_id: str
+    new_token_ids: list[int] = msgspec.field(default_factory=list)
+    text: str | None = None
+    """Cumulative text so far (AR stages)."""
+    data: TensorBlob | None = None
+    """A piece of a generation stage's output (e.g. a waveform chunk), in order."""
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+class PayloadReady(_Msg):
+    """The producer put a payload for an edge; the orchestrator forwards the handle."""
+
+    stage: str
+    request_id: str
+    edge: str
+    handle: PayloadHandle
+    chunk_index: int
+    last: bool
+
+
+class RequestFailed(_Msg):
+    stage: str
+    request_id: str
+    message: str
+
+
+class StageStats(_Msg):
+    stage: str
+    counters: dict[str, int]
+
+
+FromStage = StageReady | StageFatal | StageOutput | PayloadReady | RequestFailed | StageStats
+
+to_stage_encoder = msgspec.msgpack.Encoder()
+to_stage_decoder = msgspec.msgpack.Decoder(ToStage)
+from_stage_encoder = to_stage_encoder
+from_stage_decoder = msgspec.msgpack.Decoder(FromStage)

@@ -1,0 +1,215 @@
+"""`Omni` (offline) and `AsyncOmni` (asyncio, streaming): the pipeline's frontends.
+
+Both read a deploy file (or make the one-stage pipeline of `model=`), start
+the orchestrator with every stage in its own process (or all in this process
+with `in_process=True`), validate requests before anything runs, and hand
+outputs back: `Omni.generate` the final outputs of a batch of prompts,
+`AsyncOmni.generate` an async stream of per-request updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import itertools
+import os
+import queue
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omnistage.config import DEFAULT_MODEL
+from omnistage.pipeline.deploy import DeploySpec, load_deploy, single_model_deploy
+from omnistage.pipeline.orchestrator import Orchestrator, PipelineRequest
+from omnistage.pipeline.outputs import OmniRequestOutput
+from omnistage.sampling_params import SamplingParams
+
+PipelinePrompt = str | Mapping[str, Any]
+SamplingArg = SamplingParams | Mapping[str, SamplingParams] | None
+
+
+def sampling_fields(params: SamplingParams) -> dict[str, Any]:
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
+
+
+class _PipelineFrontend:
+    def __init__(
+        self,
+        deploy: str | os.PathLike | Mapping[str, Any] | DeploySpec | None = None,
+        model: str | None = None,
+        *,
+        in_process: bool = False,
+        **engine_args: Any,
+    ) -> None:
+        if deploy is None:
+            spec = single_model_deploy(model or DEFAULT_MODEL, engine_args)
+        else:
+            if engine_args:
+                raise ValueError(
+                    f"{next(iter(engine_args))}: engine arguments go in the deploy file's "
+                    "engine_args when a deploy file is given"
+                )
+            spec = deploy if isinstance(deploy, DeploySpec) else load_deploy(_deploy_source(deploy))
+            if model is not None:
+                spec = spec.with_model(model)
+        self.deploy = spec
+        self._ids = itertools.count()
+        self.orchestrator = Orchestrator(spec, secrets.token_hex(4), in_process=in_process)
+        atexit.register(self.shutdown)
+
+    @property
+    def modalities(self) -> list[str]:
+        return sorted({s.final_output_type for s in self.deploy.final_stages})
+
+    def _request(
+        self,
+        prompt: PipelinePrompt,
+        sampling_params: SamplingArg,
+        modalities: Sequence[str] | None,
+        request_id: str | None,
+    ) -> PipelineRequest:
+        """Validate one request up front; ValueError naming the field."""
+        text, ids = _prompt_fields(prompt)
+        wanted = list(modalities) if modalities is not None else self.modalities
+        unknown = [m for m in wanted if m not in self.modalities]
+        if not wanted or unknown:
+            raise ValueError(
+                f"modalities: {unknown[0] if unknown else 'none'!r} cannot be produced by this "
+                f"pipeline; it produces {', '.join(self.modalities)}"
+            )
+        (entry,) = self.deploy.entry_stages
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            per_stage = {} if sampling_params is None else {entry.name: sampling_params}
+        elif isinstance(sampling_params, Mapping):
+            per_stage = dict(sampling_params)
+        else:
+            raise ValueError(
+                "sampling_params: expected SamplingParams or {stage name: SamplingParams}"
+            )
+        stages = {s.name for s in self.deploy.stages}
+        for name, params in per_stage.items():
+            if name not in stages:
+                raise ValueError(
+                    f"sampling_params: no stage named {name!r}; stages: {sorted(stages)}"
+                )
+            if not isinstance(params, SamplingParams):
+                raise ValueError(f"sampling_params[{name!r}]: expected SamplingParams")
+            if params.n != 1 and len(stages) > 1:
+                raise ValueError("n: multi-stage pipelines generate one sequence per request")
+        if request_id is not None and (not isinstance(request_id, str) or not request_id):
+            raise ValueError("request_id: must be a non-empty string")
+        return PipelineRequest(
+            request_id=request_id or f"omni-{next(self._ids)}-{secrets.token_hex(4)}",
+            prompt=text,
+            prompt_token_ids=ids,
+            sampling={name: sampling_fields(p) for name, p in per_stage.items()},
+            final_stages=[
+                s.name for s in self.deploy.final_stages if s.final_output_type in wanted
+            ],
+        )
+
+    def stage_counters(self) -> dict[str, dict[str, int]]:
+        """Resource counters of every stage (KV blocks, accumulator and coordinator entries,
+        pending connector buffers); all zero when nothing is running."""
+        return self.orchestrator.stats()
+
+    def shutdown(self) -> None:
+        atexit.unregister(self.shutdown)
+        self.orchestrator.shutdown()
+
+    def __enter__(self) -> _PipelineFrontend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+class Omni(_PipelineFrontend):
+    """Offline pipeline: `generate` runs a batch of prompts to completion."""
+
+    def generate(
+        self,
+        prompts: PipelinePrompt | Sequence[PipelinePrompt],
+        sampling_params: SamplingArg = None,
+        modalities: Sequence[str] | None = None,
+    ) -> list[OmniRequestOutput]:
+        """Final outputs in prompt order; a request that failed has `error` set."""
+        single = isinstance(prompts, str | Mapping)
+        batch = [prompts] if single else list(prompts)
+        requests = [self._request(p, sampling_params, modalities, None) for p in batch]
+        finished: queue.SimpleQueue[OmniRequestOutput] = queue.SimpleQueue()
+
+        def sink(output: OmniRequestOutput) -> None:
+            if output.finished:
+                finished.put(output)
+
+        for request in requests:
+            self.orchestrator.submit(request, sink)
+        by_id = {}
+        while len(by_id) < len(requests):
+            output = finished.get()
+            by_id[output.request_id] = output
+        return [by_id[r.request_id] for r in requests]
+
+
+class AsyncOmni(_PipelineFrontend):
+    """asyncio pipeline: `generate` streams a request's updates; `abort` ends one."""
+
+    async def generate(
+        self,
+        prompt: PipelinePrompt,
+        sampling_params: SamplingArg = None,
+        modalities: Sequence[str] | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[OmniRequestOutput]:
+        request = self._request(prompt, sampling_params, modalities, request_id)
+        loop = asyncio.get_running_loop()
+        updates: asyncio.Queue[OmniRequestOutput] = asyncio.Queue()
+        self.orchestrator.submit(
+            request, lambda output: loop.call_soon_threadsafe(updates.put_nowait, output)
+        )
+        finished = False
+        try:
+            while not finished:
+                output = await updates.get()
+                finished = output.finished
+                yield output
+        finally:
+            if not finished:  # the caller stopped listening (or was cancelled): free it
+                self.orchestrator.abort(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.orchestrator.abort(request_id)
+
+
+def _deploy_source(deploy: str | os.PathLike | Mapping[str, Any]) -> Any:
+    """A path, a mapping, or the name of a deploy file shipped with the package."""
+    if isinstance(deploy, str) and not Path(deploy).exists() and "/" not in deploy:
+        from omnistage.pipeline.deploy import packaged_deploy_path
+
+        return packaged_deploy_path(deploy.removesuffix(".yaml"))
+    return deploy
+
+
+def _prompt_fields(prompt: PipelinePrompt) -> tuple[str | None, list[int] | None]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt: the prompt is empty")
+        return prompt, None
+    if isinstance(prompt, Mapping):
+        ids = prompt.get("prompt_token_ids")
+        if ids is not None:
+            if (
+                not isinstance(ids, list | tuple)
+                or not ids
+                or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
+            ):
+                raise ValueError("prompt_token_ids: must be a non-empty list of integers")
+            return prompt.get("prompt"), list(ids)
+        if isinstance(prompt.get("prompt"), str) and prompt["prompt"]:
+            return prompt["prompt"], None
+    raise ValueError(
+        f"prompt: expected a string or a dict with 'prompt' / 'prompt_token_ids', got {type(prompt).__name__}"
+    )

@@ -1,0 +1,428 @@
+"""`Orchestrator`: routes each request through the pipeline graph.
+
+It runs in a thread of the frontend process. The entry stage gets the request
+at once; a consumer behind a `payload` or `stream` edge is submitted when the
+first payload handle for it arrives (it then waits in its coordinator for the
+rest), and one behind a `prompt` edge when its producer has finished. The
+orchestrator forwards payload *handles* only; the data moves between stages
+through connectors.
+
+A request ends when every final stage it asked for has finished, when any
+stage fails it (bad input, input timeout), when a stage it needs crashes, or
+when it is aborted; then every stage that saw it is told to drop it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from omnistage.core.tensor_blob import blob_to_tensor
+from omnistage.pipeline.deploy import DeploySpec, StageSpec
+from omnistage.pipeline.messages import (
+    AbortRequest,
+    DeliverPayload,
+    FromStage,
+    GetStats,
+    PayloadReady,
+    RequestFailed,
+    StageFatal,
+    StageOutput,
+    StageReady,
+    StageStats,
+    SubmitRequest,
+    from_stage_decoder,
+)
+from omnistage.pipeline.outputs import OmniRequestOutput, StageResult
+from omnistage.pipeline.processors import UpstreamResult, get_processor
+from omnistage.pipeline.stage_core import edge_name
+from omnistage.pipeline.stage_process import (
+    InProcessStageClient,
+    ProcessStageClient,
+    StageClient,
+)
+
+logger = logging.getLogger(__name__)
+Sink = Callable[[OmniRequestOutput], None]
+
+
+@dataclass
+class PipelineRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    sampling: dict[str, dict[str, Any]]
+    """Per stage name: SamplingParams fields (stages not named use their defaults)."""
+    final_stages: list[str]
+
+
+@dataclass
+class _Tracked:
+    request: PipelineRequest
+    sink: Sink
+    needed: set[str]
+    results: dict[str, StageResult]
+    started: set[str] = field(default_factory=set)
+    done: set[str] = field(default_factory=set)
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        deploy: DeploySpec,
+        namespace: str,
+        in_process: bool = False,
+        startup_timeout_s: float = 600.0,
+    ) -> None:
+        self.deploy = deploy
+        self.namespace = namespace
+        self.context = zmq.Context()
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="omnistage-")
+        self.inbox = self.context.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.bind(self._address("orchestrator"))
+        self.clients: dict[str, StageClient] = {}
+        self.dead: dict[str, str] = {}
+        self.sample_rates: dict[str, int | None] = {}
+        self.tracked: dict[str, _Tracked] = {}
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._stats: tuple[Future, dict[str, dict[str, int]]] | None = None
+        self._stopping = False
+        try:
+            for name in deploy.topological_order():
+                spec = deploy.stage(name)
+                if not in_process:
+                    spec = _with_thread_budget(spec, len(deploy.stages))
+                self.clients[name] = (
+                    InProcessStageClient(spec, deploy, namespace)
+                    if in_process
+                    else ProcessStageClient(
+                        spec,
+                        deploy,
+                        namespace,
+                        self.context,
+                        self._address(name),
+                        self._address("orchestrator"),
+                    )
+                )
+            self._wait_ready(startup_timeout_s)
+        except BaseException:
+            self._close_clients()
+            raise
+        self._thread = threading.Thread(
+            target=self._run, name="omnistage-orchestrator", daemon=True
+        )
+        self._thread.start()
+
+    def _address(self, name: str) -> str:
+        return f"ipc://{self._tmpdir.name}/{name}.sock"
+
+    # -- frontend API (thread-safe) ---------------------------------------------------------
+    def submit(self, request: PipelineRequest, sink: Sink) -> None:
+        self._commands.put(lambda: self._start(request, sink))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(lambda: self._abort(request_id))
+
+    def stats(self, timeout: float = 30.0) -> dict[str, dict[str, int]]:
+        """Every stage's resource counters (for leak checks and metrics)."""
+        future: Future = Future()
+        self._commands.put(lambda: self._ask_stats(future))
+        return future.result(timeout)
+
+    def num_tracked(self) -> int:
+        return len(self.tracked)
+
+    def shutdown(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._thread.join(30)
+        for tracked in list(self.tracked.values()):
+            self._end(tracked, error="the pipeline was shut down")
+        self._close_clients()
+
+    def _close_clients(self) -> None:
+        for client in self.clients.values():
+            try:
+                client.close()
+            except Exception:  # keep closing the others
+                logger.exception("closing stage %s", client.name)
+        self._cleanup_connectors()
+        self.inbox.close(linger=0)
+        self.context.term()
+        self._tmpdir.cleanup()
+
+    def _cleanup_connectors(self) -> None:
+        """Drop any buffer a crashed or killed stage left behind (shared memory above all)."""
+        from omnistage.pipeline.connectors import make_connector
+
+        for name, spec in self.deploy.connectors.items():
+            if spec.kind == "shm":
+                connector = make_connector(name, spec.kind, spec.options, namespace=self.namespace)
+                connector.cleanup_all()
+                connector.close()
+
+    # -- start-up -----------------------------------------------------------------------------
+    def _wait_ready(self, timeout_s: float) -> None:
+        waiting = set(self.clients)
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            for event in self._poll_events(200):
+                if isinstance(event, StageReady):
+                    waiting.discard(event.stage)
+                    self.sample_rates[event.stage] = event.sample_rate
+                elif isinstance(event, StageFatal):
+                    raise RuntimeError(f"stage {event.stage!r} failed to start: {event.message}")
+            for name in waiting:
+                code = self.clients[name].exit_code()
+                if code is not None:
+                    raise RuntimeError(f"stage {name!r} exited during start-up (exit code {code})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stages {sorted(waiting)} not ready within {timeout_s:g} s")
+
+    # -- the loop --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                while True:
+                    try:
+                        self._commands.get_nowait()()
+                    except queue.Empty:
+                        break
+                busy = any(c.busy() for c in self.clients.values())
+                for event in self._poll_events(0 if busy else 2):
+                    self._route(event)
+                self._check_stages()
+        except Exception as exc:  # nothing may hang: fail everyone, loudly
+            logger.exception("orchestrator failed")
+            for tracked in list(self.tracked.values()):
+                self._end(tracked, error=f"orchestrator failed: {exc}")
+
+    def _poll_events(self, timeout_ms: int) -> list[FromStage]:
+        events: list[FromStage] = []
+        for client in self.clients.values():
+            events += client.poll()
+        if self.inbox.poll(0 if events else timeout_ms):
+            while True:
+                try:
+                    frame = self.inbox.recv(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                events.append(from_stage_decoder.decode(frame.buffer))
+        return events
+
+    def _check_stages(self) -> None:
+        for name, client in self.clients.items():
+            code = client.exit_code()
+            if code is not None and name not in self.dead:
+                self._stage_died(name, f"stage {name!r} died (exit code {code})")
+
+    def _stage_died(self, name: str, reason: str) -> None:
+        self.dead[name] = reason
+        logger.error("%s", reason)
+        for tracked in list(self.tracked.values()):
+            if name in tracked.needed and name not in tracked.done:
+                self._end(tracked, error=reason)
+
+    # -- routing ------------------------------------------------------------------------------------
+    def _route(self, event: FromStage) -> None:
+        if isinstance(event, StageOutput):
+            self._on_output(event)
+        elif isinstance(event, PayloadReady):
+            self._on_payload(event)
+        elif isinstance(event, RequestFailed):
+            tracked = self.tracked.get(event.request_id)
+            if tracked is not None:
+                self._end(tracked, error=f"stage {event.stage}: {event.message}")
+        elif isinstance(event, StageStats):
+            self._on_stats(event)
+        elif isinstance(event, StageFatal):
+            self._stage_died(event.stage, f"stage {event.stage!r} failed: {event.message}")
+
+    def _start(self, request: PipelineRequest, sink: Sink) -> None:
+        needed = self._needed_stages(request.final_stages)
+        results = {
+            s: StageResult(
+                s, self.deploy.stage(s).final_output_type, sample_rate=self.sample_rates.get(s)
+            )
+            for s in needed
+        }
+        tracked = _Tracked(request, sink, needed, results)
+        if request.request_id in self.tracked:
+            sink(
+                OmniRequestOutput(
+                    request.request_id,
+                    {},
+                    True,
+                    f"request_id: {request.request_id!r} is already in use",
+                )
+            )
+            return
+        self.tracked[request.request_id] = tracked
+        dead = sorted(s for s in needed if s in self.dead)
+        if dead:
+            self._end(tracked, error=self.dead[dead[0]])
+            return
+        (entry,) = self.deploy.entry_stages
+        self._submit(
+            tracked,
+            entry.name,
+            SubmitRequest(
+                request_id=request.request_id,
+                prompt=request.prompt,
+                prompt_token_ids=request.prompt_token_ids,
+            ),
+        )
+
+    def _needed_stages(self, finals: list[str]) -> set[str]:
+        needed, todo = set(), list(finals)
+        while todo:
+            name = todo.pop()
+            if name not in needed:
+                needed.add(name)
+                todo += [e.src for e in self.deploy.edges_into(name)]
+        return needed
+
+    def _submit(self, tracked: _Tracked, stage: str, msg: SubmitRequest) -> None:
+        msg.sampling = tracked.request.sampling.get(stage)
+        msg.send_to = [
+            edge_name(e)
+            for e in self.deploy.edges_from(stage)
+            if e.transfer != "prompt" and e.dst in tracked.needed
+        ]
+        tracked.started.add(stage)
+        self.clients[stage].send(msg)
+
+    def _on_output(self, event: StageOutput) -> None:
+        tracked = self.tracked.get(event.request_id)
+        if tracked is None:
+            return
+        result = tracked.results[event.stage]
+        old_text = result.text
+        result.token_ids += event.new_token_ids
+        if event.text is not None:
+            result.text = event.text
+        data = None if event.data is None else blob_to_tensor(event.data)
+        if data is not None:
+            result.chunks.append(data)
+        if event.finished:
+            result.finished, result.finish_reason = True, event.finish_reason
+            tracked.done.add(event.stage)
+            self._submit_prompt_edges(tracked, event.stage, result)
+        finals = tracked.request.final_stages
+        if all(s in tracked.done for s in finals):
+            self._end(tracked)
+        elif event.stage in finals:
+            tracked.sink(
+                OmniRequestOutput(
+                    tracked.request.request_id,
+                    {s: tracked.results[s] for s in finals},
+                    stage=event.stage,
+                    new_text=result.text[len(old_text) :]
+                    if result.text.startswith(old_text)
+                    else result.text,
+                    new_token_ids=list(event.new_token_ids),
+                    new_data=data,
+                )
+            )
+
+    def _submit_prompt_edges(self, tracked: _Tracked, stage: str, result: StageResult) -> None:
+        for edge in self.deploy.edges_from(stage):
+            if edge.transfer != "prompt" or edge.dst not in tracked.needed:
+                continue
+            upstream = UpstreamResult(
+                text=result.text,
+                prompt_token_ids=list(tracked.request.prompt_token_ids or []),
+                output_token_ids=list(result.token_ids),
+            )
+            inputs = get_processor(edge.processor).to_prompt(upstream)
+            self._submit(
+                tracked,
+                edge.dst,
+                SubmitRequest(
+                    request_id=tracked.request.request_id,
+                    prompt=inputs.prompt,
+                    prompt_token_ids=inputs.prompt_token_ids,
+                ),
+            )
+
+    def _on_payload(self, event: PayloadReady) -> None:
+        consumer = event.edge.split("->", 1)[1]
+        tracked = self.tracked.get(event.request_id)
+        if tracked is not None and consumer not in tracked.started:
+            self._submit(
+                tracked, consumer, SubmitRequest(request_id=event.request_id, wait_for=[event.edge])
+            )
+        # Forwarded even for an ended request: the consumer is then not waiting and frees it.
+        self.clients[consumer].send(
+            DeliverPayload(
+                request_id=event.request_id,
+                edge=event.edge,
+                handle=event.handle,
+                chunk_index=event.chunk_index,
+                last=event.last,
+            )
+        )
+
+    def _abort(self, request_id: str) -> None:
+        tracked = self.tracked.get(request_id)
+        if tracked is not None:
+            self._end(tracked, aborted=True)
+
+    def _end(self, tracked: _Tracked, error: str | None = None, aborted: bool = False) -> None:
+        request_id = tracked.request.request_id
+        if self.tracked.pop(request_id, None) is None:
+            return
+        if error is not None or aborted:
+            for stage in tracked.started:
+                if stage not in tracked.done and stage not in self.dead:
+                    self.clients[stage].send(AbortRequest(request_id=request_id))
+        finals = tracked.request.final_stages
+        tracked.sink(
+            OmniRequestOutput(
+                request_id,
+                {s: tracked.results[s] for s in finals},
+                finished=True,
+                error=error,
+                aborted=aborted,
+            )
+        )
+
+    # -- stats --------------------------------------------------------------------------------------
+    def _ask_stats(self, future: Future) -> None:
+        live = [n for n in self.clients if n not in self.dead]
+        self._stats = (future, {})
+        if not live:
+            future.set_result({})
+        for name in live:
+            self.clients[name].send(GetStats())
+
+    def _on_stats(self, event: StageStats) -> None:
+        if self._stats is None:
+            return
+        future, collected = self._stats
+        collected[event.stage] = event.counters
+        if len(collected) == len([n for n in self.clients if n not in self.dead]):
+            self._stats = None
+            future.set_result(collected)
+
+
+def _with_thread_budget(spec: StageSpec, num_stages: int) -> StageSpec:
+    """Stage processes share the cores: unless the deploy file says otherwise, each gets
+    an equal share of torch threads (DESIGN.md §10: oversubscribing slows everyone)."""
+    if "num_threads" in spec.engine_args:
+        return spec
+    threads = max(1, (os.cpu_count() or 1) // num_stages)
+    return dataclasses.replace(spec, engine_args={**spec.engine_args, "num_threads": threads})

@@ -1,0 +1,159 @@
+"""Edge processors: how one stage's output becomes the next stage's input.
+
+A deploy file names a processor per edge (`processor: hidden_to_embeds`). A
+processor declares, for the producer, which payload keys to accumulate and
+how (`CONCAT` along dim 0, or `REPLACE` with the latest value), and, for the
+consumer, how a received payload (or, for `prompt` edges, the producer's
+final text and tokens) becomes the consumer's input:
+
+- AR consumers get a `StageInput` (prompt ids, optional prompt embeddings).
+- Generation consumers get the payload's `input_key` tensor (e.g. codes).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from omnistage.pipeline.payload import Payload
+
+
+class Accumulate(enum.Enum):
+    CONCAT = "concat"
+    """Append each step's rows along dim 0 (per position for hidden states)."""
+    REPLACE = "replace"
+    """Keep only the latest value."""
+
+
+@dataclass
+class StageInput:
+    """What an AR consumer stage starts a request from."""
+
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    prompt_embeds: torch.Tensor | None = None
+
+
+@dataclass
+class UpstreamResult:
+    """A producer's final output, as the orchestrator saw it (for `prompt` edges)."""
+
+    text: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+
+class EdgeProcessor:
+    """Base class: subclasses set `name`, `accumulate` and the conversions they support.
+
+    Processors are stateless; the class attributes are the declaration."""
+
+    name: ClassVar[str] = ""
+    accumulate: ClassVar[Mapping[str, Accumulate]] = {}
+    """Producer side: the payload keys to collect for this edge, and how."""
+    stream_key: ClassVar[str | None] = None
+    """The CONCAT key whose rows are counted for stream chunks."""
+    input_key: ClassVar[str | None] = None
+    """For generation consumers: the payload key holding the model input."""
+
+    def to_prompt(self, upstream: UpstreamResult) -> StageInput:
+        raise ValueError(f"edge processor {self.name!r} does not support transfer: prompt")
+
+    def to_input(self, payload: Payload) -> StageInput:
+        raise ValueError(f"edge processor {self.name!r} does not build AR inputs from payloads")
+
+
+class TextToPrompt(EdgeProcessor):
+    """The producer's text becomes the consumer's prompt (tokenized by the consumer)."""
+
+    name = "text_to_prompt"
+
+    def to_prompt(self, upstream: UpstreamResult) -> StageInput:
+        return StageInput(prompt=upstream.text)
+
+
+class IdsToPrompt(EdgeProcessor):
+    """The producer's output token ids become the consumer's prompt ids."""
+
+    name = "ids_to_prompt"
+
+    accumulate = {"ids.output": Accumulate.CONCAT}
+    stream_key = "ids.output"
+
+    def to_prompt(self, upstream: UpstreamResult) -> StageInput:
+        return StageInput(prompt_token_ids=list(upstream.output_token_ids))
+
+    def to_input(self, payload: Payload) -> StageInput:
+        ids = payload["ids.output"]
+        if ids.numel() == 0:
+            raise ValueError("ids_to_prompt: the producer generated no tokens")
+        return StageInput(prompt_token_ids=ids.tolist())
+
+
+class HiddenToEmbeds(EdgeProcessor):
+    """The producer's final hidden states become the consumer's prompt embeddings.
+
+    The producer computed hidden states for every position it fed the model:
+    the prompt and all outputs but the last. Those positions' token ids go
+    along as the consumer's prompt ids (its KV cache and prefix hashes need
+    them); the consumer's hidden size must equal the producer's.
+    """
+
+    name = "hidden_to_embeds"
+
+    accumulate = {
+        "ids.prompt": Accumulate.REPLACE,
+        "ids.output": Accumulate.CONCAT,
+        "hidden_states.output": Accumulate.CONCAT,
+    }
+    stream_key = "ids.output"
+
+    def to_input(self, payload: Payload) -> StageInput:
+        hidden = payload["hidden_states.output"]
+        ids = torch.cat([payload["ids.prompt"], payload["ids.output"]])[: hidden.shape[0]]
+        if hidden.shape[0] == 0:
+            raise ValueError("hidden_to_embeds: the payload holds no hidden states")
+        return StageInput(prompt_token_ids=ids.tolist(), prompt_embeds=hidden)
+
+
+class IdsToCodes(EdgeProcessor):
+    """The producer's output token ids are the codes a generation stage (vocoder) decodes."""
+
+    name = "ids_to_codes"
+
+    accumulate = {"ids.output": Accumulate.CONCAT}
+    stream_key = "ids.output"
+    input_key = "ids.output"
+
+
+_PROCESSORS: dict[str, type[EdgeProcessor]] = {}
+
+
+def register_processor(cls: type[EdgeProcessor]) -> type[EdgeProcessor]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}: an edge processor needs a name")
+    if _PROCESSORS.get(cls.name, cls) is not cls:
+        raise ValueError(f"edge processor {cls.name!r} is already registered")
+    _PROCESSORS[cls.name] = cls
+    return cls
+
+
+def processor_names() -> tuple[str, ...]:
+    return tuple(sorted(_PROCESSORS))
+
+
+def get_processor(name: str) -> EdgeProcessor:
+    try:
+        return _PROCESSORS[name]()
+    except KeyError:
+        raise ValueError(
+            f"unknown edge processor {name!r}; known: {', '.join(processor_names())}"
+        ) from None
+
+
+for _cls in (TextToPrompt, IdsToPrompt, HiddenToEmbeds, IdsToCodes):
+    register_processor(_cls)

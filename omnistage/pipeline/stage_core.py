@@ -1,0 +1,182 @@
+"""`StageCore`: one stage of a pipeline, driven by control messages.
+
+A stage core owns its engine (an `LLMEngine` for `ar` stages, a
+`GenerationEngine` for `generation` stages), the coordinator that parks
+requests waiting for input, the accumulators of its outgoing edges and the
+connectors it reads and writes. It is the same object in-process (stepped by
+the orchestrator's thread) and in a stage process (stepped by
+`stage_process.run_stage`): `handle(message)` and `step()` return the
+messages for the orchestrator.
+
+Every way a request can end here releases what it holds: the engine's
+request, its accumulator, its coordinator entry and its connector buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from typing import Any
+
+from omnistage.pipeline.connectors import Connector, make_connector
+from omnistage.pipeline.connectors.base import payload_key
+from omnistage.pipeline.coordinator import InputCoordinator, timeout_message
+from omnistage.pipeline.deploy import DeploySpec, EdgeSpec, StageSpec
+from omnistage.pipeline.messages import (
+    AbortRequest,
+    DeliverPayload,
+    FromStage,
+    GetStats,
+    PayloadReady,
+    RequestFailed,
+    StageStats,
+    SubmitRequest,
+    ToStage,
+)
+from omnistage.pipeline.payload import Payload
+from omnistage.pipeline.processors import EdgeProcessor, get_processor
+
+logger = logging.getLogger(__name__)
+
+
+def edge_name(edge: EdgeSpec) -> str:
+    return f"{edge.src}->{edge.dst}"
+
+
+class StageCore(ABC):
+    """Common control-message handling; subclasses run the model."""
+
+    def __init__(self, spec: StageSpec, deploy: DeploySpec, namespace: str) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.outgoing = [
+            (e, get_processor(e.processor))
+            for e in deploy.edges_from(spec.name)
+            if e.transfer != "prompt"
+        ]
+        self.incoming = {
+            edge_name(e): (e, get_processor(e.processor))
+            for e in deploy.edges_into(spec.name)
+            if e.transfer != "prompt"
+        }
+        used = {e.connector for e, _ in self.outgoing} | {
+            e.connector for e, _ in self.incoming.values()
+        }
+        self.connectors: dict[str, Connector] = {
+            name: make_connector(name, c.kind, c.options, namespace=namespace)
+            for name, c in deploy.connectors.items()
+            if name in used
+        }
+        self.coordinator = InputCoordinator(spec.input_timeout_s)
+
+    # -- control messages ---------------------------------------------------------------
+    def handle(self, msg: ToStage) -> list[FromStage]:
+        try:
+            if isinstance(msg, SubmitRequest):
+                return self._submit(msg)
+            if isinstance(msg, DeliverPayload):
+                return self._deliver(msg)
+            if isinstance(msg, AbortRequest):
+                self.abort(msg.request_id)
+                return []
+            if isinstance(msg, GetStats):
+                return [StageStats(stage=self.name, counters=self.counters())]
+        except ValueError as exc:  # bad input for one request: fail it, keep serving
+            request_id = getattr(msg, "request_id", "")
+            self.abort(request_id)
+            return [RequestFailed(stage=self.name, request_id=request_id, message=str(exc))]
+        raise TypeError(f"stage {self.name!r}: unexpected message {type(msg).__name__}")
+
+    def _submit(self, msg: SubmitRequest) -> list[FromStage]:
+        unknown = [e for e in msg.wait_for if e not in self.incoming]
+        if unknown:
+            raise ValueError(f"stage {self.name!r} has no incoming edge {unknown[0]!r}")
+        if msg.wait_for:
+            self.coordinator.park(msg.request_id, msg, msg.wait_for)
+            return []
+        return self.start(msg, None)
+
+    def _deliver(self, msg: DeliverPayload) -> list[FromStage]:
+        if not self.coordinator.is_waiting(msg.request_id):
+            # Ended meanwhile (aborted, failed): drop the payload it will never read.
+            self.connectors[msg.handle.connector].cleanup(msg.request_id)
+            return []
+        payload = self.connectors[msg.handle.connector].get(msg.handle)
+        return self.on_input(msg, payload)
+
+    def check_timeouts(self) -> list[FromStage]:
+        failed = []
+        for request_id, edge in self.coordinator.expired():
+            self.abort(request_id)
+            failed.append(
+                RequestFailed(
+                    stage=self.name,
+                    request_id=request_id,
+                    message=timeout_message(edge, self.coordinator.timeout_s),
+                )
+            )
+        return failed
+
+    def abort(self, request_id: str) -> None:
+        """End `request_id` here however far it got, releasing everything it held."""
+        self.coordinator.release(request_id)
+        self.drop_request(request_id)
+        for connector in self.connectors.values():
+            connector.cleanup(request_id)
+
+    # -- outgoing payloads ------------------------------------------------------------------
+    def outgoing_for(self, msg: SubmitRequest) -> list[tuple[EdgeSpec, EdgeProcessor]]:
+        if msg.send_to is None:
+            return self.outgoing
+        return [(e, p) for e, p in self.outgoing if edge_name(e) in msg.send_to]
+
+    def send_payloads(
+        self, request_id: str, pieces: list[tuple[EdgeSpec, int, Payload, bool]]
+    ) -> list[FromStage]:
+        ready: list[FromStage] = []
+        for edge, index, payload, last in pieces:
+            name = edge_name(edge)
+            handle = self.connectors[edge.connector].put(
+                payload_key(request_id, name, index), payload
+            )
+            ready.append(
+                PayloadReady(
+                    stage=self.name,
+                    request_id=request_id,
+                    edge=name,
+                    handle=handle,
+                    chunk_index=index,
+                    last=last,
+                )
+            )
+        return ready
+
+    # -- subclass interface -------------------------------------------------------------------
+    @abstractmethod
+    def start(self, msg: SubmitRequest, payloads: dict[str, Payload] | None) -> list[FromStage]:
+        """Hand a request whose input is complete to the engine."""
+
+    @abstractmethod
+    def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
+        """A payload or chunk arrived for a parked request."""
+
+    @abstractmethod
+    def drop_request(self, request_id: str) -> None:
+        """Forget the request in the engine and accumulators (idempotent)."""
+
+    @abstractmethod
+    def step(self) -> list[FromStage]:
+        """Run one engine step; the resulting outputs, payload notices and failures."""
+
+    @abstractmethod
+    def has_work(self) -> bool: ...
+
+    def counters(self) -> dict[str, Any]:
+        return {
+            "coordinator_entries": self.coordinator.num_entries,
+            "connector_pending": sum(c.num_pending() for c in self.connectors.values()),
+        }
+
+    def shutdown(self) -> None:
+        for connector in self.connectors.values():
+            connector.close()

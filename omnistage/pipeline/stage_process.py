@@ -1,0 +1,213 @@
+"""Running a stage: in the orchestrator's thread, or in its own (spawned) process.
+
+`make_stage_core` builds the core a stage kind needs. `InProcessStageClient`
+steps it in the caller's thread (tests, debugging). `ProcessStageClient`
+spawns `run_stage` in a new process, which talks to the orchestrator with
+msgspec messages over ZMQ: one PULL socket per stage for what it is sent, and
+a PUSH to the orchestrator's shared PULL for what it reports. The stage
+process exits on `Shutdown`, when the orchestrator's process is gone, or on an
+unrecoverable error (after reporting it as `StageFatal`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import os
+import traceback
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from omnistage.pipeline.deploy import DeploySpec, StageSpec
+from omnistage.pipeline.messages import (
+    FromStage,
+    Shutdown,
+    StageFatal,
+    StageReady,
+    ToStage,
+    from_stage_encoder,
+    to_stage_decoder,
+    to_stage_encoder,
+)
+from omnistage.pipeline.stage_core import StageCore
+
+logger = logging.getLogger(__name__)
+IDLE_POLL_MS = 50
+
+
+def make_stage_core(spec: StageSpec, deploy: DeploySpec, namespace: str) -> StageCore:
+    if spec.model is None:
+        raise ValueError(
+            f"stage {spec.name!r}: no model (give one in the deploy file or Omni(model=...))"
+        )
+    if spec.model_part and (Path(spec.model) / spec.model_part).is_dir():
+        # One checkpoint with a directory per part (thinker/, talker/, vocoder/ ...).
+        spec = dataclasses.replace(spec, model=str(Path(spec.model) / spec.model_part))
+    if spec.kind == "ar":
+        from omnistage.pipeline.ar_stage import ARStageCore
+
+        return ARStageCore(spec, deploy, namespace)
+    if spec.kind == "generation":
+        from omnistage.pipeline.generation_stage import GenerationStageCore
+
+        return GenerationStageCore(spec, deploy, namespace)
+    raise ValueError(f"stage {spec.name!r}: kind {spec.kind!r} is not supported yet")
+
+
+def ready_message(core: StageCore) -> StageReady:
+    model = getattr(core, "model", None)
+    return StageReady(
+        stage=core.name, pid=os.getpid(), sample_rate=getattr(model, "sample_rate", None)
+    )
+
+
+class StageClient(ABC):
+    """The orchestrator's handle on one stage."""
+
+    name: str
+
+    @abstractmethod
+    def send(self, msg: ToStage) -> None: ...
+
+    def poll(self) -> list[FromStage]:
+        """In-process: handle timeouts and run one step. Process: nothing (see the PULL socket)."""
+        return []
+
+    def busy(self) -> bool:
+        return False
+
+    def exit_code(self) -> int | None:
+        """None while the stage runs; its exit code once its process has ended."""
+        return None
+
+    @abstractmethod
+    def close(self, timeout: float = 10.0) -> None: ...
+
+
+class InProcessStageClient(StageClient):
+    def __init__(self, spec: StageSpec, deploy: DeploySpec, namespace: str) -> None:
+        self.name = spec.name
+        self.core = make_stage_core(spec, deploy, namespace)
+        self.pending: list[FromStage] = [ready_message(self.core)]
+
+    def send(self, msg: ToStage) -> None:
+        self.pending += self.core.handle(msg)
+
+    def poll(self) -> list[FromStage]:
+        events, self.pending = self.pending, []
+        events += self.core.check_timeouts()
+        if self.core.has_work():
+            events += self.core.step()
+        return events
+
+    def busy(self) -> bool:
+        return bool(self.pending) or self.core.has_work()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.core.shutdown()
+
+
+class ProcessStageClient(StageClient):
+    def __init__(
+        self,
+        spec: StageSpec,
+        deploy: DeploySpec,
+        namespace: str,
+        context: zmq.Context,
+        in_address: str,
+        out_address: str,
+    ) -> None:
+        self.name = spec.name
+        self.socket = context.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(in_address)
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=run_stage,
+            args=(spec, deploy, namespace, in_address, out_address, os.getpid()),
+            name=f"omnistage-stage-{spec.name}",
+        )
+        self.process.start()
+
+    def send(self, msg: ToStage) -> None:
+        if self.process.exitcode is None:
+            self.socket.send(to_stage_encoder.encode(msg), copy=False)
+
+    def exit_code(self) -> int | None:
+        return self.process.exitcode
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self.process.exitcode is None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.send(to_stage_encoder.encode(Shutdown()), zmq.NOBLOCK)
+            self.process.join(timeout)
+        if self.process.exitcode is None:
+            self.process.terminate()
+            self.process.join(5)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
+        self.socket.close(linger=0)
+
+
+def run_stage(
+    spec: StageSpec,
+    deploy: DeploySpec,
+    namespace: str,
+    in_address: str,
+    out_address: str,
+    parent_pid: int,
+) -> None:
+    """Main function of a stage process."""
+    logging.basicConfig(level=logging.WARNING)
+    context = zmq.Context()
+    inbox = context.socket(zmq.PULL)
+    inbox.connect(in_address)
+    outbox = context.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.LINGER, 2000)
+    outbox.connect(out_address)
+
+    def report(events: list[Any]) -> None:
+        for event in events:
+            outbox.send(from_stage_encoder.encode(event), copy=False)
+
+    core = None
+    try:
+        core = make_stage_core(spec, deploy, namespace)
+        report([ready_message(core)])
+        while os.getppid() == parent_pid:
+            if inbox.poll(0 if core.has_work() else IDLE_POLL_MS) and not _drain(
+                inbox, core, report
+            ):
+                return
+            events = core.check_timeouts()
+            if core.has_work():
+                events += core.step()
+            report(events)
+    except Exception as exc:  # report, then exit: the orchestrator fails our requests
+        report([StageFatal(stage=spec.name, message=f"{type(exc).__name__}: {exc}")])
+        logger.error("stage %s failed:\n%s", spec.name, traceback.format_exc())
+        raise SystemExit(1) from None
+    finally:
+        if core is not None:
+            core.shutdown()
+        inbox.close(linger=0)
+        outbox.close()
+        context.term()
+
+
+def _drain(inbox: zmq.Socket, core: StageCore, report: Any) -> bool:
+    """Handle every message waiting; False on Shutdown."""
+    while True:
+        try:
+            frame = inbox.recv(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return True
+        msg = to_stage_decoder.decode(frame.buffer)
+        if isinstance(msg, Shutdown):
+            return False
+        report(core.handle(msg))

@@ -1,0 +1,124 @@
+"""A tiny three-stage pipeline for tests and benchmarks: thinker → talker → vocoder.
+
+The thinker is a tiny llama that writes text; the talker, another tiny llama,
+starts from the thinker's hidden states as prompt embeddings (a `payload`
+edge) and writes "codes"; the vocoder (`TinyCodeVocoder`) turns the codes
+into a waveform, fed chunk by chunk (`stream`) or in one piece (`payload`).
+All weights are random and seeded: outputs are noise, but deterministic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnistage.models.generation import make_tiny_vocoder
+from omnistage.testing.tiny_models import make_checkpoint
+
+
+def make_tiny_omni(path: Path) -> Path:
+    """One checkpoint directory with a subdirectory per part (made once)."""
+    path = Path(path)
+    if not (path / "vocoder" / "model.safetensors").exists():
+        make_checkpoint(path / "thinker", "llama", seed=1, dtype=torch.float64)
+        make_checkpoint(path / "talker", "llama", seed=2, dtype=torch.float64)
+        make_tiny_vocoder(path / "vocoder")
+    return path
+
+
+def tiny_pipeline_deploy(
+    model: Path,
+    *,
+    transfer: str = "stream",
+    async_scheduling: bool = False,
+    executor_backend: str = "auto",
+    dtype: str = "float64",
+    connector: str = "shm",
+    thinker_tokens: int = 12,
+    talker_tokens: int = 20,
+    chunk_size: int = 4,
+    first_chunk_size: int = 2,
+    left_context: int = 4,
+    input_timeout_s: float = 60.0,
+    max_num_seqs: int = 64,
+) -> dict[str, Any]:
+    """The deploy mapping of the tiny pipeline (what a deploy YAML file would hold)."""
+    engine_args = {
+        "dtype": dtype,
+        "max_num_seqs": max_num_seqs,
+        "async_scheduling": async_scheduling,
+        "executor_backend": executor_backend,
+    }
+    stream = (
+        {
+            "chunk_size": chunk_size,
+            "first_chunk_size": first_chunk_size,
+            "left_context": left_context,
+        }
+        if transfer == "stream"
+        else {}
+    )
+    return {
+        "name": "tiny-omni",
+        "stages": [
+            {
+                "id": 0,
+                "name": "thinker",
+                "kind": "ar",
+                "model": str(model),
+                "model_part": "thinker",
+                "engine_args": engine_args,
+                "default_sampling": {
+                    "temperature": 0.0,
+                    "max_tokens": thinker_tokens,
+                    "ignore_eos": True,
+                },
+                "final_output": True,
+                "final_output_type": "text",
+            },
+            {
+                "id": 1,
+                "name": "talker",
+                "kind": "ar",
+                "model": str(model),
+                "model_part": "talker",
+                "engine_args": engine_args,
+                "default_sampling": {
+                    "temperature": 0.0,
+                    "max_tokens": talker_tokens,
+                    "ignore_eos": True,
+                },
+                "input_timeout_s": input_timeout_s,
+            },
+            {
+                "id": 2,
+                "name": "vocoder",
+                "kind": "generation",
+                "model": str(model),
+                "model_part": "vocoder",
+                "engine_args": {"dtype": dtype, "max_num_seqs": max_num_seqs},
+                "final_output": True,
+                "final_output_type": "audio",
+                "input_timeout_s": input_timeout_s,
+            },
+        ],
+        "edges": [
+            {
+                "from": "thinker",
+                "to": "talker",
+                "processor": "hidden_to_embeds",
+                "transfer": "payload",
+                "connector": connector,
+            },
+            {
+                "from": "talker",
+                "to": "vocoder",
+                "processor": "ids_to_codes",
+                "transfer": transfer,
+                "connector": connector,
+                **stream,
+            },
+        ],
+    }

@@ -1,0 +1,257 @@
+"""Payload schema, validation and the pickle-free wire format."""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omnistage.pipeline.payload import (
+    PAYLOAD_SCHEMA,
+    KeySpec,
+    PackedPayload,
+    PayloadError,
+    TensorBlob,
+    blob_to_tensor,
+    pack_payload,
+    payload_nbytes,
+    register_payload_key,
+    tensor_to_blob,
+    unpack_payload,
+    validate_payload,
+)
+
+DTYPES = [
+    torch.bfloat16,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+]
+SHAPES = [(), (0,), (5,), (3, 4), (2, 0, 3), (2, 3, 5)]
+
+register_payload_key("test_payload.any", KeySpec("tensor", doc="any tensor, for tests"))
+register_payload_key("test_payload.other", KeySpec("tensor", doc="a second tensor"))
+register_payload_key("test_payload.ratio", KeySpec("float", doc="a float scalar"))
+
+
+def _tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 100).to(dtype)
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    return bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for key, value in a.items():
+        got = b[key]
+        if isinstance(value, torch.Tensor):
+            assert got.dtype == value.dtype and got.shape == value.shape, key
+            assert got.is_contiguous() and got.device.type == "cpu"
+            assert _raw(got) == _raw(value), key
+        else:
+            assert type(got) is type(value) and got == value, key
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_round_trip_every_dtype_exact_bytes(dtype, shape):
+    payload = {"test_payload.any": _tensor(dtype, shape), "meta.finished": True}
+    buffer = pack_payload(payload)
+    assert len(buffer) == payload_nbytes(payload)
+    _assert_same(payload, unpack_payload(buffer))
+    _assert_same(payload, unpack_payload(memoryview(buffer)))
+
+
+def test_round_trip_schema_keys_scalars_and_layout():
+    payload = {
+        "hidden_states.output": torch.randn(7, 16, dtype=torch.bfloat16),
+        "ids.output": torch.arange(7),
+        "codes.audio": torch.randint(0, 1024, (4, 9), dtype=torch.int32),
+        "audio.waveform": torch.randn(33, dtype=torch.float64),
+        "meta.finished": False,
+        "meta.chunk_index": 3,
+        "meta.request_id": "req-é/1",
+        "meta.text": "",
+        "test_payload.ratio": -0.25,
+    }
+    buffer = pack_payload(payload)
+    (header_len,) = struct.unpack_from("<Q", buffer)
+    data_start = (8 + header_len + 63) // 64 * 64
+    assert data_start % 64 == 0 and len(buffer) > data_start
+    _assert_same(payload, unpack_payload(buffer))
+
+
+def test_empty_payload_round_trips():
+    assert unpack_payload(pack_payload({})) == {}
+
+
+def test_non_contiguous_tensor_round_trips():
+    t = torch.arange(24.0).reshape(4, 6).t()[1:]
+    got = unpack_payload(pack_payload({"hidden_states.output": t}))["hidden_states.output"]
+    assert torch.equal(got, t) and got.is_contiguous()
+
+
+def test_packed_payload_write_into_equals_to_bytes():
+    payload = {"test_payload.any": torch.randn(3, 5), "test_payload.other": torch.ones(2, 2)}
+    packed = PackedPayload(payload)
+    out = bytearray(packed.nbytes + 10)
+    packed.write_into(out)
+    assert bytes(out[: packed.nbytes]) == packed.to_bytes() == pack_payload(payload)
+    with pytest.raises(ValueError, match="too small"):
+        packed.write_into(bytearray(packed.nbytes - 1))
+
+
+def test_unpack_copies_out_of_the_buffer():
+    t = torch.arange(100, dtype=torch.int64)
+    buffer = bytearray(pack_payload({"ids.output": t}))
+    view = memoryview(buffer)
+    got = unpack_payload(view)
+    view.release()
+    buffer[:] = bytes(len(buffer))  # overwrite the source after unpacking
+    assert torch.equal(got["ids.output"], t)
+
+
+def test_unknown_key_names_key_where_and_close_matches():
+    with pytest.raises(PayloadError) as err:
+        validate_payload({"hidden_state.output": torch.zeros(1, 1)}, where="talker->code2wav")
+    msg = str(err.value)
+    assert "'hidden_state.output'" in msg and "talker->code2wav" in msg
+    assert "'hidden_states.output'" in msg
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        ({"meta.chunk_index": True}, ["'meta.chunk_index'", "int", "bool"]),
+        ({"meta.finished": 1}, ["'meta.finished'", "bool", "int"]),
+        ({"meta.text": b"x"}, ["'meta.text'", "str", "bytes"]),
+        ({"test_payload.ratio": 1}, ["'test_payload.ratio'", "float", "int"]),
+        ({"ids.prompt": [1, 2]}, ["'ids.prompt'", "tensor", "list"]),
+        ({"meta.chunk_index": torch.tensor(1)}, ["'meta.chunk_index'", "int", "tensor"]),
+        ({"ids.prompt": torch.zeros(3)}, ["'ids.prompt'", "integer", "float32"]),
+        ({"ids.prompt": torch.zeros(3, dtype=torch.bool)}, ["'ids.prompt'", "integer", "bool"]),
+        (
+            {"embed.prefill": torch.zeros(3, dtype=torch.int64)},
+            ["'embed.prefill'", "float", "int64"],
+        ),
+        ({"hidden_states.output": torch.zeros(3)}, ["'hidden_states.output'", "2-d", "(3,)"]),
+        ({"ids.output": torch.zeros(2, 2, dtype=torch.long)}, ["'ids.output'", "1-d", "(2, 2)"]),
+        ({"latents": torch.zeros(2, dtype=torch.complex64)}, ["'latents'", "complex64"]),
+    ],
+)
+def test_validation_errors_name_key_expected_and_got(payload, words):
+    with pytest.raises(PayloadError) as err:
+        validate_payload(payload, where="here")
+    for word in [*words, "here"]:
+        assert word in str(err.value)
+    with pytest.raises(PayloadError):
+        pack_payload(payload)
+
+
+def test_payload_must_be_a_dict_with_str_keys():
+    with pytest.raises(PayloadError, match="dict"):
+        validate_payload([("meta.text", "x")], where="w")  # type: ignore[arg-type]
+    with pytest.raises(PayloadError, match="unknown payload key 3"):
+        validate_payload({3: "x"}, where="w")  # type: ignore[dict-item]
+
+
+def test_register_payload_key_rules():
+    spec = KeySpec("tensor", "int", 2, "test")
+    register_payload_key("test_payload.codes_2d", spec)
+    register_payload_key("test_payload.codes_2d", KeySpec("tensor", "int", 2, "test"))  # same: ok
+    assert PAYLOAD_SCHEMA["test_payload.codes_2d"] == spec
+    with pytest.raises(ValueError, match="already registered"):
+        register_payload_key("test_payload.codes_2d", KeySpec("tensor", "int", 3))
+    for bad in ["nodots", "Upper.case", "a..b", "a.b-c", ".a.b", "a.b."]:
+        with pytest.raises(ValueError, match="dotted"):
+            register_payload_key(bad, spec)
+    with pytest.raises(ValueError, match="kind"):
+        KeySpec("list")
+    with pytest.raises(ValueError, match="dtype_kind"):
+        KeySpec("tensor", "complex")
+    with pytest.raises(ValueError, match="tensor keys only"):
+        KeySpec("int", ndim=1)
+
+
+def test_schema_has_the_documented_keys():
+    for key, kind, ndim in [
+        ("hidden_states.output", "float", 2),
+        ("embed.prefill", "float", 2),
+        ("ids.prompt", "int", 1),
+        ("codes.audio", "int", None),
+        ("audio.waveform", "float", 1),
+        ("latents", "float", None),
+    ]:
+        spec = PAYLOAD_SCHEMA[key]
+        assert (spec.kind, spec.dtype_kind, spec.ndim) == ("tensor", kind, ndim)
+    for key in ["meta.finished", "meta.chunk_index", "meta.request_id", "meta.source_stage"]:
+        assert PAYLOAD_SCHEMA[key].kind in ("bool", "int", "str")
+
+
+def test_unpack_rejects_bad_buffers():
+    good = pack_payload({"ids.output": torch.arange(5), "meta.finished": True})
+    for bad in [b"", good[:7], good[:-1], good + b"\0", b"\xff" * 8 + good[8:]]:
+        with pytest.raises(PayloadError):
+            unpack_payload(bad)
+    # A header that passes decoding but describes an off-schema payload is refused too.
+    header = msgspec.msgpack.encode([1, [["meta.finished", "int", 1, "", [], 0, 0]]])
+    raw = struct.pack("<Q", len(header)) + header
+    raw += bytes((len(raw) + 63) // 64 * 64 - len(raw))
+    with pytest.raises(PayloadError, match="'meta.finished' expects bool"):
+        unpack_payload(raw, where="receive")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tensor_blob_round_trip(dtype):
+    t = _tensor(dtype, (3, 4))[:, 1:]  # non-contiguous
+    blob = tensor_to_blob(t)
+    assert isinstance(blob, TensorBlob) and blob.shape == [3, 3]
+    decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(blob), type=TensorBlob)
+    got = blob_to_tensor(decoded)
+    assert got.dtype == dtype and _raw(got) == _raw(t)
+    assert blob_to_tensor(tensor_to_blob(torch.tensor(5))).shape == ()
+    with pytest.raises(ValueError):
+        blob_to_tensor(TensorBlob("float32", [2], b"\0" * 7))
+    with pytest.raises(ValueError):
+        tensor_to_blob(torch.zeros(2, dtype=torch.complex64))
+
+
+_scalar_values = {
+    "meta.finished": st.booleans(),
+    "meta.chunk_index": st.integers(-(2**63), 2**63 - 1),
+    "meta.text": st.text(max_size=20),
+    "test_payload.ratio": st.floats(allow_nan=False),
+}
+
+
+@st.composite
+def _payloads(draw):
+    payload = {}
+    for key in draw(st.lists(st.sampled_from(sorted(_scalar_values)), unique=True)):
+        payload[key] = draw(_scalar_values[key])
+    for key in draw(
+        st.lists(st.sampled_from(["test_payload.any", "test_payload.other"]), unique=True)
+    ):
+        shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+        dtype = draw(st.sampled_from(DTYPES))
+        payload[key] = _tensor(dtype, shape, seed=draw(st.integers(0, 1000)))
+    return payload
+
+
+@settings(max_examples=60, deadline=None)
+@given(_payloads())
+def test_random_payloads_round_trip(payload):
+    buffer = pack_payload(payload)
+    assert len(buffer) == payload_nbytes(payload)
+    _assert_same(payload, unpack_payload(buffer))

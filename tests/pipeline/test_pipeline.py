@@ -1,0 +1,187 @@
+"""The pipeline runtime in-process: equivalences, routing, bad requests, counters.
+
+Float64 tiny models, greedy: every comparison here is exact.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage import SamplingParams
+from omnistage.pipeline.omni import Omni
+from omnistage.pipeline.payload import pack_payload
+from omnistage.testing.tiny_pipeline import tiny_pipeline_deploy
+
+PROMPTS = ["hello world", "abc", "the quick brown fox jumps", "x" * 40, "omni", "stage by stage"]
+
+
+def run(tiny_omni, prompts=PROMPTS, record_payloads=False, **deploy_args):
+    """Outputs (text ids, audio) per prompt, and optionally every payload put, as bytes."""
+    recorded: dict[tuple[int, str, int], bytes] = {}
+    with Omni(tiny_pipeline_deploy(tiny_omni, **deploy_args), in_process=True) as omni:
+        if record_payloads:
+            _record_puts(omni, recorded)
+        outputs = omni.generate(prompts)
+        counters = omni.stage_counters()
+    index = {o.request_id: i for i, o in enumerate(outputs)}
+    payloads = {(index[rid], edge, chunk): data for (rid, edge, chunk), data in recorded.items()}
+    for o in outputs:
+        assert o.error is None, o.error
+    return [(o.token_ids, o.audio) for o in outputs], payloads, counters
+
+
+def _record_puts(omni, recorded):
+    for client in omni.orchestrator.clients.values():
+        for connector in client.core.connectors.values():
+            put = connector.put
+
+            def recording_put(key, payload, put=put):
+                rid, edge, chunk = key.rsplit("/", 2) if key.count("/") >= 2 else (key, "", 0)
+                # Byte-exact, but for the request id (random per run).
+                same = {k: v for k, v in payload.items() if k != "meta.request_id"}
+                recorded[(rid, edge, int(chunk))] = pack_payload(same)
+                return put(key, payload)
+
+            connector.put = recording_put
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for (ids_a, audio_a), (ids_b, audio_b) in zip(a, b, strict=True):
+        assert ids_a == ids_b
+        assert audio_a.dtype == audio_b.dtype and audio_a.shape == audio_b.shape
+        assert (audio_a == audio_b).all()
+
+
+@pytest.fixture(scope="module")
+def sync_stream(tiny_omni):
+    return run(tiny_omni, record_payloads=True)
+
+
+def test_outputs_have_text_and_audio(sync_stream):
+    outputs, payloads, _ = sync_stream
+    for ids, audio in outputs:
+        assert len(ids) == 12
+        assert audio.shape == (20 * 8,) and audio.dtype.name == "float32"
+    # thinker->talker: one payload per request; talker->vocoder: 1 + ceil(18/4) chunks + last.
+    edges = sorted({edge for (_, edge, _) in payloads})
+    assert edges == ["talker->vocoder", "thinker->talker"]
+
+
+def test_sync_and_async_producers_send_byte_identical_payloads(tiny_omni, sync_stream):
+    outputs, payloads, _ = sync_stream
+    async_outputs, async_payloads, _ = run(
+        tiny_omni, record_payloads=True, async_scheduling=True, executor_backend="thread"
+    )
+    assert_same(outputs, async_outputs)
+    assert payloads.keys() == async_payloads.keys()
+    for key, data in payloads.items():
+        assert async_payloads[key] == data, key
+
+
+def test_stream_and_payload_transfer_give_the_same_audio(tiny_omni, sync_stream):
+    outputs, _, _ = sync_stream
+    whole, payloads, _ = run(tiny_omni, transfer="payload", record_payloads=True)
+    assert_same(outputs, whole)
+    assert all(chunk == 0 for (_, edge, chunk) in payloads if edge == "talker->vocoder")
+
+
+def test_inproc_connector_gives_the_same_outputs(tiny_omni, sync_stream):
+    outputs, _, _ = sync_stream
+    assert_same(outputs, run(tiny_omni, connector="inproc")[0])
+
+
+def test_stream_chunks_follow_first_chunk_size_then_chunk_size(tiny_omni, sync_stream):
+    from omnistage.pipeline.payload import unpack_payload
+
+    _, payloads, _ = sync_stream
+    chunks = [
+        unpack_payload(data)
+        for (i, edge, _), data in sorted(payloads.items())
+        if i == 0 and edge == "talker->vocoder"
+    ]
+    # 20 codes: a first chunk of 2, then 4 each; the last holds what is left.
+    assert [c["ids.output"].numel() for c in chunks] == [2, 4, 4, 4, 4, 2]
+    assert [c["meta.chunk_index"] for c in chunks] == list(range(6))
+    assert [c["meta.finished"] for c in chunks] == [False] * 5 + [True]
+
+
+def test_counters_return_to_zero(sync_stream):
+    _, _, counters = sync_stream
+    assert set(counters) == {"thinker", "talker", "vocoder"}
+    for stage, values in counters.items():
+        assert all(v == 0 for v in values.values()), (stage, values)
+
+
+def test_text_only_request_runs_only_the_thinker(tiny_omni, sync_stream):
+    outputs, _, _ = sync_stream
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
+        talker = omni.orchestrator.clients["talker"].core
+        (out,) = omni.generate([PROMPTS[0]], modalities=["text"])
+        assert list(out.outputs) == ["thinker"]
+        assert out.token_ids == outputs[0][0] and out.audio is None
+        assert talker.engine.kv_cache_manager.prefix_queries == 0  # never reached
+
+
+def test_per_stage_sampling_params(tiny_omni):
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
+        (out,) = omni.generate(
+            ["abc"],
+            {
+                "thinker": SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+                "talker": SamplingParams(temperature=0.8, seed=3, max_tokens=7, ignore_eos=True),
+            },
+        )
+        assert len(out.token_ids) == 5
+        assert out.audio.shape == (7 * 8,)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"prompts": [123]}, "prompt"),
+        ({"prompts": [""]}, "prompt: the prompt is empty"),
+        ({"prompts": [{"prompt_token_ids": []}]}, "prompt_token_ids"),
+        ({"modalities": ["image"]}, "modalities: 'image' cannot be produced"),
+        ({"sampling_params": {"nope": SamplingParams()}}, "no stage named 'nope'"),
+        ({"sampling_params": SamplingParams(n=2)}, "n: multi-stage"),
+        ({"sampling_params": "greedy"}, "sampling_params"),
+    ],
+)
+def test_bad_requests_are_refused_before_anything_runs(tiny_omni, kwargs, match):
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
+        args = {"prompts": ["ok"], **kwargs}
+        with pytest.raises(ValueError, match=match):
+            omni.generate(**args)
+        # ... and the pipeline keeps serving
+        assert omni.generate(["ok"])[0].error is None
+
+
+def test_bad_input_inside_a_stage_fails_only_that_request(tiny_omni):
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
+        bad, good = omni.generate([{"prompt_token_ids": [5, 100000]}, "fine"])
+        assert (
+            bad.finished and "stage thinker" in bad.error and "outside the vocabulary" in bad.error
+        )
+        assert good.error is None and len(good.token_ids) == 12
+        assert all(v == 0 for c in omni.stage_counters().values() for v in c.values())
+
+
+def test_hidden_states_payload_matches_the_thinker_forward(tiny_omni, sync_stream):
+    """The talker's prompt embeddings are exactly the thinker's final hidden states."""
+    from omnistage.pipeline.payload import unpack_payload
+
+    _, payloads, _ = sync_stream
+    payload = unpack_payload(payloads[(0, "thinker->talker", 0)])
+    hidden = payload["hidden_states.output"]
+    ids = torch.cat([payload["ids.prompt"], payload["ids.output"]])
+    assert hidden.dtype == torch.float64
+    assert hidden.shape[0] == ids.numel() - 1  # every position but the last sampled token
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(tiny_omni / "thinker", dtype=torch.float64)
+    with torch.no_grad():
+        expected = ref(ids[None, :-1], output_hidden_states=True).hidden_states[-1][0]
+    # (rotary tables are float32 in transformers, float64 here: ~1e-6 apart)
+    torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-5)
