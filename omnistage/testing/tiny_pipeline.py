@@ -43,6 +43,7 @@ def tiny_pipeline_deploy(
     left_context: int = 4,
     input_timeout_s: float = 60.0,
     max_num_seqs: int = 64,
+    ar_engine_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The deploy mapping of the tiny pipeline (what a deploy YAML file would hold)."""
     engine_args = {
@@ -50,6 +51,7 @@ def tiny_pipeline_deploy(
         "max_num_seqs": max_num_seqs,
         "async_scheduling": async_scheduling,
         "executor_backend": executor_backend,
+        **(ar_engine_args or {}),
     }
     stream = (
         {
@@ -60,8 +62,10 @@ def tiny_pipeline_deploy(
         if transfer == "stream"
         else {}
     )
+    connectors = {} if connector in ("shm", "inproc") else {connector: {"kind": connector}}
     return {
         "name": "tiny-omni",
+        "connectors": connectors,
         "stages": [
             {
                 "id": 0,

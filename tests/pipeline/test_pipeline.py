@@ -80,6 +80,53 @@ def test_sync_and_async_producers_send_byte_identical_payloads(tiny_omni, sync_s
         assert async_payloads[key] == data, key
 
 
+def test_payloads_stay_identical_under_chunked_prefill_and_preemption(tiny_omni):
+    """A tiny KV budget and token budget: prompts are chunked, requests preempted and
+    recomputed. Tokens, audio and every payload's positions, ids and metadata are the
+    same in both modes. The hidden states agree to float64 rounding only: the two modes
+    preempt at different steps (async counts in-flight tokens when it reserves blocks),
+    so the same positions are computed in differently shaped batches."""
+    from omnistage.pipeline.payload import unpack_payload
+
+    prompts = [f"{i} " + "lorem ipsum dolor sit amet " * (1 + i % 4) for i in range(12)]
+    tight = {
+        "num_kv_blocks": 16,
+        "max_model_len": 256,
+        "max_num_batched_tokens": 32,
+        "enable_prefix_caching": False,
+    }
+    results = []
+    for mode in ({}, {"async_scheduling": True, "executor_backend": "thread"}):
+        deploy = tiny_pipeline_deploy(tiny_omni, ar_engine_args=tight, **mode)
+        with Omni(deploy, in_process=True) as omni:
+            recorded = {}
+            _record_puts(omni, recorded)
+            outputs = omni.generate(prompts)
+            scheduler = omni.orchestrator.clients["thinker"].core.engine.core.scheduler
+            assert scheduler.num_preemptions > 0
+            index = {o.request_id: i for i, o in enumerate(outputs)}
+            results.append(
+                (
+                    [(o.error, o.token_ids, o.audio.tobytes()) for o in outputs],
+                    {(index[r], e, c): unpack_payload(d) for (r, e, c), d in recorded.items()},
+                )
+            )
+    (outputs_sync, payloads_sync), (outputs_async, payloads_async) = results
+    assert outputs_sync == outputs_async
+    assert payloads_sync.keys() == payloads_async.keys()
+    for key, payload in payloads_sync.items():
+        other = payloads_async[key]
+        assert payload.keys() == other.keys()
+        for name, value in payload.items():
+            if name == "hidden_states.output":
+                assert value.shape == other[name].shape
+                torch.testing.assert_close(value, other[name], rtol=0, atol=1e-12)
+            elif isinstance(value, torch.Tensor):
+                assert torch.equal(value, other[name]), (key, name)
+            else:
+                assert value == other[name], (key, name)
+
+
 def test_stream_and_payload_transfer_give_the_same_audio(tiny_omni, sync_stream):
     outputs, _, _ = sync_stream
     whole, payloads, _ = run(tiny_omni, transfer="payload", record_payloads=True)
@@ -87,9 +134,12 @@ def test_stream_and_payload_transfer_give_the_same_audio(tiny_omni, sync_stream)
     assert all(chunk == 0 for (_, edge, chunk) in payloads if edge == "talker->vocoder")
 
 
-def test_inproc_connector_gives_the_same_outputs(tiny_omni, sync_stream):
+@pytest.mark.parametrize("connector", ["inproc", "zmq"])
+def test_every_connector_gives_the_same_outputs(tiny_omni, sync_stream, connector):
     outputs, _, _ = sync_stream
-    assert_same(outputs, run(tiny_omni, connector="inproc")[0])
+    other, _, counters = run(tiny_omni, connector=connector)
+    assert_same(outputs, other)
+    assert all(v == 0 for c in counters.values() for v in c.values())
 
 
 def test_stream_chunks_follow_first_chunk_size_then_chunk_size(tiny_omni, sync_stream):
@@ -185,3 +235,24 @@ def test_hidden_states_payload_matches_the_thinker_forward(tiny_omni, sync_strea
         expected = ref(ids[None, :-1], output_hidden_states=True).hidden_states[-1][0]
     # (rotary tables are float32 in transformers, float64 here: ~1e-6 apart)
     torch.testing.assert_close(hidden, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_packaged_deploy_file_runs_on_a_multi_part_checkpoint(tiny_omni):
+    with Omni("tiny-three-stage", model=str(tiny_omni), in_process=True) as omni:
+        assert [s.name for s in omni.deploy.stages] == ["thinker", "talker", "vocoder"]
+        (out,) = omni.generate(["hello"])
+        assert out.error is None and out.text is not None
+        assert out.audio is not None and out.sample_rate == 16000
+
+
+def test_one_model_is_a_one_stage_pipeline_with_the_llm_outputs(tiny_llama_f64):
+    from omnistage import LLM
+
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    prompts = ["one", "two two", "three three three"]
+    llm = LLM(model=str(tiny_llama_f64), dtype="float64", async_scheduling=False)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    with Omni(model=str(tiny_llama_f64), dtype="float64", in_process=True) as omni:
+        assert [s.name for s in omni.deploy.stages] == ["llm"]
+        outputs = omni.generate(prompts, params)
+    assert [o.token_ids for o in outputs] == expected

@@ -1,0 +1,107 @@
+"""The producer's accumulator and the consumer's coordinator, on their own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage.pipeline.accumulator import RequestAccumulator
+from omnistage.pipeline.coordinator import InputCoordinator, timeout_message
+from omnistage.pipeline.deploy import EdgeSpec
+from omnistage.pipeline.processors import get_processor
+
+
+def edge(transfer: str, processor: str = "hidden_to_embeds", **kw) -> EdgeSpec:
+    args = {"chunk_size": 3, "first_chunk_size": 1, "left_context": 0} | kw
+    return EdgeSpec(
+        src="a", dst="b", processor=processor, transfer=transfer, connector="shm", **args
+    )
+
+
+def accumulator(*edges: EdgeSpec) -> RequestAccumulator:
+    return RequestAccumulator(
+        "r1", "a", [5, 6, 7], [(e, get_processor(e.processor)) for e in edges]
+    )
+
+
+def hidden(start: int, n: int) -> torch.Tensor:
+    return torch.arange(start, start + n, dtype=torch.float64)[:, None].repeat(1, 4)
+
+
+def test_hidden_states_are_collected_once_per_position_even_after_recompute():
+    acc = accumulator(edge("payload"))
+    acc.add_step([], hidden(0, 2), 0)  # a prompt chunk
+    acc.add_step([11], hidden(2, 1), 2)  # rest of the prompt, first token
+    acc.add_step([12], hidden(3, 1), 3)
+    acc.add_step([13], hidden(0, 5), 0)  # preempted and recomputed: positions 0..4 again
+    ((edge_spec, index, payload, last),) = acc.final_payloads()
+    assert index == 0 and last and payload["meta.finished"] is True
+    assert payload["hidden_states.output"][:, 0].tolist() == [0, 1, 2, 3, 4]
+    assert payload["ids.output"].tolist() == [11, 12, 13]
+    assert payload["ids.prompt"].tolist() == [5, 6, 7]
+
+
+def test_a_gap_in_positions_is_a_bug_not_silently_skipped():
+    acc = accumulator(edge("payload"))
+    acc.add_step([], hidden(0, 2), 0)
+    with pytest.raises(RuntimeError, match="jump from position 2 to 3"):
+        acc.add_step([1], hidden(3, 1), 3)
+
+
+def test_stream_chunks_have_exact_sizes_whatever_the_step_sizes():
+    acc = accumulator(edge("stream", "ids_to_codes"))
+    got = []
+    for tokens in ([1, 2], [3], [4, 5, 6, 7, 8], [9]):  # uneven steps (e.g. speculative)
+        acc.add_step(tokens, None, 0)
+        got += acc.ready_chunks()
+    got += acc.final_payloads()
+    assert [p["ids.output"].tolist() for _, _, p, _ in got] == [[1], [2, 3, 4], [5, 6, 7], [8, 9]]
+    assert [i for _, i, _, _ in got] == [0, 1, 2, 3]
+    assert [last for *_, last in got] == [False, False, False, True]
+
+
+def test_stream_last_chunk_may_be_empty():
+    acc = accumulator(edge("stream", "ids_to_codes", first_chunk_size=2, chunk_size=2))
+    acc.add_step([1, 2], None, 0)
+    chunks = acc.ready_chunks() + acc.final_payloads()
+    assert [p["ids.output"].tolist() for _, _, p, _ in chunks] == [[1, 2], []]
+
+
+def test_coordinator_parks_until_the_last_chunk_and_times_out():
+    now = [100.0]
+    coordinator = InputCoordinator(timeout_s=2.0, clock=lambda: now[0])
+    coordinator.park("r1", "submit", ["a->b"])
+    coordinator.park("r2", "submit", ["a->b"])
+    with pytest.raises(ValueError, match="already waiting"):
+        coordinator.park("r1", "submit", ["a->b"])
+    now[0] += 1.5
+    assert coordinator.arrived("r1", "a->b", "chunk0", last=False).waiting_edges == {"a->b"}
+    now[0] += 1.0  # r2 has waited 2.5 s; r1 only 1.0 s since its last chunk
+    assert coordinator.expired() == [("r2", "a->b")]
+    assert coordinator.arrived("r1", "a->b", "chunk1", last=True).waiting_edges == set()
+    coordinator.release("r1")
+    assert coordinator.num_entries == 0
+    assert timeout_message("a->b", 2.0) == "no input from stage a within 2 s"
+
+
+def test_generation_stage_fails_a_request_whose_input_never_comes(tiny_omni):
+    """In-process: the vocoder parks a request, nothing arrives, the wait times out."""
+    import time
+
+    from omnistage.pipeline.deploy import load_deploy
+    from omnistage.pipeline.messages import RequestFailed, SubmitRequest
+    from omnistage.pipeline.stage_process import make_stage_core
+    from omnistage.testing.tiny_pipeline import tiny_pipeline_deploy
+
+    deploy = load_deploy(tiny_pipeline_deploy(tiny_omni, input_timeout_s=0.2))
+    core = make_stage_core(deploy.stage("vocoder"), deploy, "unittest1")
+    try:
+        assert core.handle(SubmitRequest(request_id="r1", wait_for=["talker->vocoder"])) == []
+        assert core.counters()["coordinator_entries"] == 1
+        time.sleep(0.3)
+        (failed,) = core.check_timeouts()
+        assert isinstance(failed, RequestFailed)
+        assert failed.message == "no input from stage talker within 0.2 s"
+        assert core.counters()["coordinator_entries"] == 0
+    finally:
+        core.shutdown()
