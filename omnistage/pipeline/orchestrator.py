@@ -307,7 +307,7 @@ class Orchestrator:
 
     def _on_output(self, event: StageOutput) -> None:
         tracked = self.tracked.get(event.request_id)
-        if tracked is None:
+        if tracked is None or event.stage not in tracked.results:
             return
         result = tracked.results[event.stage]
         old_text = result.text

@@ -81,7 +81,7 @@ class StageCore(ABC):
                 return []
             if isinstance(msg, GetStats):
                 return [StageStats(stage=self.name, counters=self.counters())]
-        except ValueError as exc:  # bad input for one request: fail it, keep serving
+        except (ValueError, TimeoutError) as exc:  # one request's input is bad or lost: fail it
             request_id = getattr(msg, "request_id", "")
             self.abort(request_id)
             return [RequestFailed(stage=self.name, request_id=request_id, message=str(exc))]

@@ -256,3 +256,23 @@ def test_one_model_is_a_one_stage_pipeline_with_the_llm_outputs(tiny_llama_f64):
         assert [s.name for s in omni.deploy.stages] == ["llm"]
         outputs = omni.generate(prompts, params)
     assert [o.token_ids for o in outputs] == expected
+
+
+def test_a_lost_payload_fails_only_its_request(tiny_omni):
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
+        connector = omni.orchestrator.clients["talker"].core.connectors["shm"]
+        real_get, calls = connector.get, []
+
+        def flaky_get(handle, timeout=None):
+            calls.append(handle.key)
+            if len(calls) == 1:
+                connector.cleanup(handle.key.split("/")[0])
+                raise TimeoutError(f"payload {handle.key!r} did not arrive within 30 s")
+            return real_get(handle, timeout)
+
+        connector.get = flaky_get
+        outputs = omni.generate(["first", "second"])
+        lost, fine = sorted(outputs, key=lambda o: o.error is None)
+        assert lost.error.startswith("stage talker: payload") and "did not arrive" in lost.error
+        assert fine.error is None and fine.audio is not None
+        assert all(v == 0 for c in omni.stage_counters().values() for v in c.values())
