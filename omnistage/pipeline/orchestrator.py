@@ -55,6 +55,8 @@ from omnistage.pipeline.stage_process import (
 
 logger = logging.getLogger(__name__)
 Sink = Callable[[OmniRequestOutput], None]
+IDLE_POLL_MS = 100
+"""Longest sleep of an idle loop: stage deaths are noticed within this."""
 
 
 @dataclass
@@ -97,6 +99,15 @@ class Orchestrator:
         self.sample_rates: dict[str, int | None] = {}
         self.tracked: dict[str, _Tracked] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        # Commands wake the loop through an inproc socket, so it can sleep in one poll.
+        self._wake_in = self.context.socket(zmq.PULL)
+        self._wake_in.bind(f"inproc://wake-{id(self)}")
+        self._wake_out = self.context.socket(zmq.PUSH)
+        self._wake_out.connect(f"inproc://wake-{id(self)}")
+        self._wake_lock = threading.Lock()
+        self._poller = zmq.Poller()
+        self._poller.register(self.inbox, zmq.POLLIN)
+        self._poller.register(self._wake_in, zmq.POLLIN)
         self._stats: tuple[Future, dict[str, dict[str, int]]] | None = None
         self._stopping = False
         try:
@@ -130,15 +141,24 @@ class Orchestrator:
 
     # -- frontend API (thread-safe) ---------------------------------------------------------
     def submit(self, request: PipelineRequest, sink: Sink) -> None:
-        self._commands.put(lambda: self._start(request, sink))
+        if self._stopping or not self._thread.is_alive():
+            sink(OmniRequestOutput(request.request_id, {}, True, "the pipeline is not running"))
+            return
+        self._command(lambda: self._start(request, sink))
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(lambda: self._abort(request_id))
+        self._command(lambda: self._abort(request_id))
+
+    def _command(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        with self._wake_lock:
+            if not self._stopping:
+                self._wake_out.send(b"", zmq.NOBLOCK)
 
     def stats(self, timeout: float = 30.0) -> dict[str, dict[str, int]]:
         """Every stage's resource counters (for leak checks and metrics)."""
         future: Future = Future()
-        self._commands.put(lambda: self._ask_stats(future))
+        self._command(lambda: self._ask_stats(future))
         return future.result(timeout)
 
     def num_tracked(self) -> int:
@@ -161,6 +181,9 @@ class Orchestrator:
                 logger.exception("closing stage %s", client.name)
         self._cleanup_connectors()
         self.inbox.close(linger=0)
+        with self._wake_lock:
+            self._wake_in.close(linger=0)
+            self._wake_out.close(linger=0)
         self.context.term()
         self._tmpdir.cleanup()
 
@@ -202,7 +225,7 @@ class Orchestrator:
                     except queue.Empty:
                         break
                 busy = any(c.busy() for c in self.clients.values())
-                for event in self._poll_events(0 if busy else 2):
+                for event in self._poll_events(0 if busy else IDLE_POLL_MS):
                     self._route(event)
                 self._check_stages()
         except Exception as exc:  # nothing may hang: fail everyone, loudly
@@ -214,7 +237,14 @@ class Orchestrator:
         events: list[FromStage] = []
         for client in self.clients.values():
             events += client.poll()
-        if self.inbox.poll(0 if events else timeout_ms):
+        ready = dict(self._poller.poll(0 if events else timeout_ms))
+        if self._wake_in in ready:
+            while True:
+                try:
+                    self._wake_in.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+        if self.inbox in ready:
             while True:
                 try:
                     frame = self.inbox.recv(zmq.NOBLOCK, copy=False)

@@ -28,7 +28,10 @@ def _workload(rng: random.Random, i: int) -> dict:
             ),
             "talker": SamplingParams(temperature=1.0, seed=i, max_tokens=rng.randint(1, 24)),
         },
-        "abort_after": rng.uniform(0, 0.3) if rng.random() < 0.2 else None,
+        "abort_after": rng.uniform(0, 0.3) if rng.random() < 0.15 else None,
+        # Abort right after the first audio chunk: the vocoder is then parked, waiting for
+        # the next chunk (WAITING_FOR_INPUT).
+        "abort_when_streaming": not text_only and rng.random() < 0.07,
     }
 
 
@@ -44,6 +47,18 @@ async def _run(omni: AsyncOmni, seed: int) -> tuple[int, int, int, int]:
         stream = omni.generate(
             spec["prompt"], spec["sampling_params"], spec["modalities"], request_id=request_id
         )
+        if spec["abort_when_streaming"]:
+            async for out in stream:
+                if out.new_data is not None and not out.finished:
+                    if vocoder.coordinator.is_waiting(request_id):
+                        aborted_waiting += 1
+                    await omni.abort(request_id)
+                    async for _ in stream:
+                        pass
+                    return "aborted"
+                if out.finished:  # too short to catch mid-stream
+                    assert out.error is None, out.error
+                    return "finished"
         if spec["abort_after"] is None:
             async for out in stream:
                 if out.finished:
