@@ -28,6 +28,11 @@ def tiny_qwen3(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("tiny-qwen3-moe"), "qwen3_moe")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_f64(tmp_path_factory):
     """A float64-saved llama for exact equivalence tests."""
     import torch

@@ -92,12 +92,13 @@ class DecoderLayer(nn.Module):
         rotary: RotaryEmbedding,
         qkv_bias: bool,
         qk_norm: bool,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.self_attn = DecoderAttention(config, dtype, rotary, qkv_bias, qk_norm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.mlp = DecoderMLP(config, dtype)
+        self.mlp = DecoderMLP(config, dtype) if mlp is None else mlp
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = self.self_attn(positions, self.input_layernorm(x), residual=x)
@@ -118,8 +119,10 @@ class LlamaForCausalLM(CausalLM):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.embed_tokens.requires_grad_(False)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, rotary, qkv_bias, self.qk_norm)
-            for _ in range(config.num_hidden_layers)
+            DecoderLayer(
+                config, dtype, rotary, qkv_bias, self.qk_norm, self.make_mlp(config, i, dtype)
+            )
+            for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
@@ -130,6 +133,10 @@ class LlamaForCausalLM(CausalLM):
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = attn.num_kv_heads
         self.head_dim = attn.head_dim
+
+    def make_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module | None:
+        """The feed-forward block of layer `layer_idx` (None: the dense SwiGLU)."""
+        return None
 
     @staticmethod
     def _hf_rotary(config: Any) -> nn.Module:

@@ -69,6 +69,20 @@ def tiny_config(arch: str, **overrides):
         from transformers import Qwen3Config
 
         return Qwen3Config(**common, head_dim=32, rope_theta=10000.0)
+    if arch == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(
+            **common,
+            head_dim=32,
+            rope_theta=10000.0,
+            moe_intermediate_size=48,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],  # one sparse and one dense layer
+        )
     raise ValueError(arch)
 
 
