@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+
+import pytest
 
 from omnistage.entrypoints.cli import main
 
@@ -58,3 +61,25 @@ def test_console_script_entry_point():
         text=True,
     )
     assert proc.returncode == 0 and "smollm2" in proc.stdout
+
+
+@pytest.mark.slow  # three process-per-stage pipelines start (~10 s each on 2 cores)
+def test_bench_pipeline_ends_with_a_json_summary(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path))  # the tiny checkpoint, made here
+    args = ["bench", "pipeline", "--concurrency", "2", "--thinker-tokens", "4"]
+    assert main([*args, "--talker-tokens", "6", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["benchmark"] == "pipeline" and "2 concurrent requests" in summary["workload"]
+    for key in (
+        "overlapped_req_s",
+        "sequential_req_s",
+        "in_process_req_s",
+        "ratio_overlapped_vs_sequential",
+        "ratio_overlapped_vs_in_process",
+        "ttfo_stream_median_s",
+        "ttfo_payload_median_s",
+        "ratio_ttfo_stream_vs_payload",
+    ):
+        assert summary[key] > 0, key
+    assert "overlapped / sequential" in out and "stream / payload" in out

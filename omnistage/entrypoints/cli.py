@@ -3,6 +3,7 @@
 omnistage generate "PROMPT" [--model smollm2] [--chat] [--max-tokens N] [--temperature T] ...
 omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
+omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench == "pipeline":
+        from omnistage.benchmarks import pipeline
+
+        return pipeline.main(args)
     from omnistage.benchmarks import throughput
 
     return throughput.main(args)
@@ -123,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(tp)
     tp.set_defaults(func=cmd_bench)
+    pl = bench_sub.add_parser(
+        "pipeline", help="the tiny three-stage pipeline: overlap and time to first audio"
+    )
+    from omnistage.benchmarks import pipeline
+
+    pipeline.add_arguments(pl)
+    pl.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -10,6 +10,7 @@ accumulator — so only confirmed tokens and hidden states ever reach a payload
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from omnistage.config import EngineConfig
@@ -17,11 +18,19 @@ from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.pipeline.accumulator import HIDDEN_KEY, RequestAccumulator
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
-from omnistage.pipeline.messages import DeliverPayload, FromStage, StageOutput, SubmitRequest
+from omnistage.pipeline.messages import (
+    DeliverPayload,
+    FromStage,
+    RequestFailed,
+    StageOutput,
+    SubmitRequest,
+)
 from omnistage.pipeline.payload import Payload
 from omnistage.pipeline.processors import StageInput
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class ARStageCore(StageCore):
@@ -35,12 +44,19 @@ class ARStageCore(StageCore):
         if len(self.incoming) > 1:
             raise ValueError(f"stage {spec.name!r}: an ar stage takes at most one payload edge")
         wants_hidden = any(HIDDEN_KEY in p.accumulate for _, p in self.outgoing)
+        engine_args = dict(spec.engine_args)
+        if wants_hidden and engine_args.get("enable_prefix_caching", True):
+            # A prefix-cache hit skips computing those positions, and so their hidden states.
+            logger.info("stage %s: prefix caching off (its edges carry hidden states)", spec.name)
+            engine_args["enable_prefix_caching"] = False
         self.engine = LLMEngine(
-            EngineConfig(model=spec.model, **spec.engine_args, output_hidden_states=wants_hidden)
+            EngineConfig(model=spec.model, **engine_args, output_hidden_states=wants_hidden)
         )
         self.engine.core_output_listener = self._on_core_output
         self.accumulators: dict[str, RequestAccumulator] = {}
         self.num_sent_tokens: dict[str, int] = {}
+        self.failed: dict[str, str] = {}
+        """Requests whose outputs could not be collected this step (failed, not the stage)."""
 
     def start(self, msg: SubmitRequest, payloads: dict[str, Payload] | None) -> list[FromStage]:
         params = SamplingParams(**{**self.spec.default_sampling, **(msg.sampling or {})})
@@ -75,13 +91,19 @@ class ARStageCore(StageCore):
 
     def _on_core_output(self, request_id: str, out: EngineCoreOutput) -> None:
         accumulator = self.accumulators.get(request_id)
-        if accumulator is not None:
-            accumulator.add_step(out.new_token_ids, out.hidden_states, out.hidden_start)
+        if accumulator is not None and request_id not in self.failed:
+            try:
+                accumulator.add_step(out.new_token_ids, out.hidden_states, out.hidden_start)
+            except Exception as exc:  # one request's payload is broken: fail it alone
+                logger.exception("stage %s: request %s", self.name, request_id)
+                self.failed[request_id] = f"{type(exc).__name__}: {exc}"
 
     def step(self) -> list[FromStage]:
         events: list[FromStage] = []
         for ro in self.engine.step():
             rid, completion = ro.request_id, ro.outputs[0]
+            if rid in self.failed:
+                continue
             accumulator = self.accumulators.get(rid)
             if accumulator is not None:
                 pieces = accumulator.final_payloads() if ro.finished else accumulator.ready_chunks()
@@ -101,6 +123,10 @@ class ARStageCore(StageCore):
             if ro.finished:
                 self.accumulators.pop(rid, None)
                 self.num_sent_tokens.pop(rid, None)
+        for rid, message in self.failed.items():
+            self.abort(rid)
+            events.append(RequestFailed(stage=self.name, request_id=rid, message=message))
+        self.failed.clear()
         return events
 
     def drop_request(self, request_id: str) -> None:

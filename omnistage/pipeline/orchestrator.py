@@ -352,21 +352,21 @@ class Orchestrator:
             tracked.done.add(event.stage)
             self._submit_prompt_edges(tracked, event.stage, result)
         finals = tracked.request.final_stages
+        update = OmniRequestOutput(
+            tracked.request.request_id,
+            {},
+            stage=event.stage,
+            new_text=result.text[len(old_text) :]
+            if result.text.startswith(old_text)
+            else result.text,
+            new_token_ids=list(event.new_token_ids),
+            new_data=data,
+        )
         if all(s in tracked.done for s in finals):
-            self._end(tracked)
+            self._end(tracked, update=update)  # the final output also brings the last piece
         elif event.stage in finals:
-            tracked.sink(
-                OmniRequestOutput(
-                    tracked.request.request_id,
-                    {s: tracked.results[s] for s in finals},
-                    stage=event.stage,
-                    new_text=result.text[len(old_text) :]
-                    if result.text.startswith(old_text)
-                    else result.text,
-                    new_token_ids=list(event.new_token_ids),
-                    new_data=data,
-                )
-            )
+            update.outputs = _snapshot(tracked, finals)
+            tracked.sink(update)
 
     def _submit_prompt_edges(self, tracked: _Tracked, stage: str, result: StageResult) -> None:
         for edge in self.deploy.edges_from(stage):
@@ -411,7 +411,13 @@ class Orchestrator:
         if tracked is not None:
             self._end(tracked, aborted=True)
 
-    def _end(self, tracked: _Tracked, error: str | None = None, aborted: bool = False) -> None:
+    def _end(
+        self,
+        tracked: _Tracked,
+        error: str | None = None,
+        aborted: bool = False,
+        update: OmniRequestOutput | None = None,
+    ) -> None:
         request_id = tracked.request.request_id
         if self.tracked.pop(request_id, None) is None:
             return
@@ -419,16 +425,10 @@ class Orchestrator:
             for stage in tracked.started:
                 if stage not in tracked.done and stage not in self.dead:
                     self.clients[stage].send(AbortRequest(request_id=request_id))
-        finals = tracked.request.final_stages
-        tracked.sink(
-            OmniRequestOutput(
-                request_id,
-                {s: tracked.results[s] for s in finals},
-                finished=True,
-                error=error,
-                aborted=aborted,
-            )
-        )
+        final = update or OmniRequestOutput(request_id, {})
+        final.outputs = _snapshot(tracked, tracked.request.final_stages)
+        final.finished, final.error, final.aborted = True, error, aborted
+        tracked.sink(final)
 
     # -- stats --------------------------------------------------------------------------------------
     def _ask_stats(self, future: Future) -> None:
@@ -456,3 +456,12 @@ def _with_thread_budget(spec: StageSpec, num_stages: int) -> StageSpec:
         return spec
     threads = max(1, (os.cpu_count() or 1) // num_stages)
     return dataclasses.replace(spec, engine_args={**spec.engine_args, "num_threads": threads})
+
+
+def _snapshot(tracked: _Tracked, stages: list[str]) -> dict[str, StageResult]:
+    """Copies of the results: the caller's thread reads them while this one appends."""
+    return {
+        s: dataclasses.replace(r, token_ids=list(r.token_ids), chunks=[r.data] if r.chunks else [])
+        for s in stages
+        for r in [tracked.results[s]]
+    }

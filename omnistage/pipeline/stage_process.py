@@ -131,7 +131,11 @@ class ProcessStageClient(StageClient):
             args=(spec, deploy, namespace, in_address, out_address, os.getpid()),
             name=f"omnistage-stage-{spec.name}",
         )
-        self.process.start()
+        try:
+            self.process.start()
+        except BaseException:
+            self.socket.close(linger=0)  # else the context can never terminate
+            raise
 
     def send(self, msg: ToStage) -> None:
         if self.process.exitcode is None:

@@ -276,3 +276,62 @@ def test_a_lost_payload_fails_only_its_request(tiny_omni):
         assert lost.error.startswith("stage talker: payload") and "did not arrive" in lost.error
         assert fine.error is None and fine.audio is not None
         assert all(v == 0 for c in omni.stage_counters().values() for v in c.values())
+
+
+def test_repeated_prompts_work_with_hidden_states_on_the_edge(tiny_omni, sync_stream):
+    """A prefix-cache hit would skip positions whose hidden states the talker needs:
+    stages whose edges carry hidden states run without prefix caching."""
+    outputs, _, _ = sync_stream
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
+        thinker = omni.orchestrator.clients["thinker"].core.engine
+        assert not thinker.config.enable_prefix_caching
+        again = omni.generate([PROMPTS[3]] * 3)  # 40 chars: several full blocks
+    assert all(o.error is None for o in again)
+    assert_same([(o.token_ids, o.audio) for o in again], [outputs[3]] * 3)
+
+
+def test_a_broken_payload_fails_its_request_not_the_stage(tiny_omni, monkeypatch):
+    from omnistage.pipeline.accumulator import RequestAccumulator
+
+    original = RequestAccumulator.add_step
+
+    def breaking(self, *args):
+        if self.request_id.startswith("omni-0-"):  # the first request of this Omni
+            raise RuntimeError("simulated accumulator bug")
+        original(self, *args)
+
+    monkeypatch.setattr(RequestAccumulator, "add_step", breaking)
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
+        broken, fine = omni.generate(["break me", "fine"])
+        assert broken.error == "stage thinker: RuntimeError: simulated accumulator bug"
+        assert fine.error is None and fine.audio is not None
+        assert omni.generate(["after"])[0].error is None
+        assert all(v == 0 for c in omni.stage_counters().values() for v in c.values())
+
+
+def test_streamed_updates_add_up_to_the_final_output(tiny_omni, sync_stream):
+    import asyncio
+
+    import numpy as np
+
+    from omnistage.pipeline.omni import AsyncOmni
+
+    outputs, _, _ = sync_stream
+    omni = AsyncOmni(tiny_pipeline_deploy(tiny_omni), in_process=True)
+
+    async def collect():
+        return [u async for u in omni.generate(PROMPTS[0])]
+
+    try:
+        updates = asyncio.run(collect())
+    finally:
+        omni.shutdown()
+    final = updates[-1]
+    assert final.finished and [u.finished for u in updates[:-1]] == [False] * (len(updates) - 1)
+    pieces = [u.new_data.numpy() for u in updates if u.new_data is not None]
+    assert len(pieces) == 6  # one per stream chunk, the last one with the final output
+    assert (np.concatenate(pieces) == final.audio).all()
+    assert (final.audio == outputs[0][1]).all()
+    text = "".join(u.new_text for u in updates if u.stage == "thinker")
+    assert text == final.text
+    assert sum((u.new_token_ids for u in updates if u.stage == "thinker"), []) == final.token_ids
