@@ -56,16 +56,22 @@ class TinyCodeVocoder(GenerationModel):
 
     @torch.inference_mode()
     def generate(self, inputs: list[torch.Tensor], context_lens: list[int]) -> list[torch.Tensor]:
-        outputs = []
-        for codes, context in zip(inputs, context_lens, strict=True):
-            if codes.numel() == context:
-                outputs.append(torch.zeros(0, dtype=torch.float32))
+        outputs: list[torch.Tensor | None] = [None] * len(inputs)
+        by_length: dict[int, list[int]] = {}
+        for i, codes in enumerate(inputs):
+            by_length.setdefault(codes.numel(), []).append(i)
+        for length, items in by_length.items():  # one batched call per input length
+            if length == 0:
+                for i in items:
+                    outputs[i] = torch.zeros(0, dtype=torch.float32)
                 continue
-            x = self.embed(codes.long()).T.unsqueeze(0)  # [1, hidden, T]
+            codes = torch.stack([inputs[i].long() for i in items])  # [B, T]
+            x = self.embed(codes).transpose(1, 2)  # [B, hidden, T]
             for conv in self.convs:
                 x = torch.tanh(conv(nn.functional.pad(x, (self.kernel_size - 1, 0))))
-            samples = torch.tanh(self.out(x[0].T[context:]))  # [T - context, samples_per_code]
-            outputs.append(samples.reshape(-1).float())
+            samples = torch.tanh(self.out(x.transpose(1, 2)))  # [B, T, samples_per_code]
+            for row, i in enumerate(items):
+                outputs[i] = samples[row, context_lens[i] :].reshape(-1).float()
         return outputs
 
 
