@@ -118,4 +118,5 @@ FromStage = StageReady | StageFatal | StageOutput | PayloadReady | RequestFailed
 to_stage_encoder = msgspec.msgpack.Encoder()
 to_stage_decoder = msgspec.msgpack.Decoder(ToStage)
 from_stage_encoder = to_stage_encoder
-from_stage_decoder = msgspec.msgpack.Decoder(FromStage)
+from_stage_decoder = msgspec.msgpack.Decoder(list[FromStage])
+"""A stage reports a step's events as one message (a list): one send per step, not per event."""

@@ -250,7 +250,7 @@ class Orchestrator:
                     frame = self.inbox.recv(zmq.NOBLOCK, copy=False)
                 except zmq.Again:
                     break
-                events.append(from_stage_decoder.decode(frame.buffer))
+                events += from_stage_decoder.decode(frame.buffer)
         return events
 
     def _check_stages(self) -> None:

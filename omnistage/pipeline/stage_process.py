@@ -176,8 +176,8 @@ def run_stage(
     outbox.connect(out_address)
 
     def report(events: list[Any]) -> None:
-        for event in events:
-            outbox.send(from_stage_encoder.encode(event), copy=False)
+        if events:
+            outbox.send(from_stage_encoder.encode(events), copy=False)
 
     core = None
     try:
