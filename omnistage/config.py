@@ -53,6 +53,9 @@ class EngineConfig:
     model: str = DEFAULT_MODEL
     """Built-in model name (see `omnistage models`), an HF checkpoint directory, or a .gguf file."""
 
+    model_part: str | None = None
+    """Which part of a multi-part checkpoint this stage runs (e.g. "thinker" of Qwen3-Omni)."""
+
     dtype: str = "auto"
     """Weight and activation dtype: auto (= float32), float32, bfloat16, float16, float64."""
 

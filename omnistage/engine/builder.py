@@ -32,6 +32,7 @@ from omnistage.models.loader import (
     load_tokenizer,
     resolve_model,
 )
+from omnistage.models.parts import part_weights, select_part
 from omnistage.models.registry import model_class_for
 from omnistage.platforms import platform_for
 from omnistage.sample.stage_transitions import StageTransitions
@@ -59,7 +60,7 @@ def build_model(
     cls = model_class_for(hf_config)
     with _skip_weight_init():
         model = cls(hf_config, dtype, max_model_len)
-    loaded = model.load_weights(iter_weights(files.path))
+    loaded = model.load_weights(part_weights(iter_weights(files.path), hf_config))
     missing = sorted(model.expected_weight_names() - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
@@ -153,6 +154,8 @@ def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> Mod
 def build_stage(config: EngineConfig) -> BuiltStage:
     files = resolve_model(config.model)
     hf_config = load_hf_config(files)
+    if config.model_part is not None:
+        hf_config = select_part(hf_config, config.model_part)
     config = config.resolve_for_model(model_max_len(hf_config))
     backend = config.resolved_executor_backend
     if backend == "process":

@@ -50,7 +50,12 @@ class ARStageCore(StageCore):
             logger.info("stage %s: prefix caching off (its edges carry hidden states)", spec.name)
             engine_args["enable_prefix_caching"] = False
         self.engine = LLMEngine(
-            EngineConfig(model=spec.model, **engine_args, output_hidden_states=wants_hidden)
+            EngineConfig(
+                model=spec.model,
+                model_part=spec.model_part,
+                **engine_args,
+                output_hidden_states=wants_hidden,
+            )
         )
         self.engine.core_output_listener = self._on_core_output
         self.accumulators: dict[str, RequestAccumulator] = {}

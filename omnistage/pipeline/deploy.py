@@ -396,7 +396,7 @@ def _stage(r: _Reader, raw: Any, path: str) -> StageSpec:
     for i, key in enumerate(keys):
         if not isinstance(key, str) or not key:
             r.fail(f"{path}.output_keys[{i}]", f"expected a non-empty string, got {_show(key)}")
-    engine_keys = tuple(sorted(EngineConfig.field_names() - {"model"}))
+    engine_keys = tuple(sorted(EngineConfig.field_names() - {"model", "model_part"}))
     sampling_keys = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.init)
     return StageSpec(
         id=stage_id,

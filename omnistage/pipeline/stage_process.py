@@ -47,7 +47,9 @@ def make_stage_core(spec: StageSpec, deploy: DeploySpec, namespace: str) -> Stag
         )
     if spec.model_part and (Path(spec.model) / spec.model_part).is_dir():
         # One checkpoint with a directory per part (thinker/, talker/, vocoder/ ...).
-        spec = dataclasses.replace(spec, model=str(Path(spec.model) / spec.model_part))
+        spec = dataclasses.replace(
+            spec, model=str(Path(spec.model) / spec.model_part), model_part=None
+        )
     if spec.kind == "ar":
         from omnistage.pipeline.ar_stage import ARStageCore
 

@@ -1,0 +1,78 @@
+"""Parts of one multi-part checkpoint (thinker, talker, code2wav saved together).
+
+Omni checkpoints keep every part in one directory: one config.json with a
+sub-config per part, one set of safetensors with the weights prefixed per part
+(`thinker.model.layers.0…`, `talker.…`, `code2wav.…`). A stage that runs one
+part names it (`model_part` in the deploy file or the engine arguments);
+`select_part` returns that part's config, marked with the architecture that
+serves it here and how its weight names map onto that architecture's.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class PartSpec:
+    config_path: tuple[str, ...]
+    """Attributes leading from the checkpoint's config to the part's config."""
+    architecture: str
+    """The omnistage architecture (registry name) that serves the part."""
+    renames: tuple[tuple[str, str], ...]
+    """(prefix on disk, prefix the architecture expects); other weights are not the part's."""
+
+
+PARTS: dict[tuple[str, str], PartSpec] = {
+    ("qwen3_omni_moe", "thinker"): PartSpec(
+        ("thinker_config", "text_config"),
+        "Qwen3MoeForCausalLM",
+        (("thinker.model.", "model."), ("thinker.lm_head.", "lm_head.")),
+    ),
+}
+
+RENAMES_ATTR = "omnistage_weight_renames"
+
+
+def part_names(model_type: str) -> list[str]:
+    return sorted(part for (mt, part) in PARTS if mt == model_type)
+
+
+def select_part(hf_config: Any, part: str) -> Any:
+    """The config of `part`, carrying its architecture and weight renames; ValueError if the
+    checkpoint has no such part."""
+    model_type = getattr(hf_config, "model_type", "?")
+    spec = PARTS.get((model_type, part))
+    if spec is None:
+        known = part_names(model_type)
+        raise ValueError(
+            f"model_part: {model_type!r} checkpoints have no part {part!r}; "
+            f"known: {', '.join(known) if known else 'none (a single-part model)'}"
+        )
+    config = hf_config
+    for attr in spec.config_path:
+        config = getattr(config, attr)
+    config = copy.deepcopy(config)
+    config.architectures = [spec.architecture]
+    setattr(config, RENAMES_ATTR, spec.renames)
+    return config
+
+
+def part_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], hf_config: Any
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights of the part `hf_config` describes, renamed; all of them for whole models."""
+    renames = getattr(hf_config, RENAMES_ATTR, None)
+    if renames is None:
+        yield from weights
+        return
+    for name, tensor in weights:
+        for disk, ours in renames:
+            if name.startswith(disk):
+                yield ours + name[len(disk) :], tensor
+                break
