@@ -87,13 +87,18 @@ def register_generation_model(cls: type[GenerationModel]) -> type[GenerationMode
 register_generation_model(TinyCodeVocoder)
 
 
-def load_generation_model(path: str | Path, dtype: torch.dtype) -> GenerationModel:
-    """Build the model a checkpoint directory's config.json names, with its weights."""
+def load_generation_model(
+    path: str | Path, dtype: torch.dtype, part: str | None = None
+) -> GenerationModel:
+    """Build the model a checkpoint directory's config.json names, with its weights
+    (or, with `part`, that part of a multi-part checkpoint, e.g. Qwen3-Omni's code2wav)."""
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"model: {path} has no config.json")
     config = json.loads(config_file.read_text())
+    if part is not None:
+        return _load_part(path, config, part, dtype)
     archs = config.get("architectures") or []
     cls = next((_GENERATION_MODELS[a] for a in archs if a in _GENERATION_MODELS), None)
     if cls is None:
@@ -134,3 +139,17 @@ def make_tiny_vocoder(
     (path / "config.json").write_text(json.dumps(config, indent=2))
     safetensors.torch.save_file(model.state_dict(), str(path / "model.safetensors"))
     return path
+
+
+def _load_part(
+    path: Path, config: dict[str, Any], part: str, dtype: torch.dtype
+) -> GenerationModel:
+    model_type = config.get("model_type")
+    if (model_type, part) == ("qwen3_omni_moe", "code2wav"):
+        import transformers
+
+        from omnistage.models.qwen3_omni_code2wav import Qwen3OmniCode2Wav
+
+        hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        return Qwen3OmniCode2Wav.from_checkpoint(path, hf_config, dtype)
+    raise ValueError(f"model_part: {model_type!r} checkpoints have no generation part {part!r}")

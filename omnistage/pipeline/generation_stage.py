@@ -53,7 +53,9 @@ class GenerationStageCore(StageCore):
         config = EngineConfig(model=spec.model, **spec.engine_args)
         platform = platform_for(config.device)
         platform.configure_threads(config.num_threads)
-        self.model = load_generation_model(resolve_model(config.model).path, config.torch_dtype)
+        self.model = load_generation_model(
+            resolve_model(config.model).path, config.torch_dtype, spec.model_part
+        )
         self.max_batch = config.max_num_seqs
         self.queue: deque[_WorkItem] = deque()
         self.context: dict[str, torch.Tensor] = {}
