@@ -83,3 +83,27 @@ def test_bench_pipeline_ends_with_a_json_summary(tmp_path, monkeypatch, capsys):
     ):
         assert summary[key] > 0, key
     assert "overlapped / sequential" in out and "stream / payload" in out
+
+
+def test_generate_with_a_deploy_file_writes_text_and_a_wav(tmp_path, capsys):
+    import wave
+
+    import yaml
+
+    from omnistage.testing.tiny_pipeline import make_tiny_omni, tiny_pipeline_deploy
+
+    model = make_tiny_omni(tmp_path / "tiny-omni")
+    deploy = tmp_path / "deploy.yaml"
+    deploy.write_text(yaml.safe_dump(tiny_pipeline_deploy(model, talker_tokens=10)))
+    out_dir = tmp_path / "out"
+    argv = ["generate", "hello", "--deploy", str(deploy), "--in-process", "--out", str(out_dir)]
+    assert main([*argv, "--max-tokens", "5"]) == 0
+    printed = capsys.readouterr()
+    text = (out_dir / "text.txt").read_text()
+    assert printed.out == text + "\n"
+    assert "audio.wav" in printed.err
+    with wave.open(str(out_dir / "audio.wav")) as wav:
+        assert wav.getframerate() == 16000 and wav.getsampwidth() == 2
+        assert wav.getnframes() == 10 * 8  # 10 codes x 8 samples each
+    assert main([*argv, "--modalities", "image"]) == 2
+    assert "modalities: 'image' cannot be produced" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The `omnistage` command line: generate, models, bench.
 
 omnistage generate "PROMPT" [--model smollm2] [--chat] [--max-tokens N] [--temperature T] ...
+omnistage generate "PROMPT" --deploy FILE|NAME [--model PATH] [--modalities text,audio] [--out DIR]
 omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
 omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
@@ -18,7 +19,10 @@ from omnistage.config import DEFAULT_MODEL
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help="built-in name, HF checkpoint dir or .gguf file"
+        "--model",
+        default=None,
+        help=f"built-in name, HF checkpoint dir or .gguf file (default {DEFAULT_MODEL}; with "
+        "--deploy: the model of the stages that name none)",
     )
     parser.add_argument(
         "--dtype", default="auto", help="auto (float32), float32, bfloat16, float64"
@@ -60,17 +64,19 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.deploy is not None:
+        return _generate_pipeline(args)
     from omnistage import LLM, SamplingParams
 
     params = SamplingParams(
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_tokens=args.max_tokens,
+        temperature=0.0 if args.temperature is None else args.temperature,
+        top_p=1.0 if args.top_p is None else args.top_p,
+        top_k=0 if args.top_k is None else args.top_k,
+        max_tokens=128 if args.max_tokens is None else args.max_tokens,
         seed=args.seed,
         n=args.n,
     )
-    llm = LLM(args.model, **_engine_kwargs(args))
+    llm = LLM(args.model or DEFAULT_MODEL, **_engine_kwargs(args))
     if args.chat:
         outs = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
     else:
@@ -78,6 +84,68 @@ def cmd_generate(args: argparse.Namespace) -> int:
     for completion in outs[0].outputs:
         print(completion.text)
     return 0
+
+
+def _generate_pipeline(args: argparse.Namespace) -> int:
+    """A pipeline from a deploy file: print the text, write text and audio under --out."""
+    from omnistage import SamplingParams
+    from omnistage.pipeline.omni import Omni
+
+    given = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    given |= {"max_tokens": args.max_tokens, "seed": args.seed}
+    fields = {k: v for k, v in given.items() if v is not None}
+    modalities = args.modalities.split(",") if args.modalities else None
+    with Omni(args.deploy, model=args.model, in_process=args.in_process) as omni:
+        (entry,) = omni.deploy.entry_stages
+        params = (
+            {entry.name: SamplingParams(**(entry.default_sampling | fields))} if fields else None
+        )
+        prompt = args.prompt
+        if args.chat:
+            prompt = _chat_prompt(omni, args.prompt)
+        (out,) = omni.generate([prompt], params, modalities)
+    if out.error is not None:
+        print(f"omnistage: error: {out.error}", file=sys.stderr)
+        return 1
+    if out.text is not None:
+        print(out.text)
+    if args.out:
+        for path in write_outputs(out, args.out):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _chat_prompt(omni, content: str) -> str:
+    from omnistage.models.loader import load_tokenizer, resolve_model
+
+    (entry,) = omni.deploy.entry_stages
+    tokenizer = load_tokenizer(resolve_model(entry.model))
+    messages = [{"role": "user", "content": content}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def write_outputs(out, directory: str) -> list[str]:
+    """`text.txt` and `audio.wav` (16-bit PCM) of a pipeline output, as far as it has them."""
+    import wave
+    from pathlib import Path
+
+    import numpy as np
+
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    written = []
+    if out.text is not None:
+        (root / "text.txt").write_text(out.text)
+        written.append(str(root / "text.txt"))
+    if out.audio is not None:
+        pcm = (np.clip(out.audio, -1.0, 1.0) * 32767).astype("<i2")
+        with wave.open(str(root / "audio.wav"), "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(out.sample_rate)
+            wav.writeframes(pcm.tobytes())
+        written.append(str(root / "audio.wav"))
+    return written
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -109,12 +177,23 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text for one prompt")
     gen.add_argument("prompt")
     gen.add_argument("--chat", action="store_true", help="apply the model's chat template")
-    gen.add_argument("--max-tokens", type=int, default=128)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--max-tokens", type=int, default=None, help="default 128 (one model)")
+    gen.add_argument("--temperature", type=float, default=None, help="default 0 (one model)")
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--top-k", type=int, default=None)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("-n", type=int, default=1, help="number of samples")
+    gen.add_argument(
+        "--deploy",
+        default=None,
+        help="run a pipeline: a deploy YAML file or a packaged deploy name; sampling flags "
+        "then apply to its first stage (on top of the file's defaults)",
+    )
+    gen.add_argument("--modalities", default=None, help="e.g. text or text,audio (pipelines)")
+    gen.add_argument("--out", default=None, help="write text.txt and audio.wav here (pipelines)")
+    gen.add_argument(
+        "--in-process", action="store_true", help="run every stage in this process (debugging)"
+    )
     _add_engine_args(gen)
     gen.set_defaults(func=cmd_generate)
 
