@@ -33,6 +33,11 @@ def tiny_qwen3_moe(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_moe(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("tiny-qwen2-moe"), "qwen2_moe")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_f64(tmp_path_factory):
     """A float64-saved llama for exact equivalence tests."""
     import torch

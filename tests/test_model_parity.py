@@ -30,7 +30,9 @@ def capture_logits(llm: LLM) -> list[torch.Tensor]:
     return seen
 
 
-@pytest.mark.parametrize("arch", ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_qwen3_moe"])
+@pytest.mark.parametrize(
+    "arch", ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_qwen2_moe", "tiny_qwen3_moe"]
+)
 def test_logits_match_transformers_for_a_mixed_length_batch(arch, request):
     path = request.getfixturevalue(arch)
     llm = LLM(str(path), max_num_batched_tokens=512, async_scheduling=False)
@@ -48,7 +50,9 @@ def test_logits_match_transformers_for_a_mixed_length_batch(arch, request):
             torch.testing.assert_close(seen[0][i], ref, atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_qwen3_moe"])
+@pytest.mark.parametrize(
+    "arch", ["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_qwen2_moe", "tiny_qwen3_moe"]
+)
 def test_greedy_tokens_match_transformers_for_32_steps(arch, request):
     path = request.getfixturevalue(arch)
     llm = LLM(str(path))

@@ -72,12 +72,18 @@ class DecoderAttention(nn.Module):
 class DecoderMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)) + residual, each element-wise step fused into a GEMM."""
 
-    def __init__(self, config: Any, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: Any, dtype: torch.dtype, intermediate_size: int | None = None
+    ) -> None:
         super().__init__()
         bias = getattr(config, "mlp_bias", False)
-        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, bias, dtype)
-        self.up_proj = Linear(config.hidden_size, config.intermediate_size, bias, dtype)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias, dtype)
+        inner = intermediate_size or config.intermediate_size
+        self.gate_proj = Linear(config.hidden_size, inner, bias, dtype)
+        self.up_proj = Linear(config.hidden_size, inner, bias, dtype)
+        self.down_proj = Linear(inner, config.hidden_size, bias, dtype)
+
+    def without_residual(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.up_proj.mul(x, self.gate_proj.silu(x)))
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         gate = self.gate_proj.silu(x)

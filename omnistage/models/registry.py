@@ -6,7 +6,7 @@ from typing import Any
 
 from omnistage.models.base import CausalLM
 from omnistage.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from omnistage.models.qwen3_moe import Qwen3MoeForCausalLM
+from omnistage.models.moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 _MODELS: dict[str, type[CausalLM]] = {}
 
@@ -17,7 +17,13 @@ def register_model(cls: type[CausalLM]) -> type[CausalLM]:
     return cls
 
 
-for _cls in (LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM):
+for _cls in (
+    LlamaForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM,
+):
     register_model(_cls)
 
 

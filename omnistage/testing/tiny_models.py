@@ -83,6 +83,20 @@ def tiny_config(arch: str, **overrides):
             decoder_sparse_step=1,
             mlp_only_layers=[1],  # one sparse and one dense layer
         )
+    if arch == "qwen2_moe":
+        from transformers import Qwen2MoeConfig
+
+        return Qwen2MoeConfig(
+            **common,
+            rope_theta=10000.0,
+            moe_intermediate_size=48,
+            shared_expert_intermediate_size=96,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        )
     raise ValueError(arch)
 
 

@@ -1,9 +1,11 @@
-"""Qwen3-MoE: the Qwen3 decoder with sparse mixture-of-experts feed-forward blocks.
+"""Qwen3-MoE and Qwen2-MoE: decoders with sparse mixture-of-experts feed-forward blocks.
 
 Each token's router picks `num_experts_per_tok` of `num_experts` SwiGLU experts
 (softmax over all experts in float32, top-k, renormalized when
 `norm_topk_prob`), and the block returns their weighted sum — as
-transformers' `Qwen3MoeSparseMoeBlock` does. Layers listed in
+transformers' `Qwen3MoeSparseMoeBlock` does. Qwen2-MoE (and the Qwen3-Omni
+talker) add a shared expert that every token goes through, scaled by a sigmoid
+gate (`shared_expert_intermediate_size`). Layers listed in
 `mlp_only_layers`, or off the `decoder_sparse_step` grid, keep a dense MLP.
 Expert weights are stored stacked per layer ([experts, 2 * moe_intermediate,
 hidden] for gate and up, [experts, hidden, moe_intermediate] for down) and
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.models.linear import Linear
-from omnistage.models.llama import Qwen3ForCausalLM
+from omnistage.models.llama import DecoderMLP, Qwen2ForCausalLM, Qwen3ForCausalLM
 
 _EXPERT = re.compile(
     r"^(?:model\.)?(layers\.\d+\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight$"
@@ -47,6 +49,9 @@ class SparseMoeBlock(nn.Module):
             torch.empty(self.num_experts, hidden, self.intermediate, dtype=dtype),
             requires_grad=False,
         )
+        shared = getattr(config, "shared_expert_intermediate_size", 0) or 0
+        self.shared_expert = DecoderMLP(config, dtype, shared) if shared else None
+        self.shared_expert_gate = Linear(hidden, 1, False, dtype) if shared else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
@@ -70,6 +75,9 @@ class SparseMoeBlock(nn.Module):
             y = F.linear(F.silu(gate) * up, self.w_down[expert])
             out.index_add_(0, idx, y * weights[idx, slot, None])
             start += n
+        if self.shared_expert is not None:
+            gate = torch.sigmoid(self.shared_expert_gate(x))
+            out.add_(gate * self.shared_expert.without_residual(x))
         return out.add_(residual)
 
     def load_expert(self, expert: int, part: str, tensor: torch.Tensor) -> None:
@@ -82,8 +90,10 @@ class SparseMoeBlock(nn.Module):
             self.w_down[expert].copy_(tensor)
 
 
-class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    architectures = ("Qwen3MoeForCausalLM",)
+class _MoeMixin:
+    """Sparse layers and expert weight loading, shared by the MoE decoders."""
+
+    dtype: torch.dtype
 
     def make_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module | None:
         sparse = (
@@ -132,3 +142,17 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
                     for p in ("gate", "up", "down")
                 )
         return names
+
+
+class Qwen3MoeForCausalLM(_MoeMixin, Qwen3ForCausalLM):
+    architectures = ("Qwen3MoeForCausalLM",)
+
+
+class Qwen2MoeForCausalLM(_MoeMixin, Qwen2ForCausalLM):
+    architectures = ("Qwen2MoeForCausalLM",)
+
+    @staticmethod
+    def _hf_rotary(config: Any) -> nn.Module:
+        from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeRotaryEmbedding
+
+        return Qwen2MoeRotaryEmbedding(config)
