@@ -8,7 +8,7 @@ request (greedy, ignore_eos, sync scheduling); the vocoder turns codes into
 audio. Nothing is downloaded.
 
 1. Throughput (requests/s):
-   - overlapped: a process per stage (`Omni(deploy)`, stream transfer), every
+   - overlapped: a process per stage (`Omni(deploy)`, every edge streamed), every
      request submitted at once: stages overlap across processes and batch;
    - sequential: the same pipeline, one request at a time, each finished
      before the next is sent (the stages run one after another per request);
@@ -16,9 +16,11 @@ audio. Nothing is downloaded.
      request at once: batching, but no overlap across processes.
 2. Time to first output of the last stage (TTFO): `AsyncOmni` with a process
    per stage, every request submitted at once; per request, the time from its
-   submit to the first update that brings vocoder audio. `stream` (first chunk
-   2 codes, then 8, left context 4) vs `payload` (all codes once the talker
-   has finished).
+   submit to the first update that brings vocoder audio. `stream`: every edge
+   streamed — the talker starts from the thinker's first chunk and each later
+   thinker hidden state conditions one talker step; the vocoder gets codes in
+   chunks of 2, then 8, with 4 frames of left context — vs `payload`: every
+   edge carries a whole payload when its producer has finished.
 
 Each pipeline's start-up is timed apart and excluded; each serves one warm-up
 request before it is timed. Repeats are interleaved and the best of each
@@ -83,6 +85,7 @@ def make_deploy(args: argparse.Namespace, transfer: str) -> dict[str, Any]:
     return tiny_pipeline_deploy(
         make_tiny_omni(Path(cache_root()) / "bench" / "tiny-omni"),
         transfer=transfer,
+        thinker_transfer=transfer,
         dtype=args.dtype,
         thinker_tokens=args.thinker_tokens,
         talker_tokens=args.talker_tokens,

@@ -72,6 +72,8 @@ class KVCacheManager:
     # -- prefix cache --------------------------------------------------------------
     def update_block_hashes(self, request: Request) -> None:
         """Extend `request.block_hashes` over every full block of its real tokens."""
+        if request.stream_conditioning:
+            return  # positions carry rows of another stage: token ids do not identify them
         bs = self.block_size
         num_full = request.num_tokens // bs
         tokens = None

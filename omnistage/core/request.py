@@ -74,6 +74,24 @@ class Request:
     """[num_prompt_tokens, hidden] embeddings used instead of the prompt's token embeddings
     (a stage conditioned on another stage's hidden states)."""
 
+    stream_conditioning: bool = False
+    """The request takes one conditioning row per position after its prompt (added to that
+    position's input embedding), streamed in from another stage while it generates."""
+    conditioning: list[torch.Tensor] = field(default_factory=list)
+    """Rows received so far, in pieces ([n, hidden] each)."""
+    num_conditioning_rows: int = 0
+    num_conditioning_sent: int = 0
+    """Rows already shipped to the runner (all of them go again after a preemption)."""
+    conditioning_finished: bool = False
+    """No more rows will come: later positions get none (a zero row)."""
+
+    @property
+    def conditioned_positions_limit(self) -> int | None:
+        """Positions below this have their conditioning row; None when any position may run."""
+        if not self.stream_conditioning or self.conditioning_finished:
+            return None
+        return self.num_prompt_tokens + self.num_conditioning_rows
+
     @property
     def cache_salt(self) -> bytes | None:
         """Mixed into the first block hash: prompts with embeddings only share equal embeddings."""

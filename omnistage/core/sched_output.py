@@ -27,6 +27,9 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     num_computed_tokens: int
     prompt_embeds: TensorBlob | None = None
     """Embeddings replacing the prompt's token embeddings, when the request has them."""
+    stream_conditioning: bool = False
+    conditioning: TensorBlob | None = None
+    """Every conditioning row received so far (stream-conditioned requests)."""
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):
@@ -52,6 +55,8 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     """Requests that ended since the last step: the runner drops their state."""
     preempted_req_ids: set[str]
     """Requests preempted this step: the runner drops their state; they come back as new."""
+    new_conditioning: dict[str, TensorBlob] = msgspec.field(default_factory=dict)
+    """Conditioning rows that arrived since a known request was last scheduled."""
 
     @property
     def is_empty(self) -> bool:

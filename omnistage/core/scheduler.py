@@ -31,7 +31,7 @@ from omnistage.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
-from omnistage.core.tensor_blob import blob_to_tensor, tensor_to_blob
+from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
 
 
 class Scheduler:
@@ -89,7 +89,8 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached_reqs = CachedRequestData()
         preempted: set[str] = set()
-        self._schedule_running(budget, cached_reqs, preempted)
+        new_conditioning: dict[str, TensorBlob] = {}
+        self._schedule_running(budget, cached_reqs, preempted, new_conditioning)
         if not preempted:
             self._schedule_waiting(budget, new_reqs)
         out = SchedulerOutput(
@@ -99,6 +100,7 @@ class Scheduler:
             total_num_scheduled_tokens=budget.used,
             finished_req_ids=self._finished_since_last_step,
             preempted_req_ids=preempted,
+            new_conditioning=new_conditioning,
         )
         self._finished_since_last_step = set()
         for req_id, n in budget.scheduled.items():
@@ -107,10 +109,41 @@ class Scheduler:
 
     def _tokens_to_compute(self, request: Request) -> int:
         pending = request.num_tokens + request.num_output_placeholders
+        limit = request.conditioned_positions_limit
+        if limit is not None:  # wait for the conditioning rows of the next positions
+            pending = min(pending, limit)
         return min(pending, self.max_model_len) - request.num_computed_tokens
 
+    def add_conditioning(self, request_id: str, rows: torch.Tensor, finished: bool) -> None:
+        """More conditioning rows for a stream-conditioned request (ignored once it ended)."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        if rows.shape[0]:
+            request.conditioning.append(rows)
+            request.num_conditioning_rows += rows.shape[0]
+        request.conditioning_finished |= finished
+
+    def _all_conditioning(self, request: Request) -> TensorBlob | None:
+        """A runner that (re)learns the request gets every row so far."""
+        request.num_conditioning_sent = 0
+        return self._unsent_conditioning(request)
+
+    def _unsent_conditioning(self, request: Request) -> TensorBlob | None:
+        if request.num_conditioning_sent == request.num_conditioning_rows:
+            return None
+        rows = torch.cat(request.conditioning)
+        request.conditioning[:] = [rows]
+        blob = tensor_to_blob(rows[request.num_conditioning_sent :])
+        request.num_conditioning_sent = request.num_conditioning_rows
+        return blob
+
     def _schedule_running(
-        self, budget: _Budget, cached_reqs: CachedRequestData, preempted: set[str]
+        self,
+        budget: _Budget,
+        cached_reqs: CachedRequestData,
+        preempted: set[str],
+        new_conditioning: dict[str, TensorBlob],
     ) -> None:
         i = 0
         while i < len(self.running) and budget.left > 0:
@@ -129,6 +162,8 @@ class Scheduler:
                 request.num_computed_tokens,
             )
             budget.take(request.request_id, n)
+            if (rows := self._unsent_conditioning(request)) is not None:
+                new_conditioning[request.request_id] = rows
             i += 1
 
     def _make_room(self, request: Request, n: int, preempted: set[str]) -> bool:
@@ -175,6 +210,8 @@ class Scheduler:
                     prompt_embeds=None
                     if request.prompt_embeds is None
                     else tensor_to_blob(request.prompt_embeds),
+                    stream_conditioning=request.stream_conditioning,
+                    conditioning=self._all_conditioning(request),
                 )
             )
             budget.take(request.request_id, n)

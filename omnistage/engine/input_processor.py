@@ -86,6 +86,7 @@ class InputProcessor:
         params: SamplingParams,
         seed: int,
         prompt_embeds: torch.Tensor | None = None,
+        stream_conditioning: bool = False,
     ) -> Request:
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -97,6 +98,7 @@ class InputProcessor:
             max_tokens=max_tokens,
             sample_seed=seed,
             prompt_embeds=prompt_embeds,
+            stream_conditioning=stream_conditioning,
         )
 
     def check_prompt_embeds(self, ids: list[int], embeds: torch.Tensor, hidden_size: int) -> None:

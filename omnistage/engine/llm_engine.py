@@ -75,13 +75,18 @@ class LLMEngine:
         ids: list[int],
         params: SamplingParams,
         prompt_embeds: torch.Tensor | None = None,
+        stream_conditioning: bool = False,
     ) -> None:
+        """With `stream_conditioning`, the positions after the prompt wait for one row each
+        of `add_conditioning` (added to their input embeddings) until it says `finished`."""
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         self.inputs.validate_ids(ids)
         self.inputs.check_params(params)
         if prompt_embeds is not None:
             self.inputs.check_prompt_embeds(ids, prompt_embeds, self.hf_config.hidden_size)
+        if stream_conditioning and params.n != 1:
+            raise ValueError("n: a stream-conditioned request generates one sequence")
         base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         tracked = _Tracked(RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids))
         for i in range(params.n):
@@ -111,9 +116,27 @@ class LLMEngine:
             self._by_core_id[seq.core_id] = (tracked, seq)
             self.core.add_request(
                 self.inputs.make_request(
-                    seq.core_id, ids, params, child_seed(base_seed, seq.index), prompt_embeds
+                    seq.core_id,
+                    ids,
+                    params,
+                    child_seed(base_seed, seq.index),
+                    prompt_embeds,
+                    stream_conditioning,
                 )
             )
+
+    def add_conditioning(self, request_id: str, rows: torch.Tensor, finished: bool) -> None:
+        """Conditioning rows ([n, hidden]) for a stream-conditioned request, in order."""
+        tracked = self._tracked.get(request_id)
+        if tracked is None:
+            return
+        if rows.shape[0] and (rows.ndim != 2 or rows.shape[1] != self.hf_config.hidden_size):
+            raise ValueError(
+                f"conditioning: expected [rows, {self.hf_config.hidden_size}], "
+                f"got {list(rows.shape)}"
+            )
+        for core_id in tracked.seqs:
+            self.core.scheduler.add_conditioning(core_id, rows, finished)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:

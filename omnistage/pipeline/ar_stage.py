@@ -36,11 +36,6 @@ logger = logging.getLogger(__name__)
 class ARStageCore(StageCore):
     def __init__(self, spec: StageSpec, deploy: DeploySpec, namespace: str) -> None:
         super().__init__(spec, deploy, namespace)
-        streamed = [name for name, (e, _) in self.incoming.items() if e.transfer == "stream"]
-        if streamed:
-            raise ValueError(
-                f"stage {spec.name!r}: stream edges into ar stages are not supported ({streamed[0]})"
-            )
         if len(self.incoming) > 1:
             raise ValueError(f"stage {spec.name!r}: an ar stage takes at most one payload edge")
         wants_hidden = any(HIDDEN_KEY in p.accumulate for _, p in self.outgoing)
@@ -63,7 +58,12 @@ class ARStageCore(StageCore):
         self.failed: dict[str, str] = {}
         """Requests whose outputs could not be collected this step (failed, not the stage)."""
 
-    def start(self, msg: SubmitRequest, payloads: dict[str, Payload] | None) -> list[FromStage]:
+    def start(
+        self,
+        msg: SubmitRequest,
+        payloads: dict[str, Payload] | None,
+        stream_conditioning: bool = False,
+    ) -> list[FromStage]:
         params = SamplingParams(**{**self.spec.default_sampling, **(msg.sampling or {})})
         if params.n != 1:
             raise ValueError("n: a pipeline stage generates one sequence per request")
@@ -78,7 +78,9 @@ class ARStageCore(StageCore):
             text, ids = self.engine.inputs.tokenize(inputs.prompt)
         else:
             raise ValueError(f"stage {self.name!r}: the request has no prompt")
-        self.engine.add_tokenized_request(msg.request_id, text, ids, params, inputs.prompt_embeds)
+        self.engine.add_tokenized_request(
+            msg.request_id, text, ids, params, inputs.prompt_embeds, stream_conditioning
+        )
         outgoing = self.outgoing_for(msg)
         if outgoing:
             self.accumulators[msg.request_id] = RequestAccumulator(
@@ -89,10 +91,32 @@ class ARStageCore(StageCore):
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
         entry = self.coordinator.arrived(msg.request_id, msg.edge, payload, msg.last)
-        if entry is None or entry.waiting_edges:
+        if entry is None:
+            return []
+        edge, processor = self.incoming[msg.edge]
+        if edge.transfer == "stream":
+            return self._on_chunk(msg, entry.submit, processor, payload)
+        if entry.waiting_edges:
             return []
         self.coordinator.release(msg.request_id)
         return self.start(entry.submit, entry.received)
+
+    def _on_chunk(
+        self, msg: DeliverPayload, submit: SubmitRequest, processor: Any, payload: Payload
+    ) -> list[FromStage]:
+        """Stream in: the first chunk starts the request (its prompt); each later chunk's rows
+        condition one position each of what the request generates."""
+        rid = msg.request_id
+        events: list[FromStage] = []
+        if msg.chunk_index == 0:
+            events = self.start(submit, {msg.edge: payload}, stream_conditioning=True)
+        else:
+            self.engine.add_conditioning(rid, processor.to_conditioning(payload), msg.last)
+        if msg.last:
+            if msg.chunk_index == 0:
+                self.engine.add_conditioning(rid, processor.to_conditioning({}), True)
+            self.coordinator.release(rid)
+        return events
 
     def _on_core_output(self, request_id: str, out: EngineCoreOutput) -> None:
         accumulator = self.accumulators.get(request_id)
@@ -105,7 +129,9 @@ class ARStageCore(StageCore):
 
     def step(self) -> list[FromStage]:
         events: list[FromStage] = []
-        for ro in self.engine.step():
+        outputs = self.engine.step()
+        self.stalled = not outputs  # e.g. every request waits for conditioning rows
+        for ro in outputs:
             rid, completion = ro.request_id, ro.outputs[0]
             if rid in self.failed:
                 continue

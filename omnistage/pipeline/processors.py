@@ -66,6 +66,10 @@ class EdgeProcessor:
     def to_input(self, payload: Payload) -> StageInput:
         raise ValueError(f"edge processor {self.name!r} does not build AR inputs from payloads")
 
+    def to_conditioning(self, payload: Payload) -> torch.Tensor:
+        """Stream into an AR stage: a later chunk's rows, one per position it generates."""
+        raise ValueError(f"edge processor {self.name!r} does not stream into ar stages")
+
 
 class TextToPrompt(EdgeProcessor):
     """The producer's text becomes the consumer's prompt (tokenized by the consumer)."""
@@ -118,6 +122,12 @@ class HiddenToEmbeds(EdgeProcessor):
         if hidden.shape[0] == 0:
             raise ValueError("hidden_to_embeds: the payload holds no hidden states")
         return StageInput(prompt_token_ids=ids.tolist(), prompt_embeds=hidden)
+
+    def to_conditioning(self, payload: Payload) -> torch.Tensor:
+        """Streamed: the first chunk is the prompt; each later hidden state conditions one
+        generated position (the consumer keeps pace with the producer)."""
+        hidden = payload.get("hidden_states.output")
+        return hidden if hidden is not None else torch.zeros(0, 0)
 
 
 class IdsToCodes(EdgeProcessor):

@@ -68,6 +68,9 @@ class StageCore(ABC):
             if name in used
         }
         self.coordinator = InputCoordinator(spec.input_timeout_s)
+        self.stalled = False
+        """The last step did nothing though requests are in (they wait for input): the
+        stage loop may sleep a little instead of spinning."""
 
     # -- control messages ---------------------------------------------------------------
     def handle(self, msg: ToStage) -> list[FromStage]:

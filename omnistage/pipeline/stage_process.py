@@ -38,6 +38,7 @@ from omnistage.pipeline.stage_core import StageCore
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 50
+STALLED_POLL_MS = 1
 
 
 def make_stage_core(spec: StageSpec, deploy: DeploySpec, namespace: str) -> StageCore:
@@ -108,7 +109,7 @@ class InProcessStageClient(StageClient):
         return events
 
     def busy(self) -> bool:
-        return bool(self.pending) or self.core.has_work()
+        return bool(self.pending) or (self.core.has_work() and not self.core.stalled)
 
     def close(self, timeout: float = 10.0) -> None:
         self.core.shutdown()
@@ -186,9 +187,7 @@ def run_stage(
         core = make_stage_core(spec, deploy, namespace)
         report([ready_message(core)])
         while os.getppid() == parent_pid:
-            if inbox.poll(0 if core.has_work() else IDLE_POLL_MS) and not _drain(
-                inbox, core, report
-            ):
+            if inbox.poll(_poll_ms(core)) and not _drain(inbox, core, report):
                 return
             events = core.check_timeouts()
             if core.has_work():
@@ -217,3 +216,10 @@ def _drain(inbox: zmq.Socket, core: StageCore, report: Any) -> bool:
         if isinstance(msg, Shutdown):
             return False
         report(core.handle(msg))
+
+
+def _poll_ms(core: StageCore) -> int:
+    """How long the stage loop waits for messages: not at all while it has work to do."""
+    if not core.has_work():
+        return IDLE_POLL_MS
+    return STALLED_POLL_MS if core.stalled else 0

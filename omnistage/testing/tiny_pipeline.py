@@ -2,7 +2,8 @@
 
 The thinker is a tiny llama that writes text; the talker, another tiny llama,
 starts from the thinker's hidden states as prompt embeddings (a `payload`
-edge) and writes "codes"; the vocoder (`TinyCodeVocoder`) turns the codes
+edge; or, with `thinker_transfer="stream"`, from the first chunk of them, each
+later hidden state conditioning one talker step as it arrives) and writes "codes"; the vocoder (`TinyCodeVocoder`) turns the codes
 into a waveform, fed chunk by chunk (`stream`) or in one piece (`payload`).
 All weights are random and seeded: outputs are noise, but deterministic.
 """
@@ -32,6 +33,7 @@ def tiny_pipeline_deploy(
     model: Path,
     *,
     transfer: str = "stream",
+    thinker_transfer: str = "payload",
     async_scheduling: bool = False,
     executor_backend: str = "auto",
     dtype: str = "float64",
@@ -113,8 +115,9 @@ def tiny_pipeline_deploy(
                 "from": "thinker",
                 "to": "talker",
                 "processor": "hidden_to_embeds",
-                "transfer": "payload",
+                "transfer": thinker_transfer,
                 "connector": connector,
+                **(stream if thinker_transfer == "stream" else {}),
             },
             {
                 "from": "talker",

@@ -35,6 +35,9 @@ class RequestState:
     eos_token_id: int | None = None
     prompt_embeds: torch.Tensor | None = None
     """Embeddings used instead of the prompt's token embeddings (conditioned stages)."""
+    conditioning: torch.Tensor | None = None
+    """Stream-conditioned requests: rows added to the input embeddings of the positions
+    after the prompt, one per position (positions past the last row get none)."""
 
     @property
     def num_tokens(self) -> int:

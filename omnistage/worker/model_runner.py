@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
-from omnistage.core.tensor_blob import blob_to_tensor, tensor_to_blob
+from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
 from omnistage.models.base import CausalLM
 from omnistage.sample import (
     Sampler,
@@ -102,8 +102,13 @@ class ModelRunner:
                 if new.prompt_embeds is None
                 else blob_to_tensor(new.prompt_embeds).to(self.device, self.model.dtype),
             )
+            if new.stream_conditioning:
+                state.conditioning = self._rows(new.conditioning)
             self.requests[new.req_id] = state
             self.batch.add(state)
+        for req_id, blob in so.new_conditioning.items():
+            state = self.requests[req_id]
+            state.conditioning = torch.cat([state.conditioning, self._rows(blob)])
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
@@ -211,20 +216,35 @@ class ModelRunner:
             output.hidden_starts = [self.batch.states[r].num_computed_tokens for r in inputs.rows]
         return output
 
+    def _rows(self, blob: TensorBlob | None) -> torch.Tensor:
+        if blob is None:
+            hidden = self.model.config.hidden_size
+            return torch.zeros(0, hidden, dtype=self.model.dtype, device=self.device)
+        return blob_to_tensor(blob).to(self.device, self.model.dtype)
+
     def _prompt_embeds(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Input embeddings of the step when a scheduled prompt brings its own, else None."""
-        rows = [r for r in inputs.rows if self.batch.states[r].prompt_embeds is not None]
-        if not rows:
+        """Input embeddings of the step when a scheduled request brings its own (prompt
+        embeddings, conditioning rows), else None: the model embeds the token ids."""
+        if not any(
+            s.prompt_embeds is not None or s.conditioning is not None
+            for s in (self.batch.states[r] for r in inputs.rows)
+        ):
             return None
         embeds = self.model.embed_input_ids(inputs.input_ids)
         offset = 0
         for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
             state = self.batch.states[row]
+            start, prompt_len = state.num_computed_tokens, len(state.prompt_token_ids)
             if state.prompt_embeds is not None:
-                start = state.num_computed_tokens
-                stop = min(start + n, len(state.prompt_token_ids))
+                stop = min(start + n, prompt_len)
                 if stop > start:
                     embeds[offset : offset + stop - start] = state.prompt_embeds[start:stop]
+            if state.conditioning is not None:
+                first = max(start, prompt_len)  # positions past the prompt, with a row
+                last = min(start + n, prompt_len + state.conditioning.shape[0])
+                if last > first:
+                    rows = state.conditioning[first - prompt_len : last - prompt_len]
+                    embeds[offset + first - start : offset + last - start] += rows
             offset += n
         return embeds
 

@@ -335,3 +335,27 @@ def test_streamed_updates_add_up_to_the_final_output(tiny_omni, sync_stream):
     text = "".join(u.new_text for u in updates if u.stage == "thinker")
     assert text == final.text
     assert sum((u.new_token_ids for u in updates if u.stage == "thinker"), []) == final.token_ids
+
+
+def test_streaming_into_the_talker_is_identical_sync_async_and_across_processes(tiny_omni):
+    """thinker -> talker as a stream: the talker starts after the thinker's first chunk and
+    keeps pace with it, one thinker hidden state per talker step."""
+    results = []
+    for mode in (
+        {"in_process": True},
+        {"in_process": True, "async_scheduling": True, "executor_backend": "thread"},
+    ):
+        in_process = mode.pop("in_process")
+        deploy = tiny_pipeline_deploy(tiny_omni, thinker_transfer="stream", **mode)
+        with Omni(deploy, in_process=in_process) as omni:
+            outputs = omni.generate(PROMPTS)
+            counters = omni.stage_counters()
+        assert all(o.error is None for o in outputs), [o.error for o in outputs]
+        assert all(v == 0 for c in counters.values() for v in c.values()), counters
+        results.append([(o.token_ids, o.audio.tobytes()) for o in outputs])
+    assert results[0] == results[1]
+    # The talker really is conditioned on the stream: payload transfer gives other codes.
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
+        whole = [(o.token_ids, o.audio.tobytes()) for o in omni.generate(PROMPTS)]
+    assert [t for t, _ in whole] == [t for t, _ in results[0]]
+    assert [a for _, a in whole] != [a for _, a in results[0]]

@@ -50,9 +50,18 @@ def expected(tiny_omni):
         return outputs_of(omni.generate(PROMPTS))
 
 
-def test_async_stage_processes_match_in_process_and_shut_down_cleanly(tiny_omni, expected):
+@pytest.mark.parametrize("thinker_transfer", ["payload", "stream"])
+def test_async_stage_processes_match_in_process_and_shut_down_cleanly(
+    tiny_omni, expected, thinker_transfer
+):
+    if thinker_transfer == "stream":
+        deploy = tiny_pipeline_deploy(tiny_omni, thinker_transfer="stream")
+        with Omni(deploy, in_process=True) as omni:
+            expected = outputs_of(omni.generate(PROMPTS))
     before = descendants(os.getpid())
-    omni = Omni(tiny_pipeline_deploy(tiny_omni, async_scheduling=True))  # runner workers too
+    omni = Omni(  # with runner worker processes too
+        tiny_pipeline_deploy(tiny_omni, async_scheduling=True, thinker_transfer=thinker_transfer)
+    )
     namespace = omni.orchestrator.namespace
     try:
         assert outputs_of(omni.generate(PROMPTS)) == expected

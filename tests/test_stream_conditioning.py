@@ -1,0 +1,83 @@
+"""Stream-conditioned requests: positions after the prompt wait for one conditioning row
+each (added to their input embeddings), streamed in while the request generates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage import SamplingParams
+from omnistage.config import EngineConfig
+from omnistage.engine.llm_engine import LLMEngine
+
+PARAMS = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+PROMPT = list(range(40, 70))
+
+
+def make_engine(path, **kw) -> LLMEngine:
+    kw.setdefault("async_scheduling", False)
+    return LLMEngine(EngineConfig(model=str(path), dtype="float64", **kw))
+
+
+def rows(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(n, 64, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def run(engine: LLMEngine, feed: list[tuple[int, int]], total: torch.Tensor) -> list[int]:
+    """Generate, feeding `total`'s rows in pieces: (after this many steps, this many rows)."""
+    engine.add_tokenized_request("r", None, PROMPT, PARAMS, stream_conditioning=True)
+    sent, step, tokens = 0, 0, None
+    pieces = list(feed)
+    while engine.has_unfinished_requests():
+        while pieces and pieces[0][0] <= step:
+            _, n = pieces.pop(0)
+            last = not pieces
+            engine.add_conditioning("r", total[sent : sent + n], finished=last)
+            sent += n
+        for out in engine.step():
+            if out.finished:
+                tokens = out.outputs[0].token_ids
+        step += 1
+        assert step < 500, "stalled"
+    return tokens
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_output_does_not_depend_on_when_rows_arrive(tiny_llama_f64, async_scheduling):
+    total = rows(16)
+    args = {"async_scheduling": async_scheduling, "executor_backend": "thread"}
+    all_at_once = run(make_engine(tiny_llama_f64, **args), [(0, 16)], total)
+    trickled = run(make_engine(tiny_llama_f64, **args), [(0, 1), (3, 2), (9, 5), (20, 8)], total)
+    late = run(make_engine(tiny_llama_f64, **args), [(6, 4), (30, 12)], total)
+    assert all_at_once == trickled == late
+    assert len(all_at_once) == 24
+
+
+def test_rows_change_the_output_and_zero_rows_do_not(tiny_llama_f64):
+    plain_engine = make_engine(tiny_llama_f64)
+    plain_engine.add_tokenized_request("p", None, PROMPT, PARAMS)
+    plain = None
+    while plain_engine.has_unfinished_requests():
+        for out in plain_engine.step():
+            if out.finished:
+                plain = out.outputs[0].token_ids
+    zeros = run(make_engine(tiny_llama_f64), [(0, 10)], torch.zeros(10, 64, dtype=torch.float64))
+    assert zeros == plain
+    assert run(make_engine(tiny_llama_f64), [(0, 10)], rows(10, seed=3) * 5) != plain
+
+
+def test_a_request_waiting_for_rows_is_not_scheduled(tiny_llama_f64):
+    engine = make_engine(tiny_llama_f64)
+    engine.add_tokenized_request("r", None, PROMPT, PARAMS, stream_conditioning=True)
+    for _ in range(5):
+        engine.step()
+    (out,) = [o for o in [engine._tracked["r"].output]]
+    assert len(out.outputs[0].token_ids) == 1  # the prompt's token; then it waits for a row
+    engine.add_conditioning("r", rows(2), finished=False)
+    for _ in range(5):
+        engine.step()
+    assert len(engine._tracked["r"].output.outputs[0].token_ids) == 3
+    with pytest.raises(ValueError, match=r"conditioning: expected \[rows, 64\]"):
+        engine.add_conditioning("r", torch.zeros(2, 7), finished=False)
+    engine.abort_request("r")
+    assert engine.num_free_kv_blocks() == engine.num_usable_kv_blocks()
