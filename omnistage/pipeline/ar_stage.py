@@ -154,6 +154,9 @@ class ARStageCore(StageCore):
             if ro.finished:
                 self.accumulators.pop(rid, None)
                 self.num_sent_tokens.pop(rid, None)
+                # Done before its input stream ended: the rest of the stream is not needed
+                # (chunks that still come are dropped on arrival).
+                self.coordinator.release(rid)
         for rid, message in self.failed.items():
             self.abort(rid)
             events.append(RequestFailed(stage=self.name, request_id=rid, message=message))

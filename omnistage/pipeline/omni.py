@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -167,9 +168,12 @@ class AsyncOmni(_PipelineFrontend):
         request = self._request(prompt, sampling_params, modalities, request_id)
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[OmniRequestOutput] = asyncio.Queue()
-        self.orchestrator.submit(
-            request, lambda output: loop.call_soon_threadsafe(updates.put_nowait, output)
-        )
+
+        def sink(output: OmniRequestOutput) -> None:
+            with contextlib.suppress(RuntimeError):  # the caller's event loop is closed
+                loop.call_soon_threadsafe(updates.put_nowait, output)
+
+        self.orchestrator.submit(request, sink)
         finished = False
         try:
             while not finished:

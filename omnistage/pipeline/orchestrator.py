@@ -366,7 +366,7 @@ class Orchestrator:
             self._end(tracked, update=update)  # the final output also brings the last piece
         elif event.stage in finals:
             update.outputs = _snapshot(tracked, finals)
-            tracked.sink(update)
+            _emit(tracked.sink, update)
 
     def _submit_prompt_edges(self, tracked: _Tracked, stage: str, result: StageResult) -> None:
         for edge in self.deploy.edges_from(stage):
@@ -428,7 +428,7 @@ class Orchestrator:
         final = update or OmniRequestOutput(request_id, {})
         final.outputs = _snapshot(tracked, tracked.request.final_stages)
         final.finished, final.error, final.aborted = True, error, aborted
-        tracked.sink(final)
+        _emit(tracked.sink, final)
 
     # -- stats --------------------------------------------------------------------------------------
     def _ask_stats(self, future: Future) -> None:
@@ -465,3 +465,11 @@ def _snapshot(tracked: _Tracked, stages: list[str]) -> dict[str, StageResult]:
         for s in stages
         for r in [tracked.results[s]]
     }
+
+
+def _emit(sink: Sink, output: OmniRequestOutput) -> None:
+    """Hand an output to its caller; a caller that went away must not stop the pipeline."""
+    try:
+        sink(output)
+    except Exception:
+        logger.exception("delivering an output of request %s", output.request_id)

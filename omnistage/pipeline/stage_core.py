@@ -14,6 +14,7 @@ request, its accumulator, its coordinator entry and its connector buffers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from abc import ABC, abstractmethod
 from typing import Any
@@ -101,8 +102,10 @@ class StageCore(ABC):
 
     def _deliver(self, msg: DeliverPayload) -> list[FromStage]:
         if not self.coordinator.is_waiting(msg.request_id):
-            # Ended meanwhile (aborted, failed): drop the payload it will never read.
-            self.connectors[msg.handle.connector].cleanup(msg.request_id)
+            # Ended here meanwhile (finished, aborted, failed): free this payload, and only
+            # it — other edges of the request may still be in use.
+            with contextlib.suppress(ValueError, TimeoutError):
+                self.connectors[msg.handle.connector].get(msg.handle)
             return []
         payload = self.connectors[msg.handle.connector].get(msg.handle)
         return self.on_input(msg, payload)

@@ -82,10 +82,17 @@ async def _run(omni: AsyncOmni, seed: int) -> tuple[int, int, int, int]:
     return ends.count("finished"), ends.count("aborted"), aborted_waiting, len(specs)
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_counters_return_to_zero_after_mixed_requests_with_aborts(tiny_omni, async_scheduling):
+@pytest.mark.parametrize(
+    ("async_scheduling", "thinker_transfer"),
+    [(False, "payload"), (True, "payload"), (True, "stream")],
+    ids=["sync", "async", "async-streamed-talker"],
+)
+def test_counters_return_to_zero_after_mixed_requests_with_aborts(
+    tiny_omni, async_scheduling, thinker_transfer
+):
     deploy = tiny_pipeline_deploy(
         tiny_omni,
+        thinker_transfer=thinker_transfer,
         async_scheduling=async_scheduling,
         executor_backend="thread",
         dtype="float32",
