@@ -237,7 +237,11 @@ def _decode_torch(
     scores = torch.baddbmm(
         meta.decode_bias(kv_heads, q.dtype), grouped, keys.transpose(1, 2), alpha=scale
     )
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+    # At least float32 (bf16/fp16 models), but never less than the model's own precision:
+    # a float64 model's decode must agree with its float64 prefill (recompute after a
+    # preemption goes through prefill).
+    softmax_dtype = torch.promote_types(scores.dtype, torch.float32)
+    probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(values.dtype)
     out = torch.bmm(probs, values)  # [kv_heads * B, group, d]
     return out.view(kv_heads, batch, -1, head_dim).transpose(0, 1).reshape(q.shape)
 
