@@ -54,6 +54,17 @@ def test_torch_decode_matches_dense_reference(seed):
     )
 
 
+def test_float64_decode_keeps_float64_precision():
+    """A float64 model's decode agrees with dense float64 attention to rounding: its
+    softmax is not computed in float32 (a preempted request, recomputed through prefill,
+    must get what an uninterrupted one gets)."""
+    q, cache, meta = make_case(seed=3)
+    q, cache = q.double(), cache.double()
+    out = A._decode_torch(q, cache, meta, 0.17)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, dense_reference(q, cache, meta, 0.17), rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize(
     "shape",
