@@ -15,6 +15,14 @@ from transformers import PreTrainedTokenizerFast
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB_SIZE = 320
+TINY_MOE = dict(
+    rope_theta=10000.0,
+    moe_intermediate_size=48,
+    num_experts=4,
+    num_experts_per_tok=2,
+    decoder_sparse_step=1,
+    mlp_only_layers=[1],  # one sparse and one dense layer
+)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -72,30 +80,12 @@ def tiny_config(arch: str, **overrides):
     if arch == "qwen3_moe":
         from transformers import Qwen3MoeConfig
 
-        return Qwen3MoeConfig(
-            **common,
-            head_dim=32,
-            rope_theta=10000.0,
-            moe_intermediate_size=48,
-            num_experts=4,
-            num_experts_per_tok=2,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[1],  # one sparse and one dense layer
-        )
+        return Qwen3MoeConfig(**common, **TINY_MOE, head_dim=32, norm_topk_prob=True)
     if arch == "qwen2_moe":
         from transformers import Qwen2MoeConfig
 
         return Qwen2MoeConfig(
-            **common,
-            rope_theta=10000.0,
-            moe_intermediate_size=48,
-            shared_expert_intermediate_size=96,
-            num_experts=4,
-            num_experts_per_tok=2,
-            norm_topk_prob=False,
-            decoder_sparse_step=1,
-            mlp_only_layers=[1],
+            **common, **TINY_MOE, shared_expert_intermediate_size=96, norm_topk_prob=False
         )
     raise ValueError(arch)
 

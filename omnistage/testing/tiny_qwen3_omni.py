@@ -140,19 +140,10 @@ IMAGE_PROCESSOR_CONFIG = {
     "merge_size": 2,
 }
 VIDEO_PROCESSOR_CONFIG = {
+    **IMAGE_PROCESSOR_CONFIG,
     "video_processor_type": "Qwen2VLVideoProcessor",
-    "do_resize": True,
-    "do_rescale": True,
-    "rescale_factor": 1 / 255,
-    "do_normalize": True,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "do_convert_rgb": True,
-    "size": {"shortest_edge": 32 * 32, "longest_edge": 256 * 32 * 32},
-    "patch_size": 16,
-    "temporal_patch_size": 2,
-    "merge_size": 2,
 }
+del VIDEO_PROCESSOR_CONFIG["image_processor_type"]
 
 
 def tiny_qwen3_omni_config():
