@@ -156,3 +156,15 @@ class Qwen2MoeForCausalLM(_MoeMixin, Qwen2ForCausalLM):
         from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeRotaryEmbedding
 
         return Qwen2MoeRotaryEmbedding(config)
+
+
+class Qwen3OmniTalkerDecoder(Qwen3MoeForCausalLM):
+    """The decoder of Qwen3-Omni's talker: every layer MoE plus a gated shared expert
+    (the reference ignores `mlp_only_layers` there); its input embedding is the codec
+    embedding and its head the codec head (`models/parts.py` maps the names). What the
+    talker is fed (projected thinker states, codec embeddings) is assembled outside it."""
+
+    architectures = ("OmnistageQwen3OmniTalkerDecoder",)
+
+    def make_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module | None:
+        return SparseMoeBlock(config, dtype)

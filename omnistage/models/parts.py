@@ -34,6 +34,15 @@ PARTS: dict[tuple[str, str], PartSpec] = {
         "Qwen3MoeForCausalLM",
         (("thinker.model.", "model."), ("thinker.lm_head.", "lm_head.")),
     ),
+    ("qwen3_omni_moe", "talker"): PartSpec(
+        ("talker_config", "text_config"),
+        "OmnistageQwen3OmniTalkerDecoder",
+        (
+            ("talker.model.codec_embedding.", "model.embed_tokens."),
+            ("talker.model.", "model."),
+            ("talker.codec_head.", "lm_head."),
+        ),
+    ),
 }
 
 RENAMES_ATTR = "omnistage_weight_renames"

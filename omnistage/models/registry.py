@@ -6,7 +6,11 @@ from typing import Any
 
 from omnistage.models.base import CausalLM
 from omnistage.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from omnistage.models.moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from omnistage.models.moe import (
+    Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM,
+    Qwen3OmniTalkerDecoder,
+)
 
 _MODELS: dict[str, type[CausalLM]] = {}
 
@@ -23,12 +27,14 @@ for _cls in (
     Qwen3ForCausalLM,
     Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM,
+    Qwen3OmniTalkerDecoder,
 ):
     register_model(_cls)
 
 
 def supported_architectures() -> list[str]:
-    return sorted(_MODELS)
+    """HF `architectures` names (internal ones, for parts of omni checkpoints, left out)."""
+    return sorted(a for a in _MODELS if not a.startswith("Omnistage"))
 
 
 def model_class_for(hf_config: Any) -> type[CausalLM]:
