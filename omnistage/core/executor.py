@@ -16,7 +16,11 @@ from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
 
 
 class Runner(Protocol):
+    num_kv_blocks: int
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+    def stats(self) -> dict[str, int]: ...
 
 
 class InlineExecutor:
@@ -26,11 +30,7 @@ class InlineExecutor:
 
     def runner_stats(self) -> dict[str, int]:
         """What the runner holds (batch rows, known requests): zero when idle."""
-        return {
-            "batch_rows": len(self.runner.batch),
-            "requests": len(self.runner.requests),
-            "busy_ms": int(1000 * self.runner.busy_seconds),
-        }
+        return self.runner.stats()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

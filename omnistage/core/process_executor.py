@@ -83,13 +83,7 @@ def _worker_main(config: EngineConfig, files: Any, hf_config: Any, conn: Connect
             if isinstance(message, Step):
                 reply: Any = StepDone(runner_output=runner.execute_model(message.scheduler_output))
             else:
-                reply = Stats(
-                    values={
-                        "batch_rows": len(runner.batch),
-                        "requests": len(runner.requests),
-                        "busy_ms": int(1000 * runner.busy_seconds),
-                    }
-                )
+                reply = Stats(values=runner.stats())
         except BaseException:  # noqa: BLE001
             reply = Failed(error=traceback.format_exc())
         conn.send_bytes(_ENCODER.encode(reply))

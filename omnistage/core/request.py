@@ -79,11 +79,14 @@ class Request:
     position's input embedding), streamed in from another stage while it generates."""
     conditioning: list[torch.Tensor] = field(default_factory=list)
     """Rows received so far, in pieces ([n, hidden] each)."""
-    num_conditioning_rows: int = 0
     num_conditioning_sent: int = 0
     """Rows already shipped to the runner (all of them go again after a preemption)."""
     conditioning_finished: bool = False
     """No more rows will come: later positions get none (a zero row)."""
+
+    @property
+    def num_conditioning_rows(self) -> int:
+        return sum(rows.shape[0] for rows in self.conditioning)
 
     @property
     def conditioned_positions_limit(self) -> int | None:

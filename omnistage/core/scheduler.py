@@ -121,7 +121,6 @@ class Scheduler:
             return
         if rows.shape[0]:
             request.conditioning.append(rows)
-            request.num_conditioning_rows += rows.shape[0]
         request.conditioning_finished |= finished
 
     def _all_conditioning(self, request: Request) -> TensorBlob | None:
@@ -133,9 +132,9 @@ class Scheduler:
         if request.num_conditioning_sent == request.num_conditioning_rows:
             return None
         rows = torch.cat(request.conditioning)
-        request.conditioning[:] = [rows]
+        request.conditioning[:] = [rows]  # pieces compacted: the row count stays cheap
         blob = tensor_to_blob(rows[request.num_conditioning_sent :])
-        request.num_conditioning_sent = request.num_conditioning_rows
+        request.num_conditioning_sent = rows.shape[0]
         return blob
 
     def _schedule_running(

@@ -8,8 +8,9 @@ table below.
 
 from __future__ import annotations
 
+import math
+
 import msgspec
-import numpy as np
 import torch
 
 DTYPES: dict[str, torch.dtype] = {
@@ -25,9 +26,6 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
-_NUMPY_DTYPES = {
-    dt: torch.empty(0, dtype=dt).numpy().dtype for dt in DTYPES.values() if dt != torch.bfloat16
-}
 
 
 class TensorBlob(msgspec.Struct, array_like=True, frozen=True):
@@ -36,27 +34,21 @@ class TensorBlob(msgspec.Struct, array_like=True, frozen=True):
     data: bytes
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    """Raw bytes of a tensor (contiguous CPU copy first when needed)."""
-    t = t.detach().to("cpu").contiguous()
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return t.numpy().tobytes()
+def tensor_view_bytes(t: torch.Tensor) -> memoryview:
+    """The raw bytes of `t` as a flat uint8 view (a contiguous CPU copy first when needed)."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
-def tensor_from_bytes(
-    dtype: str, shape: list[int] | tuple[int, ...], data: bytes | memoryview
+def tensor_copy_from(
+    src: bytes | memoryview, dtype: torch.dtype, shape: list[int] | tuple[int, ...]
 ) -> torch.Tensor:
-    """A fresh (owned, writable) tensor from raw bytes."""
-    try:
-        torch_dtype = DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unsupported tensor dtype {dtype!r}") from None
-    storage = torch.int16 if torch_dtype == torch.bfloat16 else torch_dtype  # numpy has no bf16
-    t = torch.from_numpy(np.frombuffer(data, dtype=_NUMPY_DTYPES[storage]).copy())
-    if torch_dtype == torch.bfloat16:
-        t = t.view(torch.bfloat16)
-    return t.reshape(list(shape))
+    """A fresh (owned, writable) tensor holding a copy of the raw bytes in `src`."""
+    flat = torch.empty(memoryview(src).nbytes, dtype=torch.uint8)
+    if flat.numel():
+        with memoryview(flat.numpy()) as dst:
+            dst[:] = memoryview(src).cast("B")
+    return flat.view(dtype).reshape(list(shape))
 
 
 def tensor_to_blob(t: torch.Tensor) -> TensorBlob:
@@ -64,8 +56,17 @@ def tensor_to_blob(t: torch.Tensor) -> TensorBlob:
         name = DTYPE_NAMES[t.dtype]
     except KeyError:
         raise ValueError(f"unsupported tensor dtype {t.dtype}") from None
-    return TensorBlob(name, list(t.shape), tensor_bytes(t))
+    return TensorBlob(name, list(t.shape), bytes(tensor_view_bytes(t)))
 
 
 def blob_to_tensor(blob: TensorBlob) -> torch.Tensor:
-    return tensor_from_bytes(blob.dtype, blob.shape, blob.data)
+    try:
+        dtype = DTYPES[blob.dtype]
+    except KeyError:
+        raise ValueError(f"unsupported tensor dtype {blob.dtype!r}") from None
+    expected = math.prod(blob.shape) * dtype.itemsize
+    if len(blob.data) != expected:
+        raise ValueError(
+            f"tensor blob {blob.dtype}{blob.shape} needs {expected} bytes, got {len(blob.data)}"
+        )
+    return tensor_copy_from(blob.data, dtype, blob.shape)

@@ -40,7 +40,9 @@ from omnistage.core.tensor_blob import (
     DTYPES,
     TensorBlob,
     blob_to_tensor,
+    tensor_copy_from,
     tensor_to_blob,
+    tensor_view_bytes,
 )
 
 Payload = dict[str, torch.Tensor | int | float | bool | str]
@@ -205,12 +207,6 @@ def _align(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The raw bytes of `t` as a flat uint8 view (CPU, contiguous)."""
-    flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
-
-
 class PackedPayload:
     """A validated payload laid out for the wire; write it into any buffer of `nbytes`.
 
@@ -228,7 +224,7 @@ class PackedPayload:
                 kind = PAYLOAD_SCHEMA[key].kind
                 entries.append(_Entry(key, kind, value))
                 continue
-            data = _tensor_bytes(value)
+            data = tensor_view_bytes(value)
             offset = _align(end)
             dtype = DTYPE_NAMES[value.dtype]
             entries.append(
@@ -276,15 +272,6 @@ def payload_nbytes(payload: Mapping[str, Any]) -> int:
     return PackedPayload(payload, where="payload_nbytes").nbytes
 
 
-def _copy_out(src: memoryview, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
-    """A new contiguous CPU tensor holding a copy of the bytes in `src`."""
-    flat = torch.empty(src.nbytes, dtype=torch.uint8)
-    if src.nbytes:
-        with memoryview(flat.numpy()) as dst:
-            dst[:] = src
-    return flat.view(dtype).reshape(shape)
-
-
 def _entry_tensor(entry: _Entry, data: memoryview, where: str) -> torch.Tensor:
     dtype = DTYPES.get(entry.dtype)
     if dtype is None:
@@ -300,7 +287,7 @@ def _entry_tensor(entry: _Entry, data: memoryview, where: str) -> torch.Tensor:
             f"{where}: key {entry.key!r} ({entry.dtype}{entry.shape}) does not fit the buffer"
         )
     with data[entry.offset : entry.offset + expected] as src:
-        return _copy_out(src, dtype, entry.shape)
+        return tensor_copy_from(src, dtype, entry.shape)
 
 
 def unpack_payload(buffer: bytes | memoryview, *, where: str = "unpack_payload") -> Payload:

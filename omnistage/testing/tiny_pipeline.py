@@ -48,84 +48,63 @@ def tiny_pipeline_deploy(
     ar_engine_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The deploy mapping of the tiny pipeline (what a deploy YAML file would hold)."""
-    engine_args = {
+    ar_args = {
         "dtype": dtype,
         "max_num_seqs": max_num_seqs,
         "async_scheduling": async_scheduling,
         "executor_backend": executor_backend,
         **(ar_engine_args or {}),
     }
-    stream = (
-        {
-            "chunk_size": chunk_size,
-            "first_chunk_size": first_chunk_size,
-            "left_context": left_context,
-        }
-        if transfer == "stream"
-        else {}
-    )
-    connectors = {} if connector in ("shm", "inproc") else {connector: {"kind": connector}}
+    stream = {
+        "chunk_size": chunk_size,
+        "first_chunk_size": first_chunk_size,
+        "left_context": left_context,
+    }
+
+    def stage(i: int, name: str, kind: str, engine_args: dict, **extra: Any) -> dict[str, Any]:
+        head = {"id": i, "name": name, "kind": kind, "model": str(model), "model_part": name}
+        return {**head, "engine_args": engine_args, **extra}
+
+    def edge(src: str, dst: str, processor: str, transfer: str) -> dict[str, Any]:
+        head = {"from": src, "to": dst, "processor": processor, "transfer": transfer}
+        return {**head, "connector": connector, **(stream if transfer == "stream" else {})}
+
+    def greedy(max_tokens: int) -> dict[str, Any]:
+        return {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+
     return {
         "name": "tiny-omni",
-        "connectors": connectors,
+        "connectors": {} if connector in ("shm", "inproc") else {connector: {"kind": connector}},
         "stages": [
-            {
-                "id": 0,
-                "name": "thinker",
-                "kind": "ar",
-                "model": str(model),
-                "model_part": "thinker",
-                "engine_args": engine_args,
-                "default_sampling": {
-                    "temperature": 0.0,
-                    "max_tokens": thinker_tokens,
-                    "ignore_eos": True,
-                },
-                "final_output": True,
-                "final_output_type": "text",
-            },
-            {
-                "id": 1,
-                "name": "talker",
-                "kind": "ar",
-                "model": str(model),
-                "model_part": "talker",
-                "engine_args": engine_args,
-                "default_sampling": {
-                    "temperature": 0.0,
-                    "max_tokens": talker_tokens,
-                    "ignore_eos": True,
-                },
-                "input_timeout_s": input_timeout_s,
-            },
-            {
-                "id": 2,
-                "name": "vocoder",
-                "kind": "generation",
-                "model": str(model),
-                "model_part": "vocoder",
-                "engine_args": {"dtype": dtype, "max_num_seqs": max_num_seqs},
-                "final_output": True,
-                "final_output_type": "audio",
-                "input_timeout_s": input_timeout_s,
-            },
+            stage(
+                0,
+                "thinker",
+                "ar",
+                ar_args,
+                default_sampling=greedy(thinker_tokens),
+                final_output=True,
+                final_output_type="text",
+            ),
+            stage(
+                1,
+                "talker",
+                "ar",
+                ar_args,
+                default_sampling=greedy(talker_tokens),
+                input_timeout_s=input_timeout_s,
+            ),
+            stage(
+                2,
+                "vocoder",
+                "generation",
+                {"dtype": dtype, "max_num_seqs": max_num_seqs},
+                final_output=True,
+                final_output_type="audio",
+                input_timeout_s=input_timeout_s,
+            ),
         ],
         "edges": [
-            {
-                "from": "thinker",
-                "to": "talker",
-                "processor": "hidden_to_embeds",
-                "transfer": thinker_transfer,
-                "connector": connector,
-                **(stream if thinker_transfer == "stream" else {}),
-            },
-            {
-                "from": "talker",
-                "to": "vocoder",
-                "processor": "ids_to_codes",
-                "transfer": transfer,
-                "connector": connector,
-                **stream,
-            },
+            edge("thinker", "talker", "hidden_to_embeds", thinker_transfer),
+            edge("talker", "vocoder", "ids_to_codes", transfer),
         ],
     }

@@ -83,6 +83,14 @@ class ModelRunner:
         self.stage_transitions = stage_transitions
         self.output_hidden_states = output_hidden_states
 
+    def stats(self) -> dict[str, int]:
+        """What the runner holds (batch rows, known requests; zero when idle) and its load."""
+        return {
+            "batch_rows": len(self.batch),
+            "requests": len(self.requests),
+            "busy_ms": int(1000 * self.busy_seconds),
+        }
+
     # -- batch bookkeeping ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids | so.preempted_req_ids:
