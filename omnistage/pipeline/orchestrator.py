@@ -16,11 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import queue
-import tempfile
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -29,7 +26,7 @@ from typing import Any
 import zmq
 
 from omnistage.core.tensor_blob import blob_to_tensor
-from omnistage.pipeline.deploy import DeploySpec, StageSpec
+from omnistage.pipeline.deploy import DeploySpec
 from omnistage.pipeline.messages import (
     AbortRequest,
     DeliverPayload,
@@ -39,19 +36,14 @@ from omnistage.pipeline.messages import (
     RequestFailed,
     StageFatal,
     StageOutput,
-    StageReady,
     StageStats,
     SubmitRequest,
-    from_stage_decoder,
 )
 from omnistage.pipeline.outputs import OmniRequestOutput, StageResult
 from omnistage.pipeline.processors import UpstreamResult, get_processor
 from omnistage.pipeline.stage_core import edge_name
-from omnistage.pipeline.stage_process import (
-    InProcessStageClient,
-    ProcessStageClient,
-    StageClient,
-)
+from omnistage.pipeline.stage_process import StageClient
+from omnistage.pipeline.stage_set import StageSet
 
 logger = logging.getLogger(__name__)
 Sink = Callable[[OmniRequestOutput], None]
@@ -90,15 +82,17 @@ class Orchestrator:
         self.deploy = deploy
         self.namespace = namespace
         self.context = zmq.Context()
-        self._tmpdir = tempfile.TemporaryDirectory(prefix="omnistage-")
-        self.inbox = self.context.socket(zmq.PULL)
-        self.inbox.setsockopt(zmq.LINGER, 0)
-        self.inbox.bind(self._address("orchestrator"))
-        self.clients: dict[str, StageClient] = {}
         self.dead: dict[str, str] = {}
-        self.sample_rates: dict[str, int | None] = {}
         self.tracked: dict[str, _Tracked] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._stats: tuple[Future, dict[str, dict[str, int]]] | None = None
+        self._stopping = False
+        try:
+            self.stages = StageSet(deploy, namespace, self.context, in_process, startup_timeout_s)
+        except BaseException:
+            self.context.term()
+            raise
+        self.sample_rates = self.stages.sample_rates
         # Commands wake the loop through an inproc socket, so it can sleep in one poll.
         self._wake_in = self.context.socket(zmq.PULL)
         self._wake_in.bind(f"inproc://wake-{id(self)}")
@@ -106,38 +100,16 @@ class Orchestrator:
         self._wake_out.connect(f"inproc://wake-{id(self)}")
         self._wake_lock = threading.Lock()
         self._poller = zmq.Poller()
-        self._poller.register(self.inbox, zmq.POLLIN)
+        self._poller.register(self.stages.inbox, zmq.POLLIN)
         self._poller.register(self._wake_in, zmq.POLLIN)
-        self._stats: tuple[Future, dict[str, dict[str, int]]] | None = None
-        self._stopping = False
-        try:
-            for name in deploy.topological_order():
-                spec = deploy.stage(name)
-                if not in_process:
-                    spec = _with_thread_budget(spec, len(deploy.stages))
-                self.clients[name] = (
-                    InProcessStageClient(spec, deploy, namespace)
-                    if in_process
-                    else ProcessStageClient(
-                        spec,
-                        deploy,
-                        namespace,
-                        self.context,
-                        self._address(name),
-                        self._address("orchestrator"),
-                    )
-                )
-            self._wait_ready(startup_timeout_s)
-        except BaseException:
-            self._close_clients()
-            raise
         self._thread = threading.Thread(
             target=self._run, name="omnistage-orchestrator", daemon=True
         )
         self._thread.start()
 
-    def _address(self, name: str) -> str:
-        return f"ipc://{self._tmpdir.name}/{name}.sock"
+    @property
+    def clients(self) -> dict[str, StageClient]:
+        return self.stages.clients
 
     # -- frontend API (thread-safe) ---------------------------------------------------------
     def submit(self, request: PipelineRequest, sink: Sink) -> None:
@@ -171,49 +143,14 @@ class Orchestrator:
         self._thread.join(30)
         for tracked in list(self.tracked.values()):
             self._end(tracked, error="the pipeline was shut down")
-        self._close_clients()
+        self._close()
 
-    def _close_clients(self) -> None:
-        for client in self.clients.values():
-            try:
-                client.close()
-            except Exception:  # keep closing the others
-                logger.exception("closing stage %s", client.name)
-        self._cleanup_connectors()
-        self.inbox.close(linger=0)
+    def _close(self) -> None:
+        self.stages.close()
         with self._wake_lock:
             self._wake_in.close(linger=0)
             self._wake_out.close(linger=0)
         self.context.term()
-        self._tmpdir.cleanup()
-
-    def _cleanup_connectors(self) -> None:
-        """Drop any buffer a crashed or killed stage left behind (shared memory above all)."""
-        from omnistage.pipeline.connectors import make_connector
-
-        for name, spec in self.deploy.connectors.items():
-            if spec.kind == "shm":
-                connector = make_connector(name, spec.kind, spec.options, namespace=self.namespace)
-                connector.cleanup_all()
-                connector.close()
-
-    # -- start-up -----------------------------------------------------------------------------
-    def _wait_ready(self, timeout_s: float) -> None:
-        waiting = set(self.clients)
-        deadline = time.monotonic() + timeout_s
-        while waiting:
-            for event in self._poll_events(200):
-                if isinstance(event, StageReady):
-                    waiting.discard(event.stage)
-                    self.sample_rates[event.stage] = event.sample_rate
-                elif isinstance(event, StageFatal):
-                    raise RuntimeError(f"stage {event.stage!r} failed to start: {event.message}")
-            for name in waiting:
-                code = self.clients[name].exit_code()
-                if code is not None:
-                    raise RuntimeError(f"stage {name!r} exited during start-up (exit code {code})")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"stages {sorted(waiting)} not ready within {timeout_s:g} s")
 
     # -- the loop --------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -224,7 +161,7 @@ class Orchestrator:
                         self._commands.get_nowait()()
                     except queue.Empty:
                         break
-                busy = any(c.busy() for c in self.clients.values())
+                busy = self.stages.busy()
                 for event in self._poll_events(0 if busy else IDLE_POLL_MS):
                     self._route(event)
                 self._check_stages()
@@ -234,9 +171,7 @@ class Orchestrator:
                 self._end(tracked, error=f"orchestrator failed: {exc}")
 
     def _poll_events(self, timeout_ms: int) -> list[FromStage]:
-        events: list[FromStage] = []
-        for client in self.clients.values():
-            events += client.poll()
+        events = self.stages.poll_clients()
         ready = dict(self._poller.poll(0 if events else timeout_ms))
         if self._wake_in in ready:
             while True:
@@ -244,19 +179,13 @@ class Orchestrator:
                     self._wake_in.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-        if self.inbox in ready:
-            while True:
-                try:
-                    frame = self.inbox.recv(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                events += from_stage_decoder.decode(frame.buffer)
+        if self.stages.inbox in ready:
+            events += self.stages.drain_inbox()
         return events
 
     def _check_stages(self) -> None:
-        for name, client in self.clients.items():
-            code = client.exit_code()
-            if code is not None and name not in self.dead:
+        for name, code in self.stages.exit_codes().items():
+            if name not in self.dead:
                 self._stage_died(name, f"stage {name!r} died (exit code {code})")
 
     def _stage_died(self, name: str, reason: str) -> None:
@@ -333,7 +262,7 @@ class Orchestrator:
             if e.transfer != "prompt" and e.dst in tracked.needed
         ]
         tracked.started.add(stage)
-        self.clients[stage].send(msg)
+        self.stages.send(stage, msg)
 
     def _on_output(self, event: StageOutput) -> None:
         tracked = self.tracked.get(event.request_id)
@@ -396,14 +325,15 @@ class Orchestrator:
                 tracked, consumer, SubmitRequest(request_id=event.request_id, wait_for=[event.edge])
             )
         # Forwarded even for an ended request: the consumer is then not waiting and frees it.
-        self.clients[consumer].send(
+        self.stages.send(
+            consumer,
             DeliverPayload(
                 request_id=event.request_id,
                 edge=event.edge,
                 handle=event.handle,
                 chunk_index=event.chunk_index,
                 last=event.last,
-            )
+            ),
         )
 
     def _abort(self, request_id: str) -> None:
@@ -424,7 +354,7 @@ class Orchestrator:
         if error is not None or aborted:
             for stage in tracked.started:
                 if stage not in tracked.done and stage not in self.dead:
-                    self.clients[stage].send(AbortRequest(request_id=request_id))
+                    self.stages.send(stage, AbortRequest(request_id=request_id))
         final = update or OmniRequestOutput(request_id, {})
         final.outputs = _snapshot(tracked, tracked.request.final_stages)
         final.finished, final.error, final.aborted = True, error, aborted
@@ -437,7 +367,7 @@ class Orchestrator:
         if not live:
             future.set_result({})
         for name in live:
-            self.clients[name].send(GetStats())
+            self.stages.send(name, GetStats())
 
     def _on_stats(self, event: StageStats) -> None:
         if self._stats is None:
@@ -447,15 +377,6 @@ class Orchestrator:
         if len(collected) == len([n for n in self.clients if n not in self.dead]):
             self._stats = None
             future.set_result(collected)
-
-
-def _with_thread_budget(spec: StageSpec, num_stages: int) -> StageSpec:
-    """Stage processes share the cores: unless the deploy file says otherwise, each gets
-    an equal share of torch threads (DESIGN.md §10: oversubscribing slows everyone)."""
-    if "num_threads" in spec.engine_args:
-        return spec
-    threads = max(1, (os.cpu_count() or 1) // num_stages)
-    return dataclasses.replace(spec, engine_args={**spec.engine_args, "num_threads": threads})
 
 
 def _snapshot(tracked: _Tracked, stages: list[str]) -> dict[str, StageResult]:

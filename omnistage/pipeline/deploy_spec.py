@@ -1,0 +1,184 @@
+"""The parts of a pipeline as a deploy file describes them: stages, edges, connectors.
+
+Frozen dataclasses, each field documented; `DeploySpec` answers graph questions
+(entry and final stages, edges in and out, topological order). They are built
+and validated by `omnistage.pipeline.deploy.load_deploy`, and every problem is
+a `DeployError` naming the source, the key path and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STAGE_KINDS = ("ar", "generation", "diffusion")
+OUTPUT_TYPES = ("text", "audio", "image", "tokens", "latents")
+TRANSFERS = ("prompt", "payload", "stream")
+CONNECTOR_KINDS = ("inproc", "shm", "zmq")
+IMPLICIT_CONNECTORS = ("inproc", "shm")
+DEFAULT_INPUT_TIMEOUT_S = 60.0
+DEFAULT_CHUNK_SIZE = 16
+DEPLOYS_DIR = Path(__file__).parent / "deploys"
+
+
+class DeployError(ValueError):
+    """A deploy file problem: names the source, the key path, and expected versus got."""
+
+    def __init__(self, source: str, path: str, message: str) -> None:
+        self.source, self.key_path, self.reason = source, path, message
+        super().__init__(f"{source}: {path}: {message}" if path else f"{source}: {message}")
+
+    def __reduce__(self):  # survives pickling across stage processes
+        return type(self), (self.source, self.key_path, self.reason)
+
+
+@dataclass(frozen=True)
+class ConnectorSpec:
+    """One entry of the `connectors` section."""
+
+    name: str
+    """Name edges refer to (`connector: <name>`)."""
+
+    kind: str
+    """Transport: inproc, shm or zmq."""
+
+    options: dict[str, Any] = field(default_factory=dict)
+    """Every other key of the entry, passed to the connector unchanged."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage of the pipeline."""
+
+    id: int
+    """Unique non-negative integer; edges may refer to the stage by it."""
+
+    name: str
+    """Unique name matching [A-Za-z0-9_-]+; edges and outputs refer to the stage by it."""
+
+    kind: str
+    """ar (autoregressive LLM engine), generation (e.g. a vocoder) or diffusion."""
+
+    model: str | None = None
+    """Built-in model name or path; None means the model given to the pipeline."""
+
+    model_part: str | None = None
+    """Which part of a multi-part checkpoint this stage runs (e.g. thinker); None for all."""
+
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    """`EngineConfig` fields for this stage, `model` excluded."""
+
+    default_sampling: dict[str, Any] = field(default_factory=dict)
+    """`SamplingParams` fields used when a request gives none for this stage."""
+
+    final_output: bool = False
+    """Whether this stage's output is returned to the caller."""
+
+    final_output_type: str | None = None
+    """text, audio, image, tokens or latents; required when final_output is true."""
+
+    input_timeout_s: float = DEFAULT_INPUT_TIMEOUT_S
+    """How long a request waits for its input payload before it fails."""
+
+    output_keys: tuple[str, ...] = ()
+    """Payload keys this stage produces for its outgoing edges."""
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    """A directed edge: how one stage's output reaches another stage."""
+
+    src: str
+    """Producer stage name."""
+
+    dst: str
+    """Consumer stage name."""
+
+    processor: str
+    """Registered edge processor that turns the producer's output into the consumer's input."""
+
+    transfer: str
+    """prompt (orchestrator builds the next prompt), payload (sent at finish) or stream (chunks)."""
+
+    connector: str | None = None
+    """Connector name carrying payload/stream data; None for prompt transfer."""
+
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    """Stream only: items per chunk after the first."""
+
+    first_chunk_size: int = DEFAULT_CHUNK_SIZE
+    """Stream only: items in the first chunk (small for a low time to first output)."""
+
+    left_context: int = 0
+    """Stream only: items of the previous chunk repeated before each chunk."""
+
+
+@dataclass(frozen=True)
+class DeploySpec:
+    """A validated pipeline: stages in file order, edges by stage name, connectors by name."""
+
+    name: str
+    """The file's `name`, else the file name without suffix (or "deploy" for a mapping)."""
+
+    source: str
+    """Where it was loaded from: a file path or "<dict>"."""
+
+    stages: tuple[StageSpec, ...]
+    """Stages in the order they were declared."""
+
+    edges: tuple[EdgeSpec, ...] = ()
+    """Edges in the order they were declared."""
+
+    connectors: dict[str, ConnectorSpec] = field(default_factory=dict)
+    """Declared connectors plus the implicit inproc and shm ones."""
+
+    def stage(self, name: str) -> StageSpec:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"unknown stage {name!r}; known: {', '.join(s.name for s in self.stages)}")
+
+    def edges_from(self, name: str) -> tuple[EdgeSpec, ...]:
+        return tuple(e for e in self.edges if e.src == name)
+
+    def edges_into(self, name: str) -> tuple[EdgeSpec, ...]:
+        return tuple(e for e in self.edges if e.dst == name)
+
+    @property
+    def entry_stages(self) -> tuple[StageSpec, ...]:
+        """The stage with no incoming edge; a DeployError unless there is exactly one."""
+        entries = tuple(s for s in self.stages if not self.edges_into(s.name))
+        if len(entries) != 1:
+            got = ", ".join(s.name for s in entries) or "none"
+            raise DeployError(
+                self.source, "edges", f"expected exactly one entry stage, got {len(entries)}: {got}"
+            )
+        return entries
+
+    @property
+    def final_stages(self) -> tuple[StageSpec, ...]:
+        return tuple(s for s in self.stages if s.final_output)
+
+    def topological_order(self) -> tuple[str, ...]:
+        """Stage names, producers before consumers; ties keep declaration order."""
+        indegree = {s.name: len(self.edges_into(s.name)) for s in self.stages}
+        ready = [name for name, n in indegree.items() if n == 0]
+        order: list[str] = []
+        while ready:
+            order.append(ready.pop(0))
+            for edge in self.edges_from(order[-1]):
+                indegree[edge.dst] -= 1
+                if indegree[edge.dst] == 0:
+                    ready.append(edge.dst)
+        if len(order) != len(self.stages):
+            raise DeployError(self.source, "edges", "the stage graph has a cycle")
+        return tuple(order)
+
+    def with_model(self, model: str) -> DeploySpec:
+        """A copy where every stage with model None runs `model`."""
+        stages = tuple(
+            dataclasses.replace(s, model=model) if s.model is None else s for s in self.stages
+        )
+        return dataclasses.replace(self, stages=stages)

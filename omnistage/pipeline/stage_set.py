@@ -1,0 +1,155 @@
+"""`StageSet`: the running stages of one pipeline and the sockets to reach them.
+
+It starts every stage (a spawned process each, or in this process), waits
+until all report ready, and gives the orchestrator what it needs to talk to
+them: `send`, the events they reported (`poll_clients` for in-process stages,
+`drain_inbox` for the shared ZMQ inbox of stage processes), their exit codes,
+and `close`, which stops every stage and unlinks any shared memory a crashed
+one left behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+
+import zmq
+
+from omnistage.pipeline.deploy import DeploySpec, StageSpec
+from omnistage.pipeline.messages import (
+    FromStage,
+    StageFatal,
+    StageReady,
+    ToStage,
+    from_stage_decoder,
+)
+from omnistage.pipeline.stage_process import (
+    InProcessStageClient,
+    ProcessStageClient,
+    StageClient,
+)
+
+logger = logging.getLogger(__name__)
+READY_POLL_MS = 200
+
+
+class StageSet:
+    def __init__(
+        self,
+        deploy: DeploySpec,
+        namespace: str,
+        context: zmq.Context,
+        in_process: bool,
+        startup_timeout_s: float,
+    ) -> None:
+        self.deploy = deploy
+        self.namespace = namespace
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="omnistage-")
+        self.inbox = context.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.bind(self._address("orchestrator"))
+        self.clients: dict[str, StageClient] = {}
+        self.sample_rates: dict[str, int | None] = {}
+        try:
+            for name in deploy.topological_order():
+                self.clients[name] = self._start(deploy.stage(name), context, in_process)
+            self._wait_ready(startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _address(self, name: str) -> str:
+        return f"ipc://{self._tmpdir.name}/{name}.sock"
+
+    def _start(self, spec: StageSpec, context: zmq.Context, in_process: bool) -> StageClient:
+        if in_process:
+            return InProcessStageClient(spec, self.deploy, self.namespace)
+        return ProcessStageClient(
+            _with_thread_budget(spec, len(self.deploy.stages)),
+            self.deploy,
+            self.namespace,
+            context,
+            self._address(spec.name),
+            self._address("orchestrator"),
+        )
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        waiting = set(self.clients)
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            events = self.poll_clients()
+            if self.inbox.poll(0 if events else READY_POLL_MS):
+                events += self.drain_inbox()
+            for event in events:
+                if isinstance(event, StageReady):
+                    waiting.discard(event.stage)
+                    self.sample_rates[event.stage] = event.sample_rate
+                elif isinstance(event, StageFatal):
+                    raise RuntimeError(f"stage {event.stage!r} failed to start: {event.message}")
+            for name in waiting:
+                code = self.clients[name].exit_code()
+                if code is not None:
+                    raise RuntimeError(f"stage {name!r} exited during start-up (exit code {code})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"stages {sorted(waiting)} not ready within {timeout_s:g} s")
+
+    # -- talking to the stages ----------------------------------------------------------------
+    def send(self, stage: str, msg: ToStage) -> None:
+        self.clients[stage].send(msg)
+
+    def poll_clients(self) -> list[FromStage]:
+        """In-process stages: run a step each and collect what they report."""
+        events: list[FromStage] = []
+        for client in self.clients.values():
+            events += client.poll()
+        return events
+
+    def drain_inbox(self) -> list[FromStage]:
+        """Everything stage processes reported so far (never waits)."""
+        events: list[FromStage] = []
+        while True:
+            try:
+                frame = self.inbox.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return events
+            events += from_stage_decoder.decode(frame.buffer)
+
+    def busy(self) -> bool:
+        return any(c.busy() for c in self.clients.values())
+
+    def exit_codes(self) -> dict[str, int]:
+        """Stages whose process has ended, with its exit code."""
+        codes = {name: client.exit_code() for name, client in self.clients.items()}
+        return {name: code for name, code in codes.items() if code is not None}
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            try:
+                client.close()
+            except Exception:  # keep closing the others
+                logger.exception("closing stage %s", client.name)
+        self._cleanup_connectors()
+        self.inbox.close(linger=0)
+        self._tmpdir.cleanup()
+
+    def _cleanup_connectors(self) -> None:
+        """Drop any buffer a crashed or killed stage left behind (shared memory above all)."""
+        from omnistage.pipeline.connectors import make_connector
+
+        for name, spec in self.deploy.connectors.items():
+            if spec.kind == "shm":
+                connector = make_connector(name, spec.kind, spec.options, namespace=self.namespace)
+                connector.cleanup_all()
+                connector.close()
+
+
+def _with_thread_budget(spec: StageSpec, num_stages: int) -> StageSpec:
+    """Stage processes share the cores: unless the deploy file says otherwise, each gets
+    an equal share of torch threads (DESIGN.md §10: oversubscribing slows everyone)."""
+    if "num_threads" in spec.engine_args:
+        return spec
+    threads = max(1, (os.cpu_count() or 1) // num_stages)
+    return dataclasses.replace(spec, engine_args={**spec.engine_args, "num_threads": threads})
