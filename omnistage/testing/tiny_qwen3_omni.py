@@ -146,18 +146,31 @@ VIDEO_PROCESSOR_CONFIG = {
 del VIDEO_PROCESSOR_CONFIG["image_processor_type"]
 
 
-def tiny_qwen3_omni_config():
-    """The `Qwen3OmniMoeConfig` of the tiny checkpoint (all sizes as small as the code allows)."""
-    from transformers import Qwen3OmniMoeConfig
+MROPE = {
+    "rope_type": "default",
+    "rope_theta": 1000000.0,
+    "mrope_section": [4, 2, 2],  # sums to head_dim / 2 = 8 (real: [24, 20, 20] for 128)
+    "interleaved": True,
+    "mrope_interleaved": True,
+}
 
+
+def _media_ids() -> dict[str, int]:
+    """Audio / image / video token ids and timing both the thinker and the talker read."""
     ids = TOKEN_IDS
-    mrope = {
-        "rope_type": "default",
-        "rope_theta": 1000000.0,
-        "mrope_section": [4, 2, 2],  # sums to head_dim / 2 = 8 (real: [24, 20, 20] for 128)
-        "interleaved": True,
-        "mrope_interleaved": True,
-    }
+    return dict(
+        audio_token_id=ids["<|audio_pad|>"],
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        audio_start_token_id=ids["<|audio_start|>"],
+        audio_end_token_id=ids["<|audio_end|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        position_id_per_seconds=13,
+        seconds_per_chunk=2,
+    )
+
+
+def _thinker_config() -> dict:
     thinker_text = dict(
         vocab_size=THINKER_VOCAB_SIZE,
         hidden_size=HIDDEN,
@@ -174,7 +187,7 @@ def tiny_qwen3_omni_config():
         mlp_only_layers=[],
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
-        rope_parameters=mrope,
+        rope_parameters=dict(MROPE),
         tie_word_embeddings=False,
     )
     audio = dict(
@@ -202,21 +215,17 @@ def tiny_qwen3_omni_config():
         num_position_embeddings=64,  # a square: 8 x 8 learned position grid
         deepstack_visual_indexes=[0],
     )
-    thinker = dict(
+    return dict(
         text_config=thinker_text,
         audio_config=audio,
         vision_config=vision,
-        audio_token_id=ids["<|audio_pad|>"],
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        audio_start_token_id=ids["<|audio_start|>"],
-        audio_end_token_id=ids["<|audio_end|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        user_token_id=ids["user"],
-        position_id_per_seconds=13,
-        seconds_per_chunk=2,
+        vision_end_token_id=TOKEN_IDS["<|vision_end|>"],
+        user_token_id=TOKEN_IDS["user"],
+        **_media_ids(),
     )
+
+
+def _talker_config() -> dict:
     talker_text = dict(
         vocab_size=TALKER_VOCAB_SIZE,
         hidden_size=TALKER_HIDDEN,
@@ -232,7 +241,7 @@ def tiny_qwen3_omni_config():
         norm_topk_prob=True,
         max_position_embeddings=4096,
         rms_norm_eps=1e-6,
-        rope_parameters=dict(mrope),
+        rope_parameters=dict(MROPE),
     )
     code_predictor = dict(
         vocab_size=CODEBOOK_SIZE,
@@ -247,25 +256,21 @@ def tiny_qwen3_omni_config():
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     )
-    talker = dict(
+    return dict(
         text_config=talker_text,
         code_predictor_config=code_predictor,
         num_code_groups=NUM_CODE_GROUPS,
         thinker_hidden_size=HIDDEN,
         accept_hidden_layer=ACCEPT_HIDDEN_LAYER,
         speaker_id=dict(SPEAKER_IDS),
-        audio_token_id=ids["<|audio_pad|>"],
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        audio_start_token_id=ids["<|audio_start|>"],
-        audio_end_token_id=ids["<|audio_end|>"],
-        position_id_per_seconds=13,
-        seconds_per_chunk=2,
         spatial_merge_size=2,
+        **_media_ids(),
         **CODEC_IDS,
     )
-    code2wav = dict(
+
+
+def _code2wav_config() -> dict:
+    return dict(
         codebook_size=CODEBOOK_SIZE,
         num_quantizers=NUM_CODE_GROUPS,
         hidden_size=32,
@@ -280,10 +285,17 @@ def tiny_qwen3_omni_config():
         upsample_rates=[2, 2, 2, 2],  # real: [8, 5, 4, 3]
         upsampling_ratios=[2, 2],  # real: [2, 2]; samples per code frame = product = 64 (real 1920)
     )
+
+
+def tiny_qwen3_omni_config():
+    """The `Qwen3OmniMoeConfig` of the tiny checkpoint (all sizes as small as the code allows)."""
+    from transformers import Qwen3OmniMoeConfig
+
+    ids = TOKEN_IDS
     return Qwen3OmniMoeConfig(
-        thinker_config=thinker,
-        talker_config=talker,
-        code2wav_config=code2wav,
+        thinker_config=_thinker_config(),
+        talker_config=_talker_config(),
+        code2wav_config=_code2wav_config(),
         enable_audio_output=True,
         im_start_token_id=IM_START_ID,
         im_end_token_id=IM_END_ID,
