@@ -77,6 +77,8 @@ class ModelRunner:
         max_blocks = -(-max_model_len // block_size)
         self.batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
         self.requests: dict[str, RequestState] = {}
+        self._own_embeds: set[str] = set()
+        """Requests that bring input embeddings (prompt embeddings, conditioning rows)."""
         self.sampler = Sampler()
         self.busy_seconds = 0.0
         """Time spent executing steps (telemetry: how loaded the runner is)."""
@@ -95,6 +97,7 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(req_id, None)
+            self._own_embeds.discard(req_id)
             self.batch.remove(req_id)
         for new in so.scheduled_new_reqs:
             state = RequestState(
@@ -112,6 +115,8 @@ class ModelRunner:
             )
             if new.stream_conditioning:
                 state.conditioning = self._rows(new.conditioning)
+            if state.prompt_embeds is not None or state.conditioning is not None:
+                self._own_embeds.add(new.req_id)
             self.requests[new.req_id] = state
             self.batch.add(state)
         for req_id, blob in so.new_conditioning.items():
@@ -233,10 +238,7 @@ class ModelRunner:
     def _prompt_embeds(self, inputs: StepInputs) -> torch.Tensor | None:
         """Input embeddings of the step when a scheduled request brings its own (prompt
         embeddings, conditioning rows), else None: the model embeds the token ids."""
-        if not any(
-            s.prompt_embeds is not None or s.conditioning is not None
-            for s in (self.batch.states[r] for r in inputs.rows)
-        ):
+        if not self._own_embeds:  # the common case, checked without touching any row
             return None
         embeds = self.model.embed_input_ids(inputs.input_ids)
         offset = 0
