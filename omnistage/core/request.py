@@ -82,7 +82,13 @@ class Request:
     num_conditioning_sent: int = 0
     """Rows already shipped to the runner (all of them go again after a preemption)."""
     conditioning_finished: bool = False
-    """No more rows will come: later positions get none (a zero row)."""
+    """No more rows will come: later positions get `conditioning_fill` (or nothing)."""
+    conditioning_fill: torch.Tensor | None = None
+    """[hidden]: the row every position past the last conditioning row gets, once finished."""
+
+    output_codes: list[list[int]] = field(default_factory=list)
+    """Per confirmed output token, the extra codes its model sampled with it (models with
+    `num_token_codes`, e.g. the residual codebooks of a speech-codec talker); else empty."""
 
     @property
     def num_conditioning_rows(self) -> int:

@@ -30,6 +30,10 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     stream_conditioning: bool = False
     conditioning: TensorBlob | None = None
     """Every conditioning row received so far (stream-conditioned requests)."""
+    conditioning_fill: TensorBlob | None = None
+    """The row of every position past the last one, once the rows have finished."""
+    output_codes: list[list[int]] = msgspec.field(default_factory=list)
+    """The extra codes of each output so far (models with `num_token_codes`)."""
 
 
 class CachedRequestData(msgspec.Struct, kw_only=True):
@@ -57,6 +61,8 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     """Requests preempted this step: the runner drops their state; they come back as new."""
     new_conditioning: dict[str, TensorBlob] = msgspec.field(default_factory=dict)
     """Conditioning rows that arrived since a known request was last scheduled."""
+    new_conditioning_fill: dict[str, TensorBlob] = msgspec.field(default_factory=dict)
+    """The fill rows of known requests whose conditioning finished since last scheduled."""
 
     @property
     def is_empty(self) -> bool:
@@ -76,6 +82,9 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     [total_num_scheduled_tokens, hidden], requests in `req_ids` order."""
     hidden_starts: list[int] | None = None
     """Per request: the position of its first hidden-state row this step."""
+    sampled_codes: list[list[int]] | None = None
+    """Models with `num_token_codes`: per request, the codes sampled with this step's token
+    (empty when it sampled none)."""
 
     @property
     def req_id_to_index(self) -> dict[str, int]:

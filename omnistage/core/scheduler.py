@@ -50,6 +50,8 @@ class Scheduler:
         self._finished_since_last_step: set[str] = set()
         self.num_preemptions = 0
         """Preemptions since start (for stats and tests)."""
+        self._fill_unsent: set[str] = set()
+        """Requests whose conditioning fill row the runner has not been sent yet."""
 
     # -- request lifecycle -----------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -72,6 +74,7 @@ class Scheduler:
             self._release(request)
 
     def _release(self, request: Request) -> None:
+        self._fill_unsent.discard(request.request_id)
         self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_since_last_step.add(request.request_id)
@@ -90,7 +93,8 @@ class Scheduler:
         cached_reqs = CachedRequestData()
         preempted: set[str] = set()
         new_conditioning: dict[str, TensorBlob] = {}
-        self._schedule_running(budget, cached_reqs, preempted, new_conditioning)
+        new_fill: dict[str, TensorBlob] = {}
+        self._schedule_running(budget, cached_reqs, preempted, new_conditioning, new_fill)
         if not preempted:
             self._schedule_waiting(budget, new_reqs)
         out = SchedulerOutput(
@@ -101,6 +105,7 @@ class Scheduler:
             finished_req_ids=self._finished_since_last_step,
             preempted_req_ids=preempted,
             new_conditioning=new_conditioning,
+            new_conditioning_fill=new_fill,
         )
         self._finished_since_last_step = set()
         for req_id, n in budget.scheduled.items():
@@ -114,14 +119,30 @@ class Scheduler:
             pending = min(pending, limit)
         return min(pending, self.max_model_len) - request.num_computed_tokens
 
-    def add_conditioning(self, request_id: str, rows: torch.Tensor, finished: bool) -> None:
-        """More conditioning rows for a stream-conditioned request (ignored once it ended)."""
+    def add_conditioning(
+        self,
+        request_id: str,
+        rows: torch.Tensor,
+        finished: bool,
+        fill: torch.Tensor | None = None,
+    ) -> None:
+        """More conditioning rows for a stream-conditioned request (ignored once it ended);
+        with `finished`, `fill` is the row of every later position."""
         request = self.requests.get(request_id)
         if request is None:
             return
         if rows.shape[0]:
             request.conditioning.append(rows)
-        request.conditioning_finished |= finished
+        if finished and not request.conditioning_finished:
+            request.conditioning_finished = True
+            request.conditioning_fill = fill
+            self._fill_unsent.add(request_id)
+
+    def _unsent_fill(self, request: Request) -> TensorBlob | None:
+        """The fill row, once, to a runner that knows the request (a new one gets it whole)."""
+        self._fill_unsent.discard(request.request_id)
+        fill = request.conditioning_fill
+        return None if fill is None else tensor_to_blob(fill)
 
     def _all_conditioning(self, request: Request) -> TensorBlob | None:
         """A runner that (re)learns the request gets every row so far."""
@@ -143,6 +164,7 @@ class Scheduler:
         cached_reqs: CachedRequestData,
         preempted: set[str],
         new_conditioning: dict[str, TensorBlob],
+        new_fill: dict[str, TensorBlob],
     ) -> None:
         i = 0
         while i < len(self.running) and budget.left > 0:
@@ -163,6 +185,10 @@ class Scheduler:
             budget.take(request.request_id, n)
             if (rows := self._unsent_conditioning(request)) is not None:
                 new_conditioning[request.request_id] = rows
+            if request.request_id in self._fill_unsent and (
+                (fill := self._unsent_fill(request)) is not None
+            ):
+                new_fill[request.request_id] = fill
             i += 1
 
     def _make_room(self, request: Request, n: int, preempted: set[str]) -> bool:
@@ -211,6 +237,10 @@ class Scheduler:
                     else tensor_to_blob(request.prompt_embeds),
                     stream_conditioning=request.stream_conditioning,
                     conditioning=self._all_conditioning(request),
+                    conditioning_fill=self._unsent_fill(request)
+                    if request.conditioning_finished
+                    else None,
+                    output_codes=list(request.output_codes),
                 )
             )
             budget.take(request.request_id, n)
@@ -261,6 +291,9 @@ class Scheduler:
             queue = self.running if request.status == RequestStatus.RUNNING else self.waiting
             self._on_sampled(request, len(sampled))
             new_tokens = self._append_and_check_stop(request, sampled)
+            codes = runner_output.sampled_codes[i] if runner_output.sampled_codes else None
+            if codes:
+                request.output_codes.append(codes)
             outputs.append(
                 EngineCoreOutput(
                     request_id=req_id,
@@ -271,6 +304,7 @@ class Scheduler:
                     num_cached_tokens=max(request.num_cached_tokens, 0),
                     hidden_states=None if hidden is None else hidden[i],
                     hidden_start=0 if hidden is None else runner_output.hidden_starts[i],
+                    new_codes=[codes] if codes else None,
                 )
             )
             if request.is_finished:

@@ -125,18 +125,25 @@ class LLMEngine:
                 )
             )
 
-    def add_conditioning(self, request_id: str, rows: torch.Tensor, finished: bool) -> None:
-        """Conditioning rows ([n, hidden]) for a stream-conditioned request, in order."""
+    def add_conditioning(
+        self,
+        request_id: str,
+        rows: torch.Tensor,
+        finished: bool,
+        fill: torch.Tensor | None = None,
+    ) -> None:
+        """Conditioning rows ([n, hidden]) for a stream-conditioned request, in order; with
+        `finished`, `fill` ([hidden]) conditions every position after the last row."""
         tracked = self._tracked.get(request_id)
         if tracked is None:
             return
-        if rows.shape[0] and (rows.ndim != 2 or rows.shape[1] != self.hf_config.hidden_size):
-            raise ValueError(
-                f"conditioning: expected [rows, {self.hf_config.hidden_size}], "
-                f"got {list(rows.shape)}"
-            )
+        hidden = self.hf_config.hidden_size
+        if rows.shape[0] and (rows.ndim != 2 or rows.shape[1] != hidden):
+            raise ValueError(f"conditioning: expected [rows, {hidden}], got {list(rows.shape)}")
+        if fill is not None and tuple(fill.shape) != (hidden,):
+            raise ValueError(f"conditioning fill: expected [{hidden}], got {list(fill.shape)}")
         for core_id in tracked.seqs:
-            self.core.scheduler.add_conditioning(core_id, rows, finished)
+            self.core.scheduler.add_conditioning(core_id, rows, finished, fill)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:

@@ -2,6 +2,8 @@
 
 omnistage generate "PROMPT" [--model smollm2] [--chat] [--max-tokens N] [--temperature T] ...
 omnistage generate "PROMPT" --deploy FILE|NAME [--model PATH] [--modalities text,audio] [--out DIR]
+omnistage generate "PROMPT" --model demo-omni|OMNI_CHECKPOINT [--modalities text,audio] [--out DIR]
+    (omni checkpoints and demos run their packaged pipeline, with the chat template)
 omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
 omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
@@ -64,6 +66,12 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.deploy is None and args.model is not None:
+        from omnistage.pipeline.deploy import deploy_for_model
+
+        spec = deploy_for_model(args.model)
+        if len(spec.stages) > 1:  # an omni checkpoint or demo: its packaged pipeline
+            args.deploy, args.model, args.chat = spec, None, True
     if args.deploy is not None:
         return _generate_pipeline(args)
     from omnistage import LLM, SamplingParams

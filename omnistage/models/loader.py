@@ -18,7 +18,13 @@ import safetensors
 import torch
 import transformers
 
-from omnistage.models.builtin import BUILTIN_MODELS, builtin_gguf_path, builtin_model
+from omnistage.models.builtin import (
+    BUILTIN_MODELS,
+    builtin_gguf_path,
+    builtin_model,
+    demo_deploy,
+    demo_model_path,
+)
 from omnistage.models.gguf_cache import cached_gguf_checkpoint
 
 _INDEX = "model.safetensors.index.json"
@@ -44,6 +50,9 @@ def resolve_model(model: str) -> ModelFiles:
     """
     if not isinstance(model, str) or not model:
         raise ValueError(f"model: expected a built-in name or a path, got {model!r}")
+    if demo_deploy(model) is not None:
+        path = demo_model_path(model)
+        return ModelFiles(model, path, f"built-in {model}: {BUILTIN_MODELS[model]} ({path})")
     if model in BUILTIN_MODELS:
         gguf_path = builtin_gguf_path(model)
         path = cached_gguf_checkpoint(gguf_path)

@@ -164,7 +164,7 @@ class Qwen3OmniTalkerDecoder(Qwen3MoeForCausalLM):
     embedding and its head the codec head (`models/parts.py` maps the names). What the
     talker is fed (projected thinker states, codec embeddings) is assembled outside it."""
 
-    architectures = ("OmnistageQwen3OmniTalkerDecoder",)
+    architectures = ()  # the base of `qwen3_omni_talker.Qwen3OmniTalker`
 
     def make_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module | None:
         return SparseMoeBlock(config, dtype)

@@ -26,26 +26,50 @@ class PartSpec:
     """The omnistage architecture (registry name) that serves the part."""
     renames: tuple[tuple[str, str], ...]
     """(prefix on disk, prefix the architecture expects); other weights are not the part's."""
+    eos_token_id: tuple[str, ...] | None = None
+    """Attributes leading from the checkpoint's config to the part's own end id, when it
+    is not the tokenizer's (a talker ends at its codec's end code)."""
 
 
 PARTS: dict[tuple[str, str], PartSpec] = {
     ("qwen3_omni_moe", "thinker"): PartSpec(
         ("thinker_config", "text_config"),
-        "Qwen3MoeForCausalLM",
+        "OmnistageQwen3OmniThinker",
         (("thinker.model.", "model."), ("thinker.lm_head.", "lm_head.")),
     ),
     ("qwen3_omni_moe", "talker"): PartSpec(
         ("talker_config", "text_config"),
-        "OmnistageQwen3OmniTalkerDecoder",
+        "OmnistageQwen3OmniTalker",
         (
             ("talker.model.codec_embedding.", "model.embed_tokens."),
             ("talker.model.", "model."),
             ("talker.codec_head.", "lm_head."),
+            ("talker.code_predictor.", "code_predictor."),
         ),
+        eos_token_id=("talker_config", "codec_eos_token_id"),
+    ),
+    ("qwen2_5_omni", "thinker"): PartSpec(
+        ("thinker_config", "text_config"),
+        "OmnistageQwen25OmniThinker",
+        (("thinker.model.", "model."), ("thinker.lm_head.", "lm_head.")),
+    ),
+    ("qwen2_5_omni", "talker"): PartSpec(
+        ("talker_config",),
+        "OmnistageQwen25OmniTalker",
+        (
+            ("talker.thinker_to_talker_proj.", "model.thinker_to_talker_proj."),
+            ("talker.model.", "model."),
+            ("talker.codec_head.", "lm_head."),
+        ),
+        # transformers also ends at tts_codec_pad (generate's eos [8292, 8294]); see
+        # models/qwen25_omni_talker.py.
+        eos_token_id=("talker_config", "tts_codec_end_token_id"),
     ),
 }
 
 RENAMES_ATTR = "omnistage_weight_renames"
+ROOT_CONFIG_ATTR = "omnistage_root_config"
+"""The whole checkpoint's config, on a part's config (parts read their siblings' settings)."""
 
 
 def part_names(model_type: str) -> list[str]:
@@ -69,6 +93,12 @@ def select_part(hf_config: Any, part: str) -> Any:
     config = copy.deepcopy(config)
     config.architectures = [spec.architecture]
     setattr(config, RENAMES_ATTR, spec.renames)
+    setattr(config, ROOT_CONFIG_ATTR, hf_config)
+    if spec.eos_token_id is not None:
+        eos = hf_config
+        for attr in spec.eos_token_id:
+            eos = getattr(eos, attr)
+        config.eos_token_id = eos
     return config
 
 

@@ -42,6 +42,7 @@ class Qwen3OmniCode2Wav(GenerationModel):
         self.module = Qwen3OmniMoeCode2Wav(config).to(dtype).eval()
         self.dtype = dtype
         self.num_quantizers = config.num_quantizers
+        self.codebook_size = config.codebook_size
         self.upsample = int(self.module.total_upsample)
         self.trim = self.upsample - self._decoded_length(1)
         self.sample_rate = SAMPLE_RATE
@@ -71,11 +72,17 @@ class Qwen3OmniCode2Wav(GenerationModel):
     def generate(self, inputs: list[torch.Tensor], context_lens: list[int]) -> list[torch.Tensor]:
         outputs = []
         for frames, context in zip(inputs, context_lens, strict=True):
+            if frames.numel() == 0:  # e.g. the empty last chunk of a stream
+                outputs.append(torch.zeros(0, dtype=torch.float32))
+                continue
             if frames.ndim != 2 or frames.shape[1] != self.num_quantizers:
                 raise ValueError(
                     f"codes.audio: expected [frames, {self.num_quantizers}] codes, "
                     f"got {list(frames.shape)}"
                 )
+            # The talker's end frame (its first code is `codec_eos`, past the codebook) is
+            # not speech.
+            frames = frames[: context + int((frames[context:, 0] < self.codebook_size).sum())]
             if frames.shape[0] == context:
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue

@@ -6,11 +6,9 @@ from typing import Any
 
 from omnistage.models.base import CausalLM
 from omnistage.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from omnistage.models.moe import (
-    Qwen2MoeForCausalLM,
-    Qwen3MoeForCausalLM,
-    Qwen3OmniTalkerDecoder,
-)
+from omnistage.models.moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from omnistage.models.qwen3_omni_talker import Qwen3OmniTalker, Qwen3OmniThinker
+from omnistage.models.qwen25_omni_talker import Qwen25OmniTalker, Qwen25OmniThinker
 
 _MODELS: dict[str, type[CausalLM]] = {}
 
@@ -27,7 +25,10 @@ for _cls in (
     Qwen3ForCausalLM,
     Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM,
-    Qwen3OmniTalkerDecoder,
+    Qwen3OmniThinker,
+    Qwen3OmniTalker,
+    Qwen25OmniThinker,
+    Qwen25OmniTalker,
 ):
     register_model(_cls)
 

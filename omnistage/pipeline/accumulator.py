@@ -24,7 +24,7 @@ import torch
 
 from omnistage.pipeline.deploy import EdgeSpec
 from omnistage.pipeline.payload import Payload
-from omnistage.pipeline.processors import Accumulate, EdgeProcessor
+from omnistage.pipeline.processors import CODES_KEY, Accumulate, EdgeProcessor
 
 HIDDEN_KEY = "hidden_states.output"
 
@@ -67,11 +67,24 @@ class RequestAccumulator:
         return HIDDEN_KEY in self.modes
 
     def add_step(
-        self, new_token_ids: list[int], hidden: torch.Tensor | None, hidden_start: int
+        self,
+        new_token_ids: list[int],
+        hidden: torch.Tensor | None,
+        hidden_start: int,
+        new_codes: list[list[int]] | None = None,
     ) -> None:
-        """One accepted step of the request: its new tokens and computed positions."""
+        """One accepted step of the request: its new tokens (with their codes, for models
+        that sample codes with each token) and computed positions."""
         if new_token_ids and "ids.output" in self.modes:
             self._append("ids.output", torch.tensor(new_token_ids, dtype=torch.int64))
+        if new_token_ids and CODES_KEY in self.modes:
+            if not new_codes or len(new_codes) != len(new_token_ids):
+                raise RuntimeError(
+                    f"request {self.request_id!r}: {CODES_KEY} needs a model that samples codes "
+                    "with each token"
+                )
+            frames = [[t, *c] for t, c in zip(new_token_ids, new_codes, strict=True)]
+            self._append(CODES_KEY, torch.tensor(frames, dtype=torch.int64))
         if hidden is not None and HIDDEN_KEY in self.modes:
             have = self.counts[HIDDEN_KEY]
             if hidden_start > have:

@@ -53,6 +53,8 @@ class ARStageCore(StageCore):
             )
         )
         self.engine.core_output_listener = self._on_core_output
+        for _, processor in self.incoming.values():
+            processor.bind_consumer(self.engine)
         self.accumulators: dict[str, RequestAccumulator] = {}
         self.num_sent_tokens: dict[str, int] = {}
         self.failed: dict[str, str] = {}
@@ -78,9 +80,19 @@ class ARStageCore(StageCore):
             text, ids = self.engine.inputs.tokenize(inputs.prompt)
         else:
             raise ValueError(f"stage {self.name!r}: the request has no prompt")
+        conditioned = inputs.conditioning is not None
         self.engine.add_tokenized_request(
-            msg.request_id, text, ids, params, inputs.prompt_embeds, stream_conditioning
+            msg.request_id,
+            text,
+            ids,
+            params,
+            inputs.prompt_embeds,
+            stream_conditioning or conditioned,
         )
+        if conditioned:  # every row known up front (a whole payload)
+            self.engine.add_conditioning(
+                msg.request_id, inputs.conditioning, True, inputs.conditioning_fill
+            )
         outgoing = self.outgoing_for(msg)
         if outgoing:
             self.accumulators[msg.request_id] = RequestAccumulator(
@@ -122,7 +134,9 @@ class ARStageCore(StageCore):
         accumulator = self.accumulators.get(request_id)
         if accumulator is not None and request_id not in self.failed:
             try:
-                accumulator.add_step(out.new_token_ids, out.hidden_states, out.hidden_start)
+                accumulator.add_step(
+                    out.new_token_ids, out.hidden_states, out.hidden_start, out.new_codes
+                )
             except Exception as exc:  # one request's payload is broken: fail it alone
                 logger.exception("stage %s: request %s", self.name, request_id)
                 self.failed[request_id] = f"{type(exc).__name__}: {exc}"

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import os
 import re
@@ -108,6 +109,31 @@ def single_model_deploy(
         "final_output_type": "text",
     }
     return _build(_Reader("<single_model_deploy>"), {"stages": [stage]}, "single-model")
+
+
+PACKAGED_DEPLOYS_BY_MODEL_TYPE = {"qwen3_omni_moe": "qwen3-omni"}
+"""Checkpoints (by config.json `model_type`) that `Omni(model=...)` serves with a packaged
+multi-stage deploy rather than as one text stage."""
+
+
+def deploy_for_model(model: str, engine_args: Mapping[str, Any] | None = None) -> DeploySpec:
+    """How `Omni(model=...)` serves a model given without a deploy file: a built-in demo,
+    or a checkpoint whose `model_type` has a packaged deploy, with that deploy (its stages
+    running the model, `engine_args` applied to each); anything else as one `ar` stage."""
+    from omnistage.models.builtin import demo_deploy, demo_model_path
+
+    name = demo_deploy(model)
+    if name is not None:
+        path = demo_model_path(model)
+    else:
+        path = Path(model).expanduser()
+        config = path / "config.json"
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        name = PACKAGED_DEPLOYS_BY_MODEL_TYPE.get(model_type)
+    if name is None:
+        return single_model_deploy(model, engine_args)
+    spec = load_deploy(packaged_deploy_path(name)).with_model(str(path.absolute()))
+    return spec.with_engine_args(engine_args) if engine_args else spec
 
 
 def packaged_deploy_path(name: str) -> Path:

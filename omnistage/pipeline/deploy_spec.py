@@ -9,6 +9,7 @@ a `DeployError` naming the source, the key path and what was expected.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,14 @@ class DeploySpec:
         if len(order) != len(self.stages):
             raise DeployError(self.source, "edges", "the stage graph has a cycle")
         return tuple(order)
+
+    def with_engine_args(self, engine_args: Mapping[str, Any]) -> DeploySpec:
+        """A copy where every stage's engine_args are overridden by `engine_args`."""
+        stages = tuple(
+            dataclasses.replace(s, engine_args={**s.engine_args, **engine_args})
+            for s in self.stages
+        )
+        return dataclasses.replace(self, stages=stages)
 
     def with_model(self, model: str) -> DeploySpec:
         """A copy where every stage with model None runs `model`."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from omnistage.config import DEFAULT_MODEL
-from omnistage.pipeline.deploy import DeploySpec, load_deploy, single_model_deploy
+from omnistage.pipeline.deploy import DeploySpec, deploy_for_model, load_deploy
 from omnistage.pipeline.orchestrator import Orchestrator, PipelineRequest
 from omnistage.pipeline.outputs import OmniRequestOutput
 from omnistage.sampling_params import SamplingParams
@@ -45,7 +45,7 @@ class _PipelineFrontend:
         **engine_args: Any,
     ) -> None:
         if deploy is None:
-            spec = single_model_deploy(model or DEFAULT_MODEL, engine_args)
+            spec = deploy_for_model(model or DEFAULT_MODEL, engine_args)
         else:
             if engine_args:
                 raise ValueError(

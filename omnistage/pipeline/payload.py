@@ -105,6 +105,9 @@ PAYLOAD_SCHEMA: dict[str, KeySpec] = {
     "ids.prompt": _t("int", 1, "[positions] prompt token ids"),
     "ids.output": _t("int", 1, "[positions] confirmed output token ids"),
     "codes.audio": _t("int", None, "audio codec tokens, e.g. [codebooks, frames]"),
+    "codes.output": _t(
+        "int", None, "[frames, 1 + codes] each output token, then the codes sampled with it"
+    ),
     "audio.waveform": _t("float", 1, "[samples] mono waveform"),
     "latents": _t("float", None, "diffusion latents, any layout"),
     "meta.finished": KeySpec("bool", doc="the producer's request has finished; last chunk"),

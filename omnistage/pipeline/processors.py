@@ -15,11 +15,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from omnistage.pipeline.payload import Payload
+
+CODES_KEY = "codes.output"
 
 
 class Accumulate(enum.Enum):
@@ -36,6 +38,10 @@ class StageInput:
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     prompt_embeds: torch.Tensor | None = None
+    conditioning: torch.Tensor | None = None
+    """Rows added to the input embeddings of the generated positions, one each."""
+    conditioning_fill: torch.Tensor | None = None
+    """The row of every generated position past the last of `conditioning`."""
 
 
 @dataclass
@@ -59,6 +65,10 @@ class EdgeProcessor:
     """The CONCAT key whose rows are counted for stream chunks."""
     input_key: ClassVar[str | None] = None
     """For generation consumers: the payload key holding the model input."""
+
+    def bind_consumer(self, engine: Any) -> None:
+        """Called once by the consuming AR stage with its engine (processors that need the
+        consumer's weights or tokenizer load them here)."""
 
     def to_prompt(self, upstream: UpstreamResult) -> StageInput:
         raise ValueError(f"edge processor {self.name!r} does not support transfer: prompt")
@@ -130,6 +140,53 @@ class HiddenToEmbeds(EdgeProcessor):
         return hidden if hidden is not None else torch.zeros(0, 0)
 
 
+class Qwen3OmniThinkerToTalker(EdgeProcessor):
+    """Qwen3-Omni thinker -> talker: the talker's prompt and per-frame text rows, built from
+    the thinker's prompt, reply and per-position (input embedding, `accept_hidden_layer`
+    output) rows by the talker checkpoint's projections (`Qwen3OmniTalkerPrompter`)."""
+
+    name = "qwen3_omni_thinker_to_talker"
+
+    accumulate = HiddenToEmbeds.accumulate
+    stream_key = "ids.output"
+
+    def __init__(self) -> None:
+        self.prompter: Any = None
+
+    def bind_consumer(self, engine: Any) -> None:
+        from omnistage.models.qwen3_omni_talker import Qwen3OmniTalkerPrompter
+
+        self.prompter = Qwen3OmniTalkerPrompter.from_checkpoint(
+            engine.model_files.path, engine.config.torch_dtype
+        )
+
+    def to_input(self, payload: Payload) -> StageInput:
+        if self.prompter is None:
+            raise ValueError(f"edge processor {self.name!r} feeds only an ar stage")
+        talker = self.prompter.build(
+            payload["ids.prompt"].tolist(),
+            payload["ids.output"].tolist(),
+            payload["hidden_states.output"],
+        )
+        return StageInput(
+            prompt_token_ids=talker.prompt_token_ids,
+            prompt_embeds=talker.prompt_embeds,
+            conditioning=talker.conditioning,
+            conditioning_fill=talker.fill,
+        )
+
+
+class CodecFrames(EdgeProcessor):
+    """The producer's frames of codec codes (each output token and the codes sampled with
+    it, `[frames, 1 + num_token_codes]`) are what a generation stage (vocoder) decodes."""
+
+    name = "codec_frames"
+
+    accumulate = {CODES_KEY: Accumulate.CONCAT}
+    stream_key = CODES_KEY
+    input_key = CODES_KEY
+
+
 class IdsToCodes(EdgeProcessor):
     """The producer's output token ids are the codes a generation stage (vocoder) decodes."""
 
@@ -165,5 +222,12 @@ def get_processor(name: str) -> EdgeProcessor:
         ) from None
 
 
-for _cls in (TextToPrompt, IdsToPrompt, HiddenToEmbeds, IdsToCodes):
+for _cls in (
+    TextToPrompt,
+    IdsToPrompt,
+    HiddenToEmbeds,
+    IdsToCodes,
+    CodecFrames,
+    Qwen3OmniThinkerToTalker,
+):
     register_processor(_cls)

@@ -12,7 +12,7 @@ history, invariant 1); the row only points at it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,6 +38,11 @@ class RequestState:
     conditioning: torch.Tensor | None = None
     """Stream-conditioned requests: rows added to the input embeddings of the positions
     after the prompt, one per position (positions past the last row get none)."""
+    conditioning_fill: torch.Tensor | None = None
+    """Once the conditioning rows have finished: the row of every position after them."""
+    output_codes: list[list[int]] = field(default_factory=list)
+    """Models with `num_token_codes`: the codes sampled with each output token (added to
+    that token's input embedding when it is fed back)."""
 
     @property
     def num_tokens(self) -> int:

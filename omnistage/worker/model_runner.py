@@ -53,6 +53,16 @@ class StepInputs:
     """Flat index of the last token of each sampling row."""
 
 
+@dataclass
+class SampledRows:
+    """What one step sampled, by batch row."""
+
+    tokens: dict[int, int]
+    codes: dict[int, list[int]]
+    """Models with `num_token_codes`: the codes sampled with each row's token."""
+    logprobs: dict[int, tuple[list[int], list[float], int]]
+
+
 class ModelRunner:
     """Platform-independent runner; subclasses set the device details."""
 
@@ -115,6 +125,9 @@ class ModelRunner:
             )
             if new.stream_conditioning:
                 state.conditioning = self._rows(new.conditioning)
+                if new.conditioning_fill is not None:
+                    state.conditioning_fill = self._rows(new.conditioning_fill)
+            state.output_codes = [list(c) for c in new.output_codes]
             if state.prompt_embeds is not None or state.conditioning is not None:
                 self._own_embeds.add(new.req_id)
             self.requests[new.req_id] = state
@@ -122,6 +135,8 @@ class ModelRunner:
         for req_id, blob in so.new_conditioning.items():
             state = self.requests[req_id]
             state.conditioning = torch.cat([state.conditioning, self._rows(blob)])
+        for req_id, blob in so.new_conditioning_fill.items():
+            self.requests[req_id].conditioning_fill = self._rows(blob)
         cached = so.scheduled_cached_reqs
         for req_id, new_blocks, num_computed in zip(
             cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
@@ -218,14 +233,13 @@ class ModelRunner:
         embeds = self._prompt_embeds(inputs)
         with forward_context(inputs.attn):
             hidden = self.model(inputs.input_ids, inputs.positions, embeds)
-        sampled: dict[int, int] = {}
-        logprobs: dict[int, tuple[list[int], list[float], int]] = {}
+        step = SampledRows({}, {}, {})
         if inputs.sample_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            sampled, logprobs = self._sample(logits, inputs.sample_rows)
-        output = self._finish_step(inputs.rows, sampled, logprobs)
+            step = self._sample(logits, inputs.sample_rows)
+        output = self._finish_step(inputs.rows, step)
         if self.output_hidden_states:
-            output.hidden_states = tensor_to_blob(hidden)
+            output.hidden_states = tensor_to_blob(self.model.stage_hidden_states(hidden))
             output.hidden_starts = [self.batch.states[r].num_computed_tokens for r in inputs.rows]
         return output
 
@@ -237,8 +251,10 @@ class ModelRunner:
 
     def _prompt_embeds(self, inputs: StepInputs) -> torch.Tensor | None:
         """Input embeddings of the step when a scheduled request brings its own (prompt
-        embeddings, conditioning rows), else None: the model embeds the token ids."""
-        if not self._own_embeds:  # the common case, checked without touching any row
+        embeddings, conditioning rows) or the model embeds its tokens' codes, else None:
+        the model embeds the token ids."""
+        with_codes = self.model.num_token_codes > 0
+        if not self._own_embeds and not with_codes:  # the common case: no row is touched
             return None
         embeds = self.model.embed_input_ids(inputs.input_ids)
         offset = 0
@@ -249,14 +265,28 @@ class ModelRunner:
                 stop = min(start + n, prompt_len)
                 if stop > start:
                     embeds[offset : offset + stop - start] = state.prompt_embeds[start:stop]
-            if state.conditioning is not None:
-                first = max(start, prompt_len)  # positions past the prompt, with a row
-                last = min(start + n, prompt_len + state.conditioning.shape[0])
-                if last > first:
-                    rows = state.conditioning[first - prompt_len : last - prompt_len]
-                    embeds[offset + first - start : offset + last - start] += rows
+            # Positions past the prompt hold output tokens: output `first - prompt_len` first.
+            first, last = max(start, prompt_len), start + n
+            if first < last:
+                out = embeds[offset + first - start : offset + last - start]
+                self._add_output_rows(state, out, first - prompt_len)
             offset += n
         return embeds
+
+    def _add_output_rows(self, state: RequestState, out: torch.Tensor, first: int) -> None:
+        """Add to the input embeddings `out` of outputs `first, first + 1, ...` their
+        conditioning rows (then the fill row) and the embeddings of their extra codes."""
+        count = out.shape[0]
+        if state.conditioning is not None:
+            rows = state.conditioning[first : first + count]
+            out[: rows.shape[0]] += rows
+            if state.conditioning_fill is not None and rows.shape[0] < count:
+                out[rows.shape[0] :] += state.conditioning_fill
+        if self.model.num_token_codes > 0:
+            codes = state.output_codes[first : first + count]
+            if codes:
+                ids = torch.tensor(codes, dtype=torch.long, device=out.device)
+                out[: len(codes)] += self.model.embed_token_codes(ids)
 
     def _sampling_metadata(self, rows: list[int]) -> SamplingMetadata:
         states = [self.batch.states[r] for r in rows]
@@ -275,10 +305,11 @@ class ModelRunner:
             self.device,
         )
 
-    def _sample(
-        self, logits: torch.Tensor, rows: list[int]
-    ) -> tuple[dict[int, int], dict[int, tuple[list[int], list[float], int]]]:
-        """The one sampling dispatch of every platform: processors → model sampler → default."""
+    def _sample(self, logits: torch.Tensor, rows: list[int]) -> SampledRows:
+        """The one sampling dispatch of every platform: processors → model sampler → default.
+
+        A model with `num_token_codes` samples in its own `sample()` and returns, per row,
+        the token then its codes."""
         md = self._sampling_metadata(rows)
         raw_logprobs = compute_logprobs(logits, md) if md.max_num_logprobs is not None else None
         logits = apply_logits_processors(logits, md)
@@ -289,8 +320,11 @@ class ModelRunner:
             tokens = self.model.sample(logits, md)
         if tokens is None:
             tokens = self.sampler(logits, md)
-        token_list = tokens.tolist()
-        sampled = dict(zip(rows, token_list, strict=True))
+        codes: dict[int, list[int]] = {}
+        if tokens.ndim == 2:  # token, then its codes
+            codes = dict(zip(rows, tokens[:, 1:].tolist(), strict=True))
+            tokens = tokens[:, 0]
+        sampled = dict(zip(rows, tokens.tolist(), strict=True))
         logprobs = {}
         if raw_logprobs is not None:
             ids, lps, ranks = gather_logprobs(raw_logprobs, tokens, md.max_num_logprobs)
@@ -302,26 +336,30 @@ class ModelRunner:
                         lps[i, : k + 1].tolist(),
                         int(ranks[i]),
                     )
-        return sampled, logprobs
+        return SampledRows(sampled, codes, logprobs)
 
-    def _finish_step(
-        self,
-        rows: list[int],
-        sampled: dict[int, int],
-        logprobs: dict[int, tuple[list[int], list[float], int]],
-    ) -> ModelRunnerOutput:
-        """Record sampled tokens in each request's real history (sync: right away)."""
+    def _finish_step(self, rows: list[int], step: SampledRows) -> ModelRunnerOutput:
+        """Record sampled tokens (and codes) in each request's real history (sync: right
+        away; async: before the next step reads it)."""
         req_ids, tokens, lps = [], [], []
+        codes: list[list[int]] | None = [] if self.model.num_token_codes > 0 else None
         for row in rows:
             state = self.batch.states[row]
             req_ids.append(state.req_id)
-            if row in sampled:
-                token = sampled[row]
+            if row in step.tokens:
+                token = step.tokens[row]
                 state.output_token_ids.append(token)
                 self.batch.append_token(row, token)
                 tokens.append([token])
-                lps.append([logprobs[row]] if row in logprobs else None)
+                lps.append([step.logprobs[row]] if row in step.logprobs else None)
             else:
                 tokens.append([])
                 lps.append(None)
-        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=tokens, logprobs=lps)
+            if codes is not None:
+                row_codes = step.codes.get(row, [])
+                if row_codes:
+                    state.output_codes.append(row_codes)
+                codes.append(row_codes)
+        return ModelRunnerOutput(
+            req_ids=req_ids, sampled_token_ids=tokens, logprobs=lps, sampled_codes=codes
+        )

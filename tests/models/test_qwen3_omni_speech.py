@@ -1,0 +1,179 @@
+"""Qwen3-Omni speech out on our engine vs transformers' `generate`, on the float64 tiny
+checkpoint: the talker's prompt and per-frame text rows, the talker's codes (all 16...
+here 4 codebooks) for the same thinker output, and the whole pipeline's text and audio.
+
+transformers is made deterministic with greedy thinker and talker
+(`thinker_do_sample=False, talker_do_sample=False`: argmax after the talker's
+repetition penalty 1.05 and token suppression; the code predictor mirrors
+`do_sample`) and `experts_implementation="eager"` (float64 MoE); see
+tests/models/test_tiny_qwen3_omni.py. Our side uses temperature 0 everywhere.
+
+One difference is by design: at `max_new_tokens`, transformers drops the last
+frame's first code (the code predictor would only have run for it at the next
+step); our talker samples a frame's codes with its first code, so it returns
+that frame too. The comparisons cover the frames both have.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage import SamplingParams
+from omnistage.config import EngineConfig
+from omnistage.engine.llm_engine import LLMEngine
+from omnistage.models.qwen3_omni_talker import Qwen3OmniTalkerPrompter
+from omnistage.pipeline.deploy import load_deploy, packaged_deploy_path
+from omnistage.pipeline.omni import Omni
+from omnistage.testing.tiny_qwen3_omni import (
+    ACCEPT_HIDDEN_LAYER,
+    IM_END_ID,
+    NUM_CODE_GROUPS,
+    make_tiny_qwen3_omni,
+)
+
+THINKER_TOKENS, TALKER_TOKENS = 8, 12
+CHAT = [
+    {"role": "system", "content": "You are a tiny test model."},
+    {"role": "user", "content": "Say something."},
+]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_qwen3_omni(tmp_path_factory.mktemp("qwen3-omni-speech"), dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt):
+    """transformers' greedy generate, with what it handed the talker and code2wav."""
+    from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+        ckpt, dtype=torch.float64, experts_implementation="eager"
+    ).eval()
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    prompt = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    seen: dict = {}
+    thinker_generate, talker_generate = model.thinker.generate, model.talker.generate
+    decode = model.code2wav.chunked_decode
+
+    def thinker_hook(*args, **kwargs):
+        seen["thinker"] = thinker_generate(*args, **kwargs)
+        return seen["thinker"]
+
+    def talker_hook(*args, **kwargs):
+        seen["talker_kwargs"] = kwargs
+        return talker_generate(*args, **kwargs)
+
+    def decode_hook(codes, *args, **kwargs):
+        seen["codes"] = codes
+        return decode(codes, *args, **kwargs)
+
+    model.thinker.generate, model.talker.generate = thinker_hook, talker_hook
+    model.code2wav.chunked_decode = decode_hook
+    with torch.no_grad():
+        sequences, wav = model.generate(
+            ids,
+            thinker_max_new_tokens=THINKER_TOKENS,
+            talker_max_new_tokens=TALKER_TOKENS,
+            thinker_do_sample=False,
+            talker_do_sample=False,
+            thinker_eos_token_id=IM_END_ID,
+        )
+    steps = seen["thinker"].hidden_states
+    embeds = torch.cat([s[0] for s in steps], dim=1)[0]
+    accept = torch.cat([s[ACCEPT_HIDDEN_LAYER] for s in steps], dim=1)[0]
+    return {
+        "prompt": prompt,
+        "prompt_ids": ids[0].tolist(),
+        "output_ids": sequences[0, ids.shape[1] :].tolist(),
+        "thinker_rows": torch.cat([embeds, accept], dim=-1),
+        "talker_kwargs": seen["talker_kwargs"],
+        "codes": seen["codes"][0].T,  # [frames, codebooks]
+        "wav": wav.reshape(-1),
+    }
+
+
+def test_talker_prompt_and_text_rows_equal_transformers(ckpt, reference):
+    prompter = Qwen3OmniTalkerPrompter.from_checkpoint(ckpt, torch.float64)
+    talker = prompter.build(
+        reference["prompt_ids"], reference["output_ids"], reference["thinker_rows"]
+    )
+    kwargs = reference["talker_kwargs"]
+    # Equal up to float64 rounding (the projections run on differently shaped batches).
+    exact = dict(rtol=0, atol=1e-13)
+    torch.testing.assert_close(talker.prompt_embeds, kwargs["inputs_embeds"][0], **exact)
+    torch.testing.assert_close(talker.conditioning, kwargs["trailing_text_hidden"][0], **exact)
+    torch.testing.assert_close(talker.fill, kwargs["tts_pad_embed"].reshape(-1), **exact)
+    assert len(talker.prompt_token_ids) == talker.prompt_embeds.shape[0]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_talker_codes_equal_transformers_for_the_same_thinker_output(
+    ckpt, reference, async_scheduling
+):
+    prompter = Qwen3OmniTalkerPrompter.from_checkpoint(ckpt, torch.float64)
+    talker = prompter.build(
+        reference["prompt_ids"], reference["output_ids"], reference["thinker_rows"]
+    )
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(ckpt),
+            model_part="talker",
+            dtype="float64",
+            async_scheduling=async_scheduling,
+        )
+    )
+    frames: list[list[int]] = []
+    engine.core_output_listener = lambda rid, out: frames.extend(
+        [t, *c] for t, c in zip(out.new_token_ids, out.new_codes or [], strict=True)
+    )
+    params = SamplingParams(temperature=0, max_tokens=TALKER_TOKENS, repetition_penalty=1.05)
+    engine.add_tokenized_request(
+        "r", None, talker.prompt_token_ids, params, talker.prompt_embeds, True
+    )
+    engine.add_conditioning("r", talker.conditioning, True, talker.fill)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.shutdown()
+    expected = reference["codes"]
+    assert expected.shape == (TALKER_TOKENS - 1, NUM_CODE_GROUPS)
+    assert len(frames) == TALKER_TOKENS
+    assert torch.tensor(frames[: TALKER_TOKENS - 1]).equal(expected)
+    assert len(set(map(tuple, frames))) > 3  # the codes change from frame to frame
+
+
+def _deploy(ckpt, async_scheduling: bool = True, stream: bool = True):
+    spec = load_deploy(packaged_deploy_path("demo-omni")).with_model(str(ckpt))
+    spec = spec.with_engine_args({"dtype": "float64", "async_scheduling": async_scheduling})
+    if not stream:
+        import dataclasses
+
+        edges = tuple(
+            dataclasses.replace(e, transfer="payload") if e.dst == "code2wav" else e
+            for e in spec.edges
+        )
+        spec = dataclasses.replace(spec, edges=edges)
+    return spec
+
+
+GREEDY = {
+    "thinker": SamplingParams(temperature=0, max_tokens=THINKER_TOKENS),
+    "talker": SamplingParams(temperature=0, max_tokens=TALKER_TOKENS, repetition_penalty=1.05),
+}
+
+
+def test_pipeline_text_and_audio_equal_transformers(ckpt, reference):
+    with Omni(_deploy(ckpt), in_process=True) as omni:
+        (out,) = omni.generate([reference["prompt"]], GREEDY)
+    assert out.error is None
+    assert out.token_ids == reference["output_ids"]
+    assert out.sample_rate == 24000
+    wav = torch.from_numpy(out.audio).double()
+    expected = reference["wav"].double()
+    # The reference decodes one frame fewer (see the module docstring); code2wav is causal,
+    # so its waveform is a prefix of ours.
+    assert wav.shape[0] == expected.shape[0] + 64
+    torch.testing.assert_close(wav[: expected.shape[0]], expected, rtol=0, atol=1e-6)
