@@ -152,4 +152,11 @@ def _load_part(
 
         hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
         return Qwen3OmniCode2Wav.from_checkpoint(path, hf_config, dtype)
+    if (model_type, part) == ("qwen2_5_omni", "token2wav"):
+        import transformers
+
+        from omnistage.models.qwen25_omni_token2wav import Qwen25OmniToken2Wav
+
+        hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        return Qwen25OmniToken2Wav.from_checkpoint(path, hf_config, dtype)
     raise ValueError(f"model_part: {model_type!r} checkpoints have no generation part {part!r}")
