@@ -15,6 +15,7 @@ from typing import Any
 
 from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
+from omnistage.core.tensor_blob import blob_to_tensor
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.pipeline.accumulator import HIDDEN_KEY, RequestAccumulator
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
@@ -27,6 +28,7 @@ from omnistage.pipeline.messages import (
 )
 from omnistage.pipeline.payload import Payload
 from omnistage.pipeline.processors import StageInput
+from omnistage.pipeline.prompt_inputs import AUDIO_RATE
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.sampling_params import SamplingParams
 
@@ -57,6 +59,7 @@ class ARStageCore(StageCore):
             processor.bind_consumer(self.engine)
         self.accumulators: dict[str, RequestAccumulator] = {}
         self.num_sent_tokens: dict[str, int] = {}
+        self.media_encoder: Any = None
         self.failed: dict[str, str] = {}
         """Requests whose outputs could not be collected this step (failed, not the stage)."""
 
@@ -72,6 +75,8 @@ class ARStageCore(StageCore):
         if payloads:
             ((edge, payload),) = payloads.items()
             inputs = self.incoming[edge][1].to_input(payload)
+        elif msg.audios or msg.images:
+            inputs = self._encode_media(msg)
         else:
             inputs = StageInput(prompt=msg.prompt, prompt_token_ids=msg.prompt_token_ids)
         if inputs.prompt_token_ids is not None:
@@ -100,6 +105,31 @@ class ARStageCore(StageCore):
             )
         self.num_sent_tokens[msg.request_id] = 0
         return []
+
+    def _encode_media(self, msg: SubmitRequest) -> StageInput:
+        """A prompt with audio / images: the model's processor and encoders give its
+        expanded token ids and input embeddings (encoders load on first use)."""
+        if self.media_encoder is None:
+            from omnistage.multimodal.qwen3_omni import Qwen3OmniInputEncoder
+
+            self.media_encoder = Qwen3OmniInputEncoder.from_checkpoint(
+                self.engine.model_files.path, self.engine.config.torch_dtype
+            )
+        prompt = msg.prompt_token_ids if msg.prompt_token_ids is not None else msg.prompt
+        if prompt is None:
+            raise ValueError(f"stage {self.name!r}: the request has no prompt")
+        encoded = self.media_encoder.encode(
+            prompt,
+            [(blob_to_tensor(a).numpy(), AUDIO_RATE) for a in msg.audios],
+            [blob_to_tensor(i).numpy() for i in msg.images],
+        )
+        if encoded.uses_mrope:
+            raise ValueError("image: image input is not supported by the thinker decoder yet")
+        return StageInput(
+            prompt=msg.prompt,
+            prompt_token_ids=encoded.prompt_token_ids,
+            prompt_embeds=encoded.prompt_embeds,
+        )
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
         entry = self.coordinator.arrived(msg.request_id, msg.edge, payload, msg.last)

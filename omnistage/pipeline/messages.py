@@ -35,6 +35,11 @@ class SubmitRequest(_Msg):
     send_to: list[str] | None = None
     """Outgoing payload/stream edges this request feeds (None: all). A text-only request
     on a thinker does not collect hidden states for a talker it will never reach."""
+    audios: list[TensorBlob] = msgspec.field(default_factory=list)
+    """Entry stage: the prompt's audio clips, decoded by the frontend (float32 mono at the
+    rate the model's feature extractor takes), in placeholder order."""
+    images: list[TensorBlob] = msgspec.field(default_factory=list)
+    """Entry stage: the prompt's images, decoded by the frontend ([H, W, 3] uint8)."""
 
 
 class DeliverPayload(_Msg):

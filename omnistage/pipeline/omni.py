@@ -21,10 +21,14 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from omnistage.config import DEFAULT_MODEL
+from omnistage.core.tensor_blob import tensor_to_blob
 from omnistage.pipeline.deploy import DeploySpec, deploy_for_model, load_deploy
 from omnistage.pipeline.orchestrator import Orchestrator, PipelineRequest
 from omnistage.pipeline.outputs import OmniRequestOutput
+from omnistage.pipeline.prompt_inputs import PromptReader
 from omnistage.sampling_params import SamplingParams
 
 PipelinePrompt = str | Mapping[str, Any]
@@ -56,6 +60,8 @@ class _PipelineFrontend:
             if model is not None:
                 spec = spec.with_model(model)
         self.deploy = spec
+        (entry,) = spec.entry_stages
+        self._prompts = PromptReader(entry.model)
         self._ids = itertools.count()
         self.orchestrator = Orchestrator(spec, secrets.token_hex(4), in_process=in_process)
         atexit.register(self.shutdown)
@@ -71,8 +77,8 @@ class _PipelineFrontend:
         modalities: Sequence[str] | None,
         request_id: str | None,
     ) -> PipelineRequest:
-        """Validate one request up front; ValueError naming the field."""
-        text, ids = _prompt_fields(prompt)
+        """Validate one request up front (decoding its media); ValueError naming the field."""
+        inputs = self._prompts.read(prompt)
         wanted = list(modalities) if modalities is not None else self.modalities
         unknown = [m for m in wanted if m not in self.modalities]
         if not wanted or unknown:
@@ -103,8 +109,10 @@ class _PipelineFrontend:
             raise ValueError("request_id: must be a non-empty string")
         return PipelineRequest(
             request_id=request_id or f"omni-{next(self._ids)}-{secrets.token_hex(4)}",
-            prompt=text,
-            prompt_token_ids=ids,
+            prompt=inputs.prompt,
+            prompt_token_ids=inputs.prompt_token_ids,
+            audios=[tensor_to_blob(torch.from_numpy(a)) for a in inputs.audios],
+            images=[tensor_to_blob(torch.from_numpy(i)) for i in inputs.images],
             sampling={name: sampling_fields(p) for name, p in per_stage.items()},
             final_stages=[
                 s.name for s in self.deploy.final_stages if s.final_output_type in wanted
@@ -195,25 +203,3 @@ def _deploy_source(deploy: str | os.PathLike | Mapping[str, Any]) -> Any:
 
         return packaged_deploy_path(deploy.removesuffix(".yaml"))
     return deploy
-
-
-def _prompt_fields(prompt: PipelinePrompt) -> tuple[str | None, list[int] | None]:
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError("prompt: the prompt is empty")
-        return prompt, None
-    if isinstance(prompt, Mapping):
-        ids = prompt.get("prompt_token_ids")
-        if ids is not None:
-            if (
-                not isinstance(ids, list | tuple)
-                or not ids
-                or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids)
-            ):
-                raise ValueError("prompt_token_ids: must be a non-empty list of integers")
-            return prompt.get("prompt"), list(ids)
-        if isinstance(prompt.get("prompt"), str) and prompt["prompt"]:
-            return prompt["prompt"], None
-    raise ValueError(
-        f"prompt: expected a string or a dict with 'prompt' / 'prompt_token_ids', got {type(prompt).__name__}"
-    )

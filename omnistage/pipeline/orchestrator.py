@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from omnistage.core.tensor_blob import blob_to_tensor
+from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor
 from omnistage.pipeline.deploy import DeploySpec
 from omnistage.pipeline.messages import (
     AbortRequest,
@@ -59,6 +59,10 @@ class PipelineRequest:
     sampling: dict[str, dict[str, Any]]
     """Per stage name: SamplingParams fields (stages not named use their defaults)."""
     final_stages: list[str]
+    audios: list[TensorBlob] = field(default_factory=list)
+    """Decoded audio clips of the prompt (for the entry stage's encoders)."""
+    images: list[TensorBlob] = field(default_factory=list)
+    """Decoded images of the prompt."""
 
 
 @dataclass
@@ -242,6 +246,8 @@ class Orchestrator:
                 request_id=request.request_id,
                 prompt=request.prompt,
                 prompt_token_ids=request.prompt_token_ids,
+                audios=request.audios,
+                images=request.images,
             ),
         )
 

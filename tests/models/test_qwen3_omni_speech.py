@@ -16,6 +16,7 @@ that frame too. The comparisons cover the frames both have.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -45,16 +46,17 @@ def ckpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(ckpt):
-    """transformers' greedy generate, with what it handed the talker and code2wav."""
-    from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
+def hf_model(ckpt):
+    from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
+    return Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         ckpt, dtype=torch.float64, experts_implementation="eager"
     ).eval()
-    tok = AutoTokenizer.from_pretrained(ckpt)
-    prompt = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
-    ids = tok(prompt, return_tensors="pt").input_ids
+
+
+def _hf_generate(model, inputs: dict) -> dict:
+    """transformers' greedy generate on processed `inputs`, with what it handed the talker
+    and code2wav."""
     seen: dict = {}
     thinker_generate, talker_generate = model.thinker.generate, model.talker.generate
     decode = model.code2wav.chunked_decode
@@ -73,27 +75,40 @@ def reference(ckpt):
 
     model.thinker.generate, model.talker.generate = thinker_hook, talker_hook
     model.code2wav.chunked_decode = decode_hook
-    with torch.no_grad():
-        sequences, wav = model.generate(
-            ids,
-            thinker_max_new_tokens=THINKER_TOKENS,
-            talker_max_new_tokens=TALKER_TOKENS,
-            thinker_do_sample=False,
-            talker_do_sample=False,
-            thinker_eos_token_id=IM_END_ID,
-        )
+    try:
+        with torch.no_grad():
+            sequences, wav = model.generate(
+                **inputs,
+                thinker_max_new_tokens=THINKER_TOKENS,
+                talker_max_new_tokens=TALKER_TOKENS,
+                thinker_do_sample=False,
+                talker_do_sample=False,
+                thinker_eos_token_id=IM_END_ID,
+            )
+    finally:
+        del model.thinker.generate, model.talker.generate, model.code2wav.chunked_decode
     steps = seen["thinker"].hidden_states
     embeds = torch.cat([s[0] for s in steps], dim=1)[0]
     accept = torch.cat([s[ACCEPT_HIDDEN_LAYER] for s in steps], dim=1)[0]
+    prompt_len = inputs["input_ids"].shape[1]
     return {
-        "prompt": prompt,
-        "prompt_ids": ids[0].tolist(),
-        "output_ids": sequences[0, ids.shape[1] :].tolist(),
+        "prompt_ids": inputs["input_ids"][0].tolist(),
+        "output_ids": sequences[0, prompt_len:].tolist(),
         "thinker_rows": torch.cat([embeds, accept], dim=-1),
         "talker_kwargs": seen["talker_kwargs"],
         "codes": seen["codes"][0].T,  # [frames, codebooks]
         "wav": wav.reshape(-1),
     }
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt, hf_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    prompt = tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    ref = _hf_generate(hf_model, {"input_ids": tok(prompt, return_tensors="pt").input_ids})
+    return ref | {"prompt": prompt}
 
 
 def test_talker_prompt_and_text_rows_equal_transformers(ckpt, reference):
@@ -168,12 +183,61 @@ GREEDY = {
 def test_pipeline_text_and_audio_equal_transformers(ckpt, reference):
     with Omni(_deploy(ckpt), in_process=True) as omni:
         (out,) = omni.generate([reference["prompt"]], GREEDY)
+    _check_against(out, reference)
+
+
+def _check_against(out, ref) -> None:
     assert out.error is None
-    assert out.token_ids == reference["output_ids"]
+    assert out.token_ids == ref["output_ids"]
     assert out.sample_rate == 24000
     wav = torch.from_numpy(out.audio).double()
-    expected = reference["wav"].double()
+    expected = ref["wav"].double()
     # The reference decodes one frame fewer (see the module docstring); code2wav is causal,
     # so its waveform is a prefix of ours.
     assert wav.shape[0] == expected.shape[0] + 64
     torch.testing.assert_close(wav[: expected.shape[0]], expected, rtol=0, atol=1e-6)
+
+
+def test_pipeline_with_audio_input_equals_transformers(ckpt, hf_model):
+    """An audio question: the thinker hears it through the audio encoder, and the talker
+    gets the thinker's layer output at the audio positions (hidden_projection)."""
+    import json
+
+    from transformers import AutoTokenizer, WhisperFeatureExtractor
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+        Qwen3OmniMoeProcessor,
+    )
+
+    class Processor(Qwen3OmniMoeProcessor):
+        def check_argument_for_proper_class(self, *args):  # no torchvision here
+            return None
+
+    config = json.loads((ckpt / "processor_config.json").read_text())
+    processor = Processor(
+        image_processor=None,
+        video_processor=None,
+        feature_extractor=WhisperFeatureExtractor(**config["feature_extractor"]),
+        tokenizer=AutoTokenizer.from_pretrained(ckpt),
+    )
+    clip = (0.1 * np.random.default_rng(0).standard_normal(16000)).astype(np.float32)
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "audio", "audio": (clip, 16000)}, {"type": "text", "text": "Hi"}],
+        }
+    ]
+    prompt = processor.tokenizer.apply_chat_template(
+        [
+            {
+                "role": "user",
+                "content": [{"type": "audio", "audio": "x"}, {"type": "text", "text": "Hi"}],
+            }
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    inputs = processor(text=[prompt], audio=[clip], return_tensors="pt")
+    ref = _hf_generate(hf_model, dict(inputs))
+    with Omni(_deploy(ckpt), in_process=True) as omni:
+        (out,) = omni.generate([{"messages": messages}], GREEDY)
+    _check_against(out, ref)
