@@ -30,6 +30,9 @@ class EngineCore:
         self.async_scheduling = async_scheduling
         self.batch_queue: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
         self.step = self.step_with_batch_queue if async_scheduling else self.step_sync
+        self.made_progress = False
+        """The last step computed something or applied results (False: every request waits,
+        e.g. for conditioning rows from another stage; a caller may sleep a little)."""
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -45,14 +48,17 @@ class EngineCore:
 
     def step_sync(self) -> list[EngineCoreOutput]:
         """Schedule, run the model, apply the results."""
+        self.made_progress = False
         if not self.scheduler.has_unfinished_requests():
             return []
         scheduler_output = self.scheduler.schedule()
+        self.made_progress = not scheduler_output.is_empty
         runner_output = self.executor.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 
     def step_with_batch_queue(self) -> list[EngineCoreOutput]:
         """Launch step N+1 if there is room, then wait for step N and apply it."""
+        self.made_progress = False
         if (
             len(self.batch_queue) < MAX_BATCHES_IN_FLIGHT
             and self.scheduler.has_unfinished_requests()
@@ -60,10 +66,12 @@ class EngineCore:
             scheduler_output = self.scheduler.schedule()
             if not scheduler_output.is_empty or self._has_news(scheduler_output):
                 self.batch_queue.append((scheduler_output, self.executor.submit(scheduler_output)))
+                self.made_progress = not scheduler_output.is_empty
                 if len(self.batch_queue) < MAX_BATCHES_IN_FLIGHT and not scheduler_output.is_empty:
                     return []  # one batch in flight: go schedule the next one
         if not self.batch_queue:
             return []
+        self.made_progress = True
         scheduler_output, future = self.batch_queue.popleft()
         return self.scheduler.update_from_output(scheduler_output, future.result())
 

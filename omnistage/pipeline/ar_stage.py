@@ -174,7 +174,7 @@ class ARStageCore(StageCore):
     def step(self) -> list[FromStage]:
         events: list[FromStage] = []
         outputs = self.engine.step()
-        self.stalled = not outputs  # e.g. every request waits for conditioning rows
+        self.stalled = not self.engine.core.made_progress  # e.g. all wait for conditioning
         for ro in outputs:
             rid, completion = ro.request_id, ro.outputs[0]
             if rid in self.failed:
