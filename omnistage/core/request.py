@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.sampling_params import SamplingParams
 
 
@@ -73,6 +74,8 @@ class Request:
     prompt_embeds: torch.Tensor | None = None
     """[num_prompt_tokens, hidden] embeddings used instead of the prompt's token embeddings
     (a stage conditioned on another stage's hidden states)."""
+    mm_decoder_inputs: MultimodalDecoderInputs | None = None
+    """3-D rotary positions and deepstack features of a multimodal prompt (images)."""
 
     stream_conditioning: bool = False
     """The request takes one conditioning row per position after its prompt (added to that
@@ -103,12 +106,19 @@ class Request:
 
     @property
     def cache_salt(self) -> bytes | None:
-        """Mixed into the first block hash: prompts with embeddings only share equal embeddings."""
-        if self.prompt_embeds is None:
+        """Mixed into the first block hash: prompts with embeddings only share equal embeddings,
+        and prompts with 3-D positions / deepstack features (`mm_decoder_inputs`) only equal
+        ones (a KV block depends on its rotary positions and on what deepstack added)."""
+        if self.prompt_embeds is None and self.mm_decoder_inputs is None:
             return None
         if self._cache_salt is None:
-            t = self.prompt_embeds.detach().cpu().contiguous()
-            self._cache_salt = hashlib.blake2b(t.view(torch.uint8).numpy(), digest_size=16).digest()
+            h = hashlib.blake2b(digest_size=16)
+            if self.prompt_embeds is not None:
+                t = self.prompt_embeds.detach().cpu().contiguous()
+                h.update(t.view(torch.uint8).numpy())
+            if self.mm_decoder_inputs is not None:
+                h.update(b"mm" + self.mm_decoder_inputs.digest())
+            self._cache_salt = h.digest()
         return self._cache_salt
 
     _cache_salt: bytes | None = field(default=None, init=False, repr=False)

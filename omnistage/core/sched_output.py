@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
+from omnistage.core.multimodal_inputs import MultimodalDecoderData
 from omnistage.core.tensor_blob import TensorBlob
 from omnistage.sampling_params import SamplingParams
 
@@ -27,6 +28,8 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     num_computed_tokens: int
     prompt_embeds: TensorBlob | None = None
     """Embeddings replacing the prompt's token embeddings, when the request has them."""
+    mm_decoder_inputs: MultimodalDecoderData | None = None
+    """3-D rotary positions and deepstack features of a multimodal prompt, when it has them."""
     stream_conditioning: bool = False
     conditioning: TensorBlob | None = None
     """Every conditioning row received so far (stream-conditioned requests)."""

@@ -235,6 +235,9 @@ class Scheduler:
                     prompt_embeds=None
                     if request.prompt_embeds is None
                     else tensor_to_blob(request.prompt_embeds),
+                    mm_decoder_inputs=None
+                    if request.mm_decoder_inputs is None
+                    else request.mm_decoder_inputs.to_data(),
                     stream_conditioning=request.stream_conditioning,
                     conditioning=self._all_conditioning(request),
                     conditioning_fill=self._unsent_fill(request)

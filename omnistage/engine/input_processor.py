@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.request import Request
 from omnistage.sampling_params import SamplingParams
 
@@ -87,6 +88,7 @@ class InputProcessor:
         seed: int,
         prompt_embeds: torch.Tensor | None = None,
         stream_conditioning: bool = False,
+        mm_decoder_inputs: MultimodalDecoderInputs | None = None,
     ) -> Request:
         room = self.max_model_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -98,6 +100,7 @@ class InputProcessor:
             max_tokens=max_tokens,
             sample_seed=seed,
             prompt_embeds=prompt_embeds,
+            mm_decoder_inputs=mm_decoder_inputs,
             stream_conditioning=stream_conditioning,
         )
 
@@ -109,3 +112,23 @@ class InputProcessor:
                 f"prompt_embeds: expected shape ({len(ids)}, {hidden_size}) "
                 f"(prompt tokens, hidden size), got {tuple(embeds.shape)}"
             )
+
+    def check_mm_decoder_inputs(
+        self,
+        ids: list[int],
+        inputs: MultimodalDecoderInputs,
+        hidden_size: int,
+        num_layers: int,
+        supports_mrope: bool,
+        supports_deepstack: bool,
+    ) -> None:
+        if not isinstance(inputs, MultimodalDecoderInputs):
+            raise ValueError("mm_decoder_inputs: must be a MultimodalDecoderInputs")
+        inputs.check(
+            len(ids),
+            hidden_size,
+            self.max_model_len,
+            num_layers,
+            supports_mrope,
+            supports_deepstack,
+        )

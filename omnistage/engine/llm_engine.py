@@ -17,11 +17,13 @@ import torch
 
 from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
+from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.request import RequestStatus
 from omnistage.engine.builder import build_stage, eos_token_id
 from omnistage.engine.detokenizer import IncrementalDetokenizer
 from omnistage.engine.input_processor import InputProcessor, PromptType, child_seed
 from omnistage.models.loader import load_tokenizer
+from omnistage.models.registry import model_class_for
 from omnistage.outputs import CompletionOutput, Logprob, RequestOutput
 from omnistage.sampling_params import SamplingParams
 
@@ -48,6 +50,8 @@ class LLMEngine:
         self.kv_cache_manager = stage.kv_cache_manager
         self.hf_config = stage.hf_config
         self.model_files = stage.files
+        self.input_width = model_class_for(self.hf_config).input_width_for(self.hf_config)
+        """Width of prompt-embedding and conditioning rows (the model's `input_width`)."""
         self.tokenizer = load_tokenizer(stage.files)
         eos = eos_token_id(self.hf_config)
         if eos is None:
@@ -76,15 +80,28 @@ class LLMEngine:
         params: SamplingParams,
         prompt_embeds: torch.Tensor | None = None,
         stream_conditioning: bool = False,
+        mm_decoder_inputs: MultimodalDecoderInputs | None = None,
     ) -> None:
         """With `stream_conditioning`, the positions after the prompt wait for one row each
-        of `add_conditioning` (added to their input embeddings) until it says `finished`."""
+        of `add_conditioning` (added to their input embeddings) until it says `finished`.
+        `mm_decoder_inputs`: 3-D rotary positions and deepstack features of a multimodal
+        prompt (models with `supports_mrope` / `supports_deepstack`)."""
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
         self.inputs.validate_ids(ids)
         self.inputs.check_params(params)
         if prompt_embeds is not None:
-            self.inputs.check_prompt_embeds(ids, prompt_embeds, self.hf_config.hidden_size)
+            self.inputs.check_prompt_embeds(ids, prompt_embeds, self.input_width)
+        if mm_decoder_inputs is not None:
+            model_class = model_class_for(self.hf_config)
+            self.inputs.check_mm_decoder_inputs(
+                ids,
+                mm_decoder_inputs,
+                self.hf_config.hidden_size,
+                self.hf_config.num_hidden_layers,
+                model_class.supports_mrope,
+                model_class.supports_deepstack,
+            )
         if stream_conditioning and params.n != 1:
             raise ValueError("n: a stream-conditioned request generates one sequence")
         base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
@@ -122,8 +139,22 @@ class LLMEngine:
                     child_seed(base_seed, seq.index),
                     prompt_embeds,
                     stream_conditioning,
+                    mm_decoder_inputs,
                 )
             )
+
+    def add_encoded_request(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
+        """A multimodal prompt as `omnistage.multimodal.Qwen3OmniInputEncoder.encode` returns
+        it (`EncodedPrompt`): its expanded ids, prompt embeddings and, with images, its 3-D
+        positions and deepstack features."""
+        self.add_tokenized_request(
+            request_id,
+            None,
+            list(prompt.prompt_token_ids),
+            params,
+            prompt_embeds=prompt.prompt_embeds,
+            mm_decoder_inputs=MultimodalDecoderInputs.from_encoded_prompt(prompt),
+        )
 
     def add_conditioning(
         self,
@@ -137,7 +168,7 @@ class LLMEngine:
         tracked = self._tracked.get(request_id)
         if tracked is None:
             return
-        hidden = self.hf_config.hidden_size
+        hidden = self.input_width
         if rows.shape[0] and (rows.ndim != 2 or rows.shape[1] != hidden):
             raise ValueError(f"conditioning: expected [rows, {hidden}], got {list(rows.shape)}")
         if fill is not None and tuple(fill.shape) != (hidden,):

@@ -9,15 +9,34 @@ sampling: set `prefer_model_sampler = True` and implement `sample()`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 
+@dataclass
+class DeepstackRows:
+    """The deepstack features of one step: after decoder layer `k` (`k < embeds.shape[0]`),
+    `embeds[k]` is added to the hidden states of the step's flat token rows `rows`."""
+
+    rows: torch.Tensor
+    """[n] int64 flat token indices of the step (distinct)."""
+    embeds: torch.Tensor
+    """[num_layers_k, n, hidden]."""
+
+
 class CausalLM(nn.Module):
     architectures: ClassVar[tuple[str, ...]] = ()
     """HF `architectures` names this class serves."""
+
+    supports_mrope: ClassVar[bool] = False
+    """`forward` takes [3, T] (T, H, W) rotary positions for steps that have 3-D positions."""
+
+    supports_deepstack: ClassVar[bool] = False
+    """`forward` takes `deepstack=DeepstackRows` for steps with deepstack features (the runner
+    passes the keyword only then)."""
 
     prefer_model_sampler: ClassVar[bool] = False
     """When True the runner calls `sample()` before the default sampler."""
@@ -37,6 +56,20 @@ class CausalLM(nn.Module):
     num_kv_heads: int
     head_dim: int
 
+    @classmethod
+    def input_width_for(cls, config: Any) -> int:
+        """Width of the rows a model of this class takes as input embeddings (prompt
+        embeddings, conditioning rows) for `config`: its hidden size, unless the model
+        projects wider inputs itself (Qwen2.5-Omni's talker takes the thinker's width).
+        From the config alone, so an engine can check rows without the model at hand
+        (its runner may live in another process)."""
+        return int(config.hidden_size)
+
+    @property
+    def input_width(self) -> int:
+        """`input_width_for(self.config)`."""
+        return self.input_width_for(self.config)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -45,7 +78,7 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """[T] token ids and positions of the step -> [T, hidden] final hidden states.
 
-        `inputs_embeds` ([T, hidden]), when given, replaces the token embeddings
+        `inputs_embeds` ([T, input_width]), when given, replaces the token embeddings
         (a request whose prompt arrives as embeddings from another stage)."""
         raise NotImplementedError
 

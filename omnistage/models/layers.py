@@ -39,14 +39,56 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
         self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
+        self.register_buffer("mrope_rows", None, persistent=False)
+        """[d] int64 position row per table column (mrope), None: 1-D positions only."""
+        self.register_buffer("_columns", None, persistent=False)
+
+    def enable_mrope(self, section: list[int], interleaved: bool) -> None:
+        """Also rotate with [3, T] (T, H, W) positions (multimodal RoPE): each of the
+        `d / 2` frequencies takes the position of one row (`mrope_frequency_rows`). Every
+        table entry is `cos/sin(position * inv_freq)` computed in float32, so picking
+        entries per frequency equals transformers' float32 recomposition exactly."""
+        rows = mrope_frequency_rows(self.cos.shape[1] // 2, section, interleaved)
+        device = self.cos.device
+        self.mrope_rows = torch.cat([rows, rows]).to(device)
+        self._columns = torch.arange(2 * len(rows), device=device)
+
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, d] of [T] positions, or of [3, T] positions with mrope enabled."""
+        if positions.ndim == 1:
+            return self.cos[positions], self.sin[positions]
+        if self.mrope_rows is None:
+            raise ValueError("3-D rotary positions for a model without multimodal RoPE")
+        # [d, T] -> [T, d]: the position each (token, frequency) takes, from its row.
+        index = positions[self.mrope_rows].t()
+        return self.cos[index, self._columns], self.sin[index, self._columns]
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, heads, d], k: [T, kv_heads, d]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        """q: [T, heads, d], k: [T, kv_heads, d]; positions [T] or (mrope) [3, T]."""
+        cos, sin = self.tables(positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def mrope_frequency_rows(half: int, section: list[int], interleaved: bool) -> torch.Tensor:
+    """[half] int64: the position row (0 T, 1 H, 2 W) each rotary frequency takes.
+
+    Interleaved (Qwen3-Omni, Qwen3-VL: `recomposition_frequencies`): frequency `i` takes H
+    if `i % 3 == 1 and i < 3 * section[1]`, W if `i % 3 == 2 and i < 3 * section[2]`, else
+    T. Not interleaved (Qwen2-VL, Qwen2.5-Omni: `apply_multimodal_rotary_pos_emb`): the
+    first `section[0]` frequencies take T, the next `section[1]` H, the rest W.
+    """
+    i = torch.arange(half)
+    rows = torch.zeros(half, dtype=torch.long)
+    if interleaved:
+        rows[(i % 3 == 1) & (i < 3 * section[1])] = 1
+        rows[(i % 3 == 2) & (i < 3 * section[2])] = 2
+    else:
+        rows[i >= section[0]] = 1
+        rows[i >= section[0] + section[1]] = 2
+    return rows
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

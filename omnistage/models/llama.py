@@ -53,8 +53,13 @@ class DecoderAttention(nn.Module):
         qkv = self.qkv_proj(x)
         meta = get_forward_context()
         rotary = self.rotary
-        fused = self.q_norm is None and rope_and_write_kv(
-            qkv, positions, rotary.cos, rotary.sin, self.kv_cache, meta, self.num_heads
+        # The C kernel reads 1-D positions; 3-D (mrope) positions rotate in `rotary`.
+        fused = (
+            self.q_norm is None
+            and positions.ndim == 1
+            and rope_and_write_kv(
+                qkv, positions, rotary.cos, rotary.sin, self.kv_cache, meta, self.num_heads
+            )
         )
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.models.base import DeepstackRows
 from omnistage.models.layers import RMSNorm, RotaryEmbedding, _rotate
 from omnistage.models.moe import Qwen3MoeForCausalLM, Qwen3OmniTalkerDecoder
 from omnistage.models.parts import ROOT_CONFIG_ATTR
@@ -61,12 +62,58 @@ def root_config(config: Any) -> Any:
 
 
 class Qwen3OmniThinker(Qwen3MoeForCausalLM):
+    """The thinker's text decoder. Requests with images bring 3-D positions, rotated with
+    interleaved multimodal RoPE (`mrope_section` of the text config's `rope_parameters`),
+    and deepstack features, added after the first decoder layers at their visual rows
+    (`Qwen3OmniMoeThinkerTextModel._deepstack_process`); the hidden states sent to the
+    talker are taken before that addition, as transformers records them."""
+
     architectures = ("OmnistageQwen3OmniThinker",)
+    supports_mrope = True
+    supports_deepstack = True
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, dtype, max_positions)
         accept = root_config(config).talker_config.accept_hidden_layer
         self.hidden_output_layers = (0, accept)
+        rope = getattr(config, "rope_parameters", None) or {}
+        section = list(rope.get("mrope_section", [24, 20, 20]))  # transformers' default
+        self.layers[0].self_attn.rotary.enable_mrope(section, interleaved=True)
+
+    @staticmethod
+    def _hf_rotary(config: Any) -> nn.Module:
+        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+            Qwen3OmniMoeThinkerTextRotaryEmbedding,
+        )
+
+        return Qwen3OmniMoeThinkerTextRotaryEmbedding(config)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+        deepstack: DeepstackRows | None = None,
+    ) -> torch.Tensor:
+        if deepstack is None:
+            return super().forward(input_ids, positions, inputs_embeds)
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        wanted, captured = self.hidden_output_layers, {}
+        num_layers = len(self.layers)
+        if 0 in wanted:
+            captured[0] = x
+        for i, layer in enumerate(self.layers):
+            x = layer(positions, x)
+            if i + 1 in wanted and i + 1 < num_layers:
+                captured[i + 1] = x
+            if i < deepstack.embeds.shape[0]:
+                # Out of place: a captured output keeps the layer's own value.
+                x = x.index_add(0, deepstack.rows, deepstack.embeds[i])
+        out = self.norm(x)
+        if wanted:
+            captured[num_layers] = out
+            self._captured = torch.cat([captured[i] for i in wanted], dim=-1)
+        return out
 
 
 class CodePredictorLayer(nn.Module):
@@ -298,14 +345,15 @@ def load_part_tensors(path: Path, names: dict[str, str]) -> dict[str, torch.Tens
 
 class TalkerInput:
     """What the talker stage starts a request from: prompt ids (placeholders), prompt
-    embeddings, one conditioning row per generated frame, and the row after those."""
+    embeddings, one conditioning row per generated frame so far, and — once the thinker
+    has finished — the row of every frame after those (else None: more rows will come)."""
 
     def __init__(
         self,
         prompt_token_ids: list[int],
         prompt_embeds: torch.Tensor,
         conditioning: torch.Tensor,
-        fill: torch.Tensor,
+        fill: torch.Tensor | None,
     ) -> None:
         self.prompt_token_ids = prompt_token_ids
         self.prompt_embeds = prompt_embeds
@@ -373,10 +421,15 @@ class Qwen3OmniTalkerPrompter(nn.Module):
         output_ids: list[int],
         thinker_rows: torch.Tensor,
         speaker: str = "ethan",
+        finished: bool = True,
     ) -> TalkerInput:
         """`thinker_rows` [positions, 2 * thinker hidden]: per position the thinker computed
         (prompt, then every output but the last), its input embedding and its
-        `accept_hidden_layer` output (`Qwen3OmniThinker.hidden_output_layers`)."""
+        `accept_hidden_layer` output (`Qwen3OmniThinker.hidden_output_layers`).
+
+        Streamed (`finished=False`), the rows so far must reach the first generated token
+        (the talker's last prompt position); `text_rows` turns later rows into more
+        conditioning rows."""
         cfg, talker = self.config, self.config.talker_config
         speakers = {k.lower(): v for k, v in talker.speaker_id.items()}
         if speaker.lower() not in speakers:
@@ -404,7 +457,11 @@ class Qwen3OmniTalkerPrompter(nn.Module):
         start = int(opens.nonzero().flatten()[-1])
         reply = self.text_projection(embeds[start:])
         if reply.shape[0] < 4:
-            raise ValueError("the thinker generated no text to speak")
+            raise ValueError(
+                "the thinker generated no text to speak"
+                if finished
+                else "a streamed first chunk must reach the thinker's first generated token"
+            )
         tts_bos, tts_eos, tts_pad = self.text_projection(self.tts_rows)
         text_side = torch.cat([reply[:3], tts_pad.expand(4, -1), tts_bos[None], reply[3:4]], dim=0)
         codec_ids = torch.tensor(
@@ -421,9 +478,33 @@ class Qwen3OmniTalkerPrompter(nn.Module):
             [torch.zeros(3, text_side.shape[1], dtype=self.dtype), self.codec_embedding(codec_ids)]
         )
         prompt_embeds = torch.cat([user_rows, text_side + codec_side])
+        rows, fill = self._with_end(reply[4:], finished)
         return TalkerInput(
             prompt_token_ids=[self.placeholder_id] * prompt_embeds.shape[0],
             prompt_embeds=prompt_embeds,
-            conditioning=torch.cat([reply[4:], tts_eos[None]]),
-            fill=tts_pad,
+            conditioning=rows,
+            fill=fill,
         )
+
+    @torch.inference_mode()
+    def text_rows(
+        self, thinker_rows: torch.Tensor, finished: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A later streamed chunk of thinker rows -> the talker's conditioning rows (one per
+        frame), then, when the thinker has finished, `tts_eos` and the `tts_pad` fill."""
+        width = thinker_rows.shape[1] // 2 if thinker_rows.ndim == 2 else 0
+        embeds = thinker_rows.to(self.dtype)[:, :width] if width else None
+        rows = (
+            self.text_projection(embeds)
+            if embeds is not None and embeds.shape[0]
+            else torch.zeros(0, self.codec_embedding.embedding_dim, dtype=self.dtype)
+        )
+        return self._with_end(rows, finished)
+
+    def _with_end(
+        self, rows: torch.Tensor, finished: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not finished:
+            return rows, None
+        _, tts_eos, tts_pad = self.text_projection(self.tts_rows)
+        return torch.cat([rows, tts_eos[None]]), tts_pad

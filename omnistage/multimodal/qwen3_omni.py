@@ -22,7 +22,10 @@ the thinker decoder consumes:
   vision encoder's `merger_list[k]`) must be **added to the hidden states at the
   positions of `visual_pos_mask` after decoder layer `k`**, for
   `k < len(deepstack_embeds)` (`Qwen3OmniMoeThinkerTextModel._deepstack_process`).
-  Our decoder does not do that yet; the features are returned so that it can.
+
+`LLMEngine.add_encoded_request` runs an `EncodedPrompt` on the thinker decoder: its ids,
+embeddings and (`MultimodalDecoderInputs.from_encoded_prompt`) its 3-D positions and
+deepstack features.
 
 The feature extractor (`WhisperFeatureExtractor`) and the image processor
 (`Qwen2VLImageProcessorPil`, the Pillow backend: no torchvision needed) are

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.sampling_params import SamplingParams
 
 
@@ -35,6 +36,9 @@ class RequestState:
     eos_token_id: int | None = None
     prompt_embeds: torch.Tensor | None = None
     """Embeddings used instead of the prompt's token embeddings (conditioned stages)."""
+    mm_decoder_inputs: MultimodalDecoderInputs | None = None
+    """3-D rotary positions and deepstack features of a multimodal prompt (positions and
+    mask on the CPU, features on the model's device)."""
     conditioning: torch.Tensor | None = None
     """Stream-conditioned requests: rows added to the input embeddings of the positions
     after the prompt, one per position (positions past the last row get none)."""

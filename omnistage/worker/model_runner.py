@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
-from omnistage.models.base import CausalLM
+from omnistage.models.base import CausalLM, DeepstackRows
 from omnistage.sample import (
     Sampler,
     SamplingMetadata,
@@ -89,6 +90,10 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         self._own_embeds: set[str] = set()
         """Requests that bring input embeddings (prompt embeddings, conditioning rows)."""
+        self._mrope: set[str] = set()
+        """Requests with 3-D rotary positions (an empty set: every step keeps 1-D positions)."""
+        self._deepstack: set[str] = set()
+        """Requests with deepstack features."""
         self.sampler = Sampler()
         self.busy_seconds = 0.0
         """Time spent executing steps (telemetry: how loaded the runner is)."""
@@ -108,6 +113,8 @@ class ModelRunner:
         for req_id in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(req_id, None)
             self._own_embeds.discard(req_id)
+            self._mrope.discard(req_id)
+            self._deepstack.discard(req_id)
             self.batch.remove(req_id)
         for new in so.scheduled_new_reqs:
             state = RequestState(
@@ -130,6 +137,15 @@ class ModelRunner:
             state.output_codes = [list(c) for c in new.output_codes]
             if state.prompt_embeds is not None or state.conditioning is not None:
                 self._own_embeds.add(new.req_id)
+            if new.mm_decoder_inputs is not None:
+                mm = MultimodalDecoderInputs.from_data(
+                    new.mm_decoder_inputs, self.device, self.model.dtype
+                )
+                state.mm_decoder_inputs = mm
+                if mm.mrope_positions is not None:
+                    self._mrope.add(new.req_id)
+                if mm.deepstack_embeds is not None:
+                    self._deepstack.add(new.req_id)
             self.requests[new.req_id] = state
             self.batch.add(state)
         for req_id, blob in so.new_conditioning.items():
@@ -180,13 +196,84 @@ class ModelRunner:
         )
         return StepInputs(
             input_ids=torch.from_numpy(batch.token_ids[tok_rows, pos]).to(self.device),
-            positions=torch.from_numpy(pos).to(self.device),
+            positions=torch.from_numpy(
+                self._rotary_positions(rows, first, n, start, pos) if self._mrope else pos
+            ).to(self.device),
             attn=attn,
             rows=rows.tolist(),
             row_counts=n.tolist(),
             sample_rows=rows[sampling].tolist(),
             logits_indices=torch.from_numpy(ends[sampling] - 1).to(self.device),
         )
+
+    def _rotary_positions(
+        self,
+        rows: np.ndarray,
+        first: np.ndarray,
+        counts: np.ndarray,
+        starts: np.ndarray,
+        pos: np.ndarray,
+    ) -> np.ndarray:
+        """Rotary positions of the step's tokens when some request has 3-D positions: a
+        prompt token `i` of such a request takes `mrope_positions[:, i]`, a later token
+        `i + rope_delta`, every other token its sequence index. [3, T] when a scheduled token
+        lies in such a prompt, else [T] (decode steps stay 1-D)."""
+        out, prompt_parts = pos, []
+        for req_id in self._mrope:
+            row = self.batch.req_id_to_row[req_id]
+            i = int(np.searchsorted(rows, row))
+            if i == len(rows) or rows[i] != row:
+                continue  # not scheduled this step
+            mm = self.batch.states[row].mm_decoder_inputs
+            f, n, s = int(first[i]), int(counts[i]), int(starts[i])
+            length = mm.mrope_positions.shape[1]
+            if mm.rope_delta and s + n > length:
+                if out is pos:
+                    out = pos.copy()
+                out[f + max(length - s, 0) : f + n] += mm.rope_delta
+            if s < length:
+                prompt_parts.append((f, s, min(s + n, length), mm.mrope_positions))
+        if not prompt_parts:
+            return out
+        out = np.repeat(out[None], 3, axis=0)
+        for f, s, e, mrope in prompt_parts:
+            out[:, f : f + e - s] = mrope[:, s:e].numpy()
+        return out
+
+    def _deepstack_rows(self, inputs: StepInputs) -> DeepstackRows | None:
+        """The deepstack features of the step's prompt tokens at visual positions (a chunk
+        `[s, e)` of a prompt takes the visual rows between the mask's counts before `s`
+        and before `e`); None when no scheduled token has any. A request whose prompt is
+        done leaves `_deepstack` and drops its features (a recompute brings them again)."""
+        spans, at = {}, 0
+        for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
+            spans[row] = (at, n)
+            at += n
+        flat, feats, done = [], [], []
+        for req_id in self._deepstack:
+            row = self.batch.req_id_to_row[req_id]
+            if row not in spans:
+                continue  # not scheduled this step
+            mm = self.batch.states[row].mm_decoder_inputs
+            mask, (offset, n) = mm.visual_pos_mask, spans[row]
+            start = self.batch.states[row].num_computed_tokens
+            if start + n >= mask.shape[0]:
+                done.append(req_id)
+            local = mask[start : start + n].nonzero().flatten()
+            if len(local):
+                before = int(mask[:start].sum())
+                flat.append(local + offset)
+                feats.append(mm.deepstack_embeds[:, before : before + len(local)])
+        for req_id in done:
+            self._deepstack.discard(req_id)
+            mm = self.batch.states[self.batch.req_id_to_row[req_id]].mm_decoder_inputs
+            mm.visual_pos_mask = mm.deepstack_embeds = None
+        if not flat:
+            return None
+        layers = max(f.shape[0] for f in feats)
+        if any(f.shape[0] != layers for f in feats):  # requests may differ: pad with zeros
+            feats = [torch.cat([f, f.new_zeros(layers - len(f), *f.shape[1:])]) for f in feats]
+        return DeepstackRows(rows=torch.cat(flat).to(self.device), embeds=torch.cat(feats, dim=1))
 
     def _attention_metadata(
         self,
@@ -231,8 +318,12 @@ class ModelRunner:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=[])
         inputs = self._prepare_inputs(so)
         embeds = self._prompt_embeds(inputs)
+        deepstack = self._deepstack_rows(inputs) if self._deepstack else None
         with forward_context(inputs.attn):
-            hidden = self.model(inputs.input_ids, inputs.positions, embeds)
+            if deepstack is None:
+                hidden = self.model(inputs.input_ids, inputs.positions, embeds)
+            else:
+                hidden = self.model(inputs.input_ids, inputs.positions, embeds, deepstack=deepstack)
         step = SampledRows({}, {}, {})
         if inputs.sample_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
@@ -245,8 +336,8 @@ class ModelRunner:
 
     def _rows(self, blob: TensorBlob | None) -> torch.Tensor:
         if blob is None:
-            hidden = self.model.config.hidden_size
-            return torch.zeros(0, hidden, dtype=self.model.dtype, device=self.device)
+            width = self.model.input_width
+            return torch.zeros(0, width, dtype=self.model.dtype, device=self.device)
         return blob_to_tensor(blob).to(self.device, self.model.dtype)
 
     def _prompt_embeds(self, inputs: StepInputs) -> torch.Tensor | None:
