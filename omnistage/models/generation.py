@@ -26,6 +26,9 @@ class GenerationModel(nn.Module):
     architectures: ClassVar[tuple[str, ...]] = ()
     output_modality: ClassVar[str] = "audio"
     sample_rate: int | None = None
+    takes_seeds_and_speakers: ClassVar[bool] = False
+    """Whether `generate` also takes per-request `seeds=[int, ...]` and
+    `speakers=[str | None, ...]` (a vocoder that samples noise, with voices)."""
 
     def generate(self, inputs: list[torch.Tensor], context_lens: list[int]) -> list[torch.Tensor]:
         """Per request: input rows (the first `context_lens[i]` are left context) -> output of
@@ -141,22 +144,26 @@ def make_tiny_vocoder(
     return path
 
 
+GENERATION_PARTS: dict[tuple[str, str], str] = {
+    ("qwen3_omni_moe", "code2wav"): "omnistage.models.qwen3_omni_code2wav:Qwen3OmniCode2Wav",
+    ("qwen2_5_omni", "token2wav"): "omnistage.models.qwen25_omni_token2wav:Qwen25OmniToken2Wav",
+}
+"""(checkpoint model_type, part) -> the generation model serving that part of it; each
+has `from_checkpoint(path, hf_config, dtype)`."""
+
+
 def _load_part(
     path: Path, config: dict[str, Any], part: str, dtype: torch.dtype
 ) -> GenerationModel:
+    import importlib
+
+    import transformers
+
     model_type = config.get("model_type")
-    if (model_type, part) == ("qwen3_omni_moe", "code2wav"):
-        import transformers
-
-        from omnistage.models.qwen3_omni_code2wav import Qwen3OmniCode2Wav
-
-        hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-        return Qwen3OmniCode2Wav.from_checkpoint(path, hf_config, dtype)
-    if (model_type, part) == ("qwen2_5_omni", "token2wav"):
-        import transformers
-
-        from omnistage.models.qwen25_omni_token2wav import Qwen25OmniToken2Wav
-
-        hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-        return Qwen25OmniToken2Wav.from_checkpoint(path, hf_config, dtype)
-    raise ValueError(f"model_part: {model_type!r} checkpoints have no generation part {part!r}")
+    target = GENERATION_PARTS.get((model_type, part))
+    if target is None:
+        raise ValueError(f"model_part: {model_type!r} checkpoints have no generation part {part!r}")
+    module, name = target.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    return cls.from_checkpoint(path, hf_config, dtype)

@@ -30,8 +30,8 @@ projection (Linear with bias, 3584 -> 896) to the sum, every step. This class
 does the same: `forward(input_ids, positions, inputs_embeds)` takes
 **thinker-width** rows (`prompt_embeds`, or `embed_input_ids(ids)` = the codec
 embedding in thinker width, plus conditioning rows added by the runner) and
-projects them itself. The engine's input-width checks must therefore use
-`input_width` (`embedding_size`), not `hidden_size` (see the tests).
+projects them itself. The engine's input-width checks therefore use
+`input_width_for(config)` (`embedding_size`), not `hidden_size` (see the tests).
 
 How transformers' `Qwen2_5OmniForConditionalGeneration.generate` feeds the talker
 (P = prompt length, `out` = the thinker's n generated ids; the thinker ran with
@@ -136,12 +136,15 @@ class Qwen25OmniTalker(Qwen2ForCausalLM):
         config = copy.copy(config)
         config.tie_word_embeddings = False  # the codec table is wider than the head's input
         super().__init__(config, dtype, max_positions)
-        self.input_width = int(config.embedding_size)
-        """Width of `inputs_embeds` / `embed_input_ids` rows (the thinker's hidden size)."""
         self.embed_tokens = nn.Embedding(config.vocab_size, self.input_width, dtype=dtype)
         self.embed_tokens.requires_grad_(False)
         self.thinker_to_talker_proj = Linear(self.input_width, config.hidden_size, True, dtype)
         self.codec_start_token_id = int(config.tts_codec_start_token_id)
+
+    @classmethod
+    def input_width_for(cls, config: Any) -> int:
+        """Width of `inputs_embeds` / `embed_input_ids` rows: the thinker's hidden size."""
+        return int(config.embedding_size)
 
     @staticmethod
     def _hf_rotary(config: Any) -> nn.Module:

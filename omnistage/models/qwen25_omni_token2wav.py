@@ -21,9 +21,10 @@ in float32 on the CPU (then moved to the model's device): the same codes, speake
 and seed give the same waveform alone, in a batch and in any order, and the same
 as transformers' `token2wav(...)` after `torch.manual_seed(seed)` on the CPU (the
 noise does not depend on the device either; only checked on the CPU). The seed is `generate(...,
-seeds=[...])` per request; a request without one (the generation stage does not
-pass seeds yet) uses `DEFAULT_SEED`. Requests are decoded one at a time, as
-transformers' `generate` does, so a batch changes nothing.
+seeds=[...])` per request (the generation stage passes one for every request, see
+`omnistage.pipeline.generation_stage`); a request without one uses `DEFAULT_SEED`.
+Requests are decoded one at a time, as transformers' `generate` does, so a batch
+changes nothing.
 
 **Speakers**: `generate(..., speakers=[...])` per request, default "Chelsie"
 (transformers' default).
@@ -60,6 +61,7 @@ DEFAULT_SEED = 0
 class Qwen25OmniToken2Wav(GenerationModel):
     architectures = ()  # a part of Qwen2_5OmniForConditionalGeneration checkpoints
     output_modality = "audio"
+    takes_seeds_and_speakers = True
 
     def __init__(
         self,

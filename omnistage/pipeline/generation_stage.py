@@ -6,10 +6,21 @@ up to `max_num_seqs` items, oldest first, through the model in one call
 (continuous batching: items of different requests share a step), and emits
 each item's output in chunk order; the item of the last chunk finishes the
 request.
+
+Models that sample noise (`takes_seeds_and_speakers`, e.g. Qwen2.5-Omni's
+token2wav) get one seed per request, the same for all its chunks: the `seed`
+of the request's sampling parameters for this stage (`{"token2wav":
+SamplingParams(seed=...)}`, else the stage's `default_sampling`), or, when
+neither gives one, a seed derived from the stage's engine seed and the
+request's first input rows (its codes): the same codes give the same output in
+any batch, order or run, so a request whose producer is seeded (or greedy) is
+reproducible end to end. The speaker is the model's default (requests cannot
+choose one yet).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +45,10 @@ class _WorkItem:
     inputs: torch.Tensor
     context_len: int
     last: bool
+    seed: int | None = None
+    """For models that take seeds (see the module docstring)."""
+    speaker: str | None = None
+    """None: the model's default voice."""
 
 
 class GenerationStageCore(StageCore):
@@ -57,6 +72,9 @@ class GenerationStageCore(StageCore):
             resolve_model(config.model).path, config.torch_dtype, spec.model_part
         )
         self.max_batch = config.max_num_seqs
+        self.engine_seed = config.seed
+        self.seeds: dict[str, int] = {}
+        """Per request with chunks still to come: its seed (see the module docstring)."""
         self.queue: deque[_WorkItem] = deque()
         self.context: dict[str, torch.Tensor] = {}
         """Per request: the last `left_context` input rows of its earlier chunks."""
@@ -68,16 +86,25 @@ class GenerationStageCore(StageCore):
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
         rid = msg.request_id
-        if self.coordinator.arrived(rid, msg.edge, None, msg.last) is None:
+        entry = self.coordinator.arrived(rid, msg.edge, None, msg.last)
+        if entry is None:
             return []
         rows = payload[self.processor.input_key]
+        seed = self.seeds.get(rid)
+        if seed is None and self.model.takes_seeds_and_speakers:
+            sampling = {**self.spec.default_sampling, **(entry.submit.sampling or {})}
+            seed = sampling.get("seed")
+            if seed is None:
+                seed = derived_seed(self.engine_seed, rows)
+            self.seeds[rid] = seed
         before = self.context.get(rid, rows[:0])
         self.queue.append(
-            _WorkItem(rid, msg.chunk_index, torch.cat([before, rows]), len(before), msg.last)
+            _WorkItem(rid, msg.chunk_index, torch.cat([before, rows]), len(before), msg.last, seed)
         )
         if msg.last:
             self.coordinator.release(rid)
             self.context.pop(rid, None)
+            self.seeds.pop(rid, None)
         elif self.edge.left_context:
             self.context[rid] = torch.cat([before, rows])[-self.edge.left_context :]
         return []
@@ -86,7 +113,16 @@ class GenerationStageCore(StageCore):
         items = [self.queue.popleft() for _ in range(min(self.max_batch, len(self.queue)))]
         if not items:
             return []
-        outputs = self.model.generate([i.inputs for i in items], [i.context_len for i in items])
+        inputs, contexts = [i.inputs for i in items], [i.context_len for i in items]
+        if self.model.takes_seeds_and_speakers:
+            outputs = self.model.generate(
+                inputs,
+                contexts,
+                seeds=[i.seed for i in items],
+                speakers=[i.speaker for i in items],
+            )
+        else:
+            outputs = self.model.generate(inputs, contexts)
         return [
             StageOutput(
                 stage=self.name,
@@ -100,6 +136,7 @@ class GenerationStageCore(StageCore):
 
     def drop_request(self, request_id: str) -> None:
         self.context.pop(request_id, None)
+        self.seeds.pop(request_id, None)
         if any(i.request_id == request_id for i in self.queue):
             self.queue = deque(i for i in self.queue if i.request_id != request_id)
 
@@ -110,4 +147,16 @@ class GenerationStageCore(StageCore):
         return super().counters() | {
             "queued_items": len(self.queue),
             "context_entries": len(self.context),
+            "seed_entries": len(self.seeds),
         }
+
+
+def derived_seed(base: int, rows: torch.Tensor) -> int:
+    """A request's seed when it gives none: a hash of the stage's engine seed and the
+    request's (first) input rows, in [0, 2**63)."""
+    rows = rows.detach().cpu().contiguous()
+    if not rows.is_floating_point():
+        rows = rows.long()  # codes hash alike whatever int dtype carried them
+    digest = hashlib.sha256(f"{int(base)}|{rows.dtype}|{list(rows.shape)}|".encode())
+    digest.update(rows.numpy().tobytes())
+    return int.from_bytes(digest.digest()[:8], "little") >> 1

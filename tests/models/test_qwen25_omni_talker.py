@@ -13,15 +13,12 @@ as transformers' `generate` assembles it.
   talker inside `generate` (repetition penalty 1.05 over the prompt's codec ids and the
   codes, `tts_codec_start` suppressed).
 
-The engine checks `prompt_embeds` and conditioning rows against `hf_config.hidden_size`
-(the talker's 32 here, 896 for the real model), but this talker's inputs have the
-thinker's width (`embedding_size`, `Qwen25OmniTalker.input_width`), as in transformers;
-until the engine asks the model, these tests give the engine a config with that width.
+This talker's inputs have the thinker's width (`embedding_size`, 64 here, 3584 for the
+real model), not its hidden size (32, real 896), as in transformers: the engine checks
+`prompt_embeds` and conditioning rows against `Qwen25OmniTalker.input_width_for(config)`.
 """
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
@@ -62,9 +59,7 @@ def talker_engine(ckpt) -> LLMEngine:
     engine = LLMEngine(
         EngineConfig(model=str(ckpt), model_part="talker", dtype="float64", async_scheduling=False)
     )
-    model = engine.core.executor.runner.model
-    engine.hf_config = copy.copy(engine.hf_config)
-    engine.hf_config.hidden_size = model.input_width  # see the module docstring
+    assert engine.input_width == engine.core.executor.runner.model.input_width
     return engine
 
 
