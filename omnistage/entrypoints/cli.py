@@ -7,6 +7,7 @@ omnistage generate "PROMPT" --model demo-omni|OMNI_CHECKPOINT [--modalities text
 omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
 omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
+omnistage bench omni [--concurrency 1,16] [--thinker-tokens 32] [--talker-frames 128] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -173,6 +174,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from omnistage.benchmarks import pipeline
 
         return pipeline.main(args)
+    if args.bench == "omni":
+        from omnistage.benchmarks import omni
+
+        return omni.main(args)
     from omnistage.benchmarks import throughput
 
     return throughput.main(args)
@@ -222,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     pipeline.add_arguments(pl)
     pl.set_defaults(func=cmd_bench)
+    om = bench_sub.add_parser(
+        "omni", help="speech out on demo-omni: time to first audio, streaming vs whole payload"
+    )
+    from omnistage.benchmarks import omni
+
+    omni.add_arguments(om)
+    om.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
+
 from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
+from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.tensor_blob import blob_to_tensor
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.pipeline.accumulator import HIDDEN_KEY, RequestAccumulator
@@ -68,7 +71,10 @@ class ARStageCore(StageCore):
         msg: SubmitRequest,
         payloads: dict[str, Payload] | None,
         stream_conditioning: bool = False,
+        last: bool = True,
     ) -> list[FromStage]:
+        """Start a request; streamed (`stream_conditioning`), from the first chunk, which is
+        also the `last` one when the producer finished within it."""
         params = SamplingParams(**{**self.spec.default_sampling, **(msg.sampling or {})})
         if params.n != 1:
             raise ValueError("n: a pipeline stage generates one sequence per request")
@@ -93,10 +99,16 @@ class ARStageCore(StageCore):
             params,
             inputs.prompt_embeds,
             stream_conditioning or conditioned,
+            inputs.mm_decoder_inputs,
         )
-        if conditioned:  # every row known up front (a whole payload)
+        finished = last or not stream_conditioning  # a whole payload: every row is known
+        if conditioned or (finished and stream_conditioning):
+            rows = inputs.conditioning
             self.engine.add_conditioning(
-                msg.request_id, inputs.conditioning, True, inputs.conditioning_fill
+                msg.request_id,
+                rows if rows is not None else torch.zeros(0, 0),
+                finished,
+                inputs.conditioning_fill if finished else None,
             )
         outgoing = self.outgoing_for(msg)
         if outgoing:
@@ -123,12 +135,11 @@ class ARStageCore(StageCore):
             [(blob_to_tensor(a).numpy(), AUDIO_RATE) for a in msg.audios],
             [blob_to_tensor(i).numpy() for i in msg.images],
         )
-        if encoded.uses_mrope:
-            raise ValueError("image: image input is not supported by the thinker decoder yet")
         return StageInput(
             prompt=msg.prompt,
             prompt_token_ids=encoded.prompt_token_ids,
             prompt_embeds=encoded.prompt_embeds,
+            mm_decoder_inputs=MultimodalDecoderInputs.from_encoded_prompt(encoded),
         )
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
@@ -151,12 +162,11 @@ class ARStageCore(StageCore):
         rid = msg.request_id
         events: list[FromStage] = []
         if msg.chunk_index == 0:
-            events = self.start(submit, {msg.edge: payload}, stream_conditioning=True)
+            events = self.start(submit, {msg.edge: payload}, True, msg.last)
         else:
-            self.engine.add_conditioning(rid, processor.to_conditioning(payload), msg.last)
+            rows, fill = processor.to_conditioning(payload, msg.last)
+            self.engine.add_conditioning(rid, rows, msg.last, fill)
         if msg.last:
-            if msg.chunk_index == 0:
-                self.engine.add_conditioning(rid, processor.to_conditioning({}), True)
             self.coordinator.release(rid)
         return events
 

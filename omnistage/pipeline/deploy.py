@@ -111,7 +111,7 @@ def single_model_deploy(
     return _build(_Reader("<single_model_deploy>"), {"stages": [stage]}, "single-model")
 
 
-PACKAGED_DEPLOYS_BY_MODEL_TYPE = {"qwen3_omni_moe": "qwen3-omni"}
+PACKAGED_DEPLOYS_BY_MODEL_TYPE = {"qwen3_omni_moe": "qwen3-omni", "qwen2_5_omni": "qwen25-omni"}
 """Checkpoints (by config.json `model_type`) that `Omni(model=...)` serves with a packaged
 multi-stage deploy rather than as one text stage."""
 
@@ -134,6 +134,39 @@ def deploy_for_model(model: str, engine_args: Mapping[str, Any] | None = None) -
         return single_model_deploy(model, engine_args)
     spec = load_deploy(packaged_deploy_path(name)).with_model(str(path.absolute()))
     return spec.with_engine_args(engine_args) if engine_args else spec
+
+
+def check_stage_models(spec: DeploySpec) -> None:
+    """Each stage's model has what the stage asks of it: the `model_part` exists in the
+    checkpoint (an `ar` part for `ar` stages, a generation part for `generation` ones),
+    and a multi-part checkpoint is not served whole. ValueError naming the stage, before
+    any stage starts."""
+    from omnistage.models.generation import GENERATION_PARTS
+    from omnistage.models.loader import resolve_model
+    from omnistage.models.parts import PARTS
+
+    for stage in (s.with_part_directory() for s in spec.stages):
+        if stage.model is None:
+            continue
+        config = resolve_model(stage.model).path / "config.json"
+        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        ar_parts = sorted(p for mt, p in PARTS if mt == model_type)
+        gen_parts = sorted(p for mt, p in GENERATION_PARTS if mt == model_type)
+        where = f"{spec.source}: stages[{stage.name}]"
+        if stage.model_part is None:
+            if ar_parts or gen_parts:
+                raise ValueError(
+                    f"{where}: {stage.model} is a multi-part {model_type} checkpoint; name "
+                    f"the part this stage runs with model_part ({', '.join(ar_parts + gen_parts)})"
+                )
+            continue
+        parts = ar_parts if stage.kind == "ar" else gen_parts
+        if stage.model_part not in parts:
+            raise ValueError(
+                f"{where}.model_part: {model_type or 'this'} checkpoints have no "
+                f"{stage.kind} part {stage.model_part!r}"
+                + (f"; {stage.kind} parts: {', '.join(parts)}" if parts else "")
+            )
 
 
 def packaged_deploy_path(name: str) -> Path:

@@ -86,6 +86,15 @@ class StageSpec:
     output_keys: tuple[str, ...] = ()
     """Payload keys this stage produces for its outgoing edges."""
 
+    def with_part_directory(self) -> StageSpec:
+        """A checkpoint kept as a directory per part (thinker/, talker/, vocoder/ ...): the
+        stage then runs that directory's whole model. Otherwise the spec itself."""
+        if self.model and self.model_part and (Path(self.model) / self.model_part).is_dir():
+            return dataclasses.replace(
+                self, model=str(Path(self.model) / self.model_part), model_part=None
+            )
+        return self
+
 
 @dataclass(frozen=True)
 class EdgeSpec:

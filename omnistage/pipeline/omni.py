@@ -25,7 +25,12 @@ import torch
 
 from omnistage.config import DEFAULT_MODEL
 from omnistage.core.tensor_blob import tensor_to_blob
-from omnistage.pipeline.deploy import DeploySpec, deploy_for_model, load_deploy
+from omnistage.pipeline.deploy import (
+    DeploySpec,
+    check_stage_models,
+    deploy_for_model,
+    load_deploy,
+)
 from omnistage.pipeline.orchestrator import Orchestrator, PipelineRequest
 from omnistage.pipeline.outputs import OmniRequestOutput
 from omnistage.pipeline.prompt_inputs import PromptReader
@@ -59,9 +64,10 @@ class _PipelineFrontend:
             spec = deploy if isinstance(deploy, DeploySpec) else load_deploy(_deploy_source(deploy))
             if model is not None:
                 spec = spec.with_model(model)
+        check_stage_models(spec)
         self.deploy = spec
         (entry,) = spec.entry_stages
-        self._prompts = PromptReader(entry.model)
+        self._prompts = PromptReader(entry.with_part_directory().model)
         self._ids = itertools.count()
         self.orchestrator = Orchestrator(spec, secrets.token_hex(4), in_process=in_process)
         atexit.register(self.shutdown)
@@ -154,8 +160,7 @@ class Omni(_PipelineFrontend):
             if output.finished:
                 finished.put(output)
 
-        for request in requests:
-            self.orchestrator.submit(request, sink)
+        self.orchestrator.submit_batch(requests, sink)
         by_id = {}
         while len(by_id) < len(requests):
             output = finished.get()

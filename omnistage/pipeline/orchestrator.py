@@ -117,10 +117,21 @@ class Orchestrator:
 
     # -- frontend API (thread-safe) ---------------------------------------------------------
     def submit(self, request: PipelineRequest, sink: Sink) -> None:
+        self.submit_batch([request], sink)
+
+    def submit_batch(self, requests: list[PipelineRequest], sink: Sink) -> None:
+        """Start requests together: they reach the entry stage before its next step, so a
+        batch is scheduled the same way whatever the loop was doing."""
         if self._stopping or not self._thread.is_alive():
-            sink(OmniRequestOutput(request.request_id, {}, True, "the pipeline is not running"))
+            for request in requests:
+                sink(OmniRequestOutput(request.request_id, {}, True, "the pipeline is not running"))
             return
-        self._command(lambda: self._start(request, sink))
+
+        def start() -> None:
+            for request in requests:
+                self._start(request, sink)
+
+        self._command(start)
 
     def abort(self, request_id: str) -> None:
         self._command(lambda: self._abort(request_id))

@@ -42,6 +42,8 @@ class StageInput:
     """Rows added to the input embeddings of the generated positions, one each."""
     conditioning_fill: torch.Tensor | None = None
     """The row of every generated position past the last of `conditioning`."""
+    mm_decoder_inputs: Any = None
+    """`MultimodalDecoderInputs` of a prompt with images (3-D positions, deepstack)."""
 
 
 @dataclass
@@ -76,8 +78,11 @@ class EdgeProcessor:
     def to_input(self, payload: Payload) -> StageInput:
         raise ValueError(f"edge processor {self.name!r} does not build AR inputs from payloads")
 
-    def to_conditioning(self, payload: Payload) -> torch.Tensor:
-        """Stream into an AR stage: a later chunk's rows, one per position it generates."""
+    def to_conditioning(
+        self, payload: Payload, last: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Stream into an AR stage: a later chunk's rows, one per position it generates, and
+        with the `last` chunk the fill row of every position after them (or None)."""
         raise ValueError(f"edge processor {self.name!r} does not stream into ar stages")
 
 
@@ -133,11 +138,13 @@ class HiddenToEmbeds(EdgeProcessor):
             raise ValueError("hidden_to_embeds: the payload holds no hidden states")
         return StageInput(prompt_token_ids=ids.tolist(), prompt_embeds=hidden)
 
-    def to_conditioning(self, payload: Payload) -> torch.Tensor:
+    def to_conditioning(
+        self, payload: Payload, last: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Streamed: the first chunk is the prompt; each later hidden state conditions one
         generated position (the consumer keeps pace with the producer)."""
         hidden = payload.get("hidden_states.output")
-        return hidden if hidden is not None else torch.zeros(0, 0)
+        return (hidden if hidden is not None else torch.zeros(0, 0)), None
 
 
 class Qwen3OmniThinkerToTalker(EdgeProcessor):
@@ -167,6 +174,67 @@ class Qwen3OmniThinkerToTalker(EdgeProcessor):
             payload["ids.prompt"].tolist(),
             payload["ids.output"].tolist(),
             payload["hidden_states.output"],
+            finished=bool(payload.get("meta.finished", True)),
+        )
+        return StageInput(
+            prompt_token_ids=talker.prompt_token_ids,
+            prompt_embeds=talker.prompt_embeds,
+            conditioning=talker.conditioning,
+            conditioning_fill=talker.fill,
+        )
+
+    def to_conditioning(
+        self, payload: Payload, last: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Streamed: each later thinker row is one more frame's text row; the last chunk
+        adds `tts_eos`, then `tts_pad` for every later frame."""
+        rows = payload.get("hidden_states.output")
+        return self.prompter.text_rows(rows if rows is not None else torch.zeros(0, 0), last)
+
+
+class Qwen25OmniThinkerToTalker(EdgeProcessor):
+    """Qwen2.5-Omni thinker -> talker: the talker's prompt (codec mask ids for the
+    repetition penalty, thinker-width prompt embeddings with the speaker and codec rows),
+    one conditioning row per reply token and the `tts_text_pad` fill, built from the
+    thinker's prompt, reply and per-position (input embedding, final normed hidden) rows
+    with the checkpoint's embeddings (`qwen25_talker_inputs`, `codec_rows=True`: the
+    input transformers' talker builds whenever it is given an attention mask).
+
+    The speaker is the model's default ("Chelsie"); requests cannot pick one yet."""
+
+    name = "qwen25_omni_thinker_to_talker"
+
+    accumulate = HiddenToEmbeds.accumulate
+    stream_key = "ids.output"
+
+    def __init__(self) -> None:
+        self.specials: Any = None
+
+    def bind_consumer(self, engine: Any) -> None:
+        from omnistage.models.qwen25_omni_talker import Qwen25TalkerSpecials
+
+        self.specials = Qwen25TalkerSpecials.from_checkpoint(
+            engine.model_files.path, engine.config.torch_dtype
+        )
+
+    def to_input(self, payload: Payload) -> StageInput:
+        from omnistage.models.qwen25_omni_talker import qwen25_talker_inputs
+
+        if self.specials is None:
+            raise ValueError(f"edge processor {self.name!r} feeds only an ar stage")
+        rows = payload["hidden_states.output"]  # [positions, 2 H]: input embedding, hidden
+        if rows.ndim != 2 or rows.shape[1] % 2:
+            raise ValueError(
+                f"{self.name}: expected [positions, 2 x thinker hidden] rows (input embedding, "
+                f"final hidden state), got {list(rows.shape)}"
+            )
+        width = rows.shape[1] // 2
+        talker = qwen25_talker_inputs(
+            rows[:, :width],
+            rows[:, width:],
+            payload["ids.prompt"].tolist(),
+            payload["ids.output"].tolist(),
+            self.specials,
         )
         return StageInput(
             prompt_token_ids=talker.prompt_token_ids,
@@ -229,5 +297,6 @@ for _cls in (
     IdsToCodes,
     CodecFrames,
     Qwen3OmniThinkerToTalker,
+    Qwen25OmniThinkerToTalker,
 ):
     register_processor(_cls)

@@ -29,6 +29,8 @@ import numpy as np
 
 AUDIO_RATE = 16000
 """The rate of the Whisper-style feature extractors of the omni models we serve."""
+MIN_AUDIO_SAMPLES = 201
+"""Their STFT (n_fft 400, reflect-padded) needs at least n_fft / 2 + 1 samples."""
 
 
 @dataclass
@@ -115,7 +117,14 @@ class PromptReader:
 
         if items:
             self._check("audio")
-        return [load_audio(item, target_rate=AUDIO_RATE) for item in items]
+        clips = [load_audio(item, target_rate=AUDIO_RATE) for item in items]
+        for i, clip in enumerate(clips):
+            if clip.size < MIN_AUDIO_SAMPLES:
+                raise ValueError(
+                    f"audio {i}: too short ({clip.size} samples at {AUDIO_RATE} Hz; at least "
+                    f"{MIN_AUDIO_SAMPLES} are needed)"
+                )
+        return clips
 
     def _images(self, items: list[Any]) -> list[np.ndarray]:
         from omnistage.multimodal.media import load_image

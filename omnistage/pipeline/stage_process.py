@@ -12,13 +12,11 @@ unrecoverable error (after reporting it as `StageFatal`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import multiprocessing
 import os
 import traceback
 from abc import ABC, abstractmethod
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -46,11 +44,7 @@ def make_stage_core(spec: StageSpec, deploy: DeploySpec, namespace: str) -> Stag
         raise ValueError(
             f"stage {spec.name!r}: no model (give one in the deploy file or Omni(model=...))"
         )
-    if spec.model_part and (Path(spec.model) / spec.model_part).is_dir():
-        # One checkpoint with a directory per part (thinker/, talker/, vocoder/ ...).
-        spec = dataclasses.replace(
-            spec, model=str(Path(spec.model) / spec.model_part), model_part=None
-        )
+    spec = spec.with_part_directory()
     if spec.kind == "ar":
         from omnistage.pipeline.ar_stage import ARStageCore
 

@@ -415,3 +415,20 @@ def make_tiny_qwen3_omni(path: Path, seed: int = 0, dtype=torch.float32) -> Path
     (path / "processor_config.json").write_text(json.dumps(processor_config, indent=2) + "\n")
     (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return path
+
+
+def tiny_qwen3_omni_deploy(
+    path: Path, *, dtype: str = "float64", async_scheduling: bool = True, stream: bool = True
+):
+    """The packaged demo-omni deploy serving the checkpoint at `path`; with `stream=False`
+    every edge carries a whole payload instead of stream chunks."""
+    import dataclasses
+
+    from omnistage.pipeline.deploy import load_deploy, packaged_deploy_path
+
+    spec = load_deploy(packaged_deploy_path("demo-omni")).with_model(str(path))
+    spec = spec.with_engine_args({"dtype": dtype, "async_scheduling": async_scheduling})
+    if not stream:
+        edges = tuple(dataclasses.replace(e, transfer="payload") for e in spec.edges)
+        spec = dataclasses.replace(spec, edges=edges)
+    return spec

@@ -24,13 +24,13 @@ from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.models.qwen3_omni_talker import Qwen3OmniTalkerPrompter
-from omnistage.pipeline.deploy import load_deploy, packaged_deploy_path
 from omnistage.pipeline.omni import Omni
 from omnistage.testing.tiny_qwen3_omni import (
     ACCEPT_HIDDEN_LAYER,
     IM_END_ID,
     NUM_CODE_GROUPS,
     make_tiny_qwen3_omni,
+    tiny_qwen3_omni_deploy,
 )
 
 THINKER_TOKENS, TALKER_TOKENS = 8, 12
@@ -160,20 +160,6 @@ def test_talker_codes_equal_transformers_for_the_same_thinker_output(
     assert len(set(map(tuple, frames))) > 3  # the codes change from frame to frame
 
 
-def _deploy(ckpt, async_scheduling: bool = True, stream: bool = True):
-    spec = load_deploy(packaged_deploy_path("demo-omni")).with_model(str(ckpt))
-    spec = spec.with_engine_args({"dtype": "float64", "async_scheduling": async_scheduling})
-    if not stream:
-        import dataclasses
-
-        edges = tuple(
-            dataclasses.replace(e, transfer="payload") if e.dst == "code2wav" else e
-            for e in spec.edges
-        )
-        spec = dataclasses.replace(spec, edges=edges)
-    return spec
-
-
 GREEDY = {
     "thinker": SamplingParams(temperature=0, max_tokens=THINKER_TOKENS),
     "talker": SamplingParams(temperature=0, max_tokens=TALKER_TOKENS, repetition_penalty=1.05),
@@ -181,7 +167,7 @@ GREEDY = {
 
 
 def test_pipeline_text_and_audio_equal_transformers(ckpt, reference):
-    with Omni(_deploy(ckpt), in_process=True) as omni:
+    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
         (out,) = omni.generate([reference["prompt"]], GREEDY)
     _check_against(out, reference)
 
@@ -238,6 +224,6 @@ def test_pipeline_with_audio_input_equals_transformers(ckpt, hf_model):
     )
     inputs = processor(text=[prompt], audio=[clip], return_tensors="pt")
     ref = _hf_generate(hf_model, dict(inputs))
-    with Omni(_deploy(ckpt), in_process=True) as omni:
+    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
         (out,) = omni.generate([{"messages": messages}], GREEDY)
     _check_against(out, ref)

@@ -4,8 +4,9 @@ the tiny float64 checkpoint: what scheduling and streaming may and may not chang
 - Sync and async scheduling give the same text and bit-identical audio, with a sampled
   (seeded) talker: every draw is keyed by (request seed, output position), never by
   batch row or step timing.
-- Streamed audio, concatenated, equals the whole-payload audio within 1e-5. The chunks
-  are decoded with 32 frames of left context; the tiny code2wav's receptive field is
+- Streamed (thinker -> talker and talker -> code2wav), the audio, concatenated, equals
+  the whole-payload audio within 1e-5. The talker's frames are the same either way (each
+  waits for its text row); code2wav's chunks are decoded with 32 frames of left context; the tiny code2wav's receptive field is
   longer (an 8-frame attention window per transformer layer, then the convolutions'
   context), so a seam sample can differ from the whole decode by what the frames
   beyond the context still contribute (measured ~1e-7 here). Chunk boundaries and
@@ -17,7 +18,6 @@ the tiny float64 checkpoint: what scheduling and streaming may and may not chang
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 
 import numpy as np
@@ -25,9 +25,8 @@ import pytest
 import torch
 
 from omnistage import SamplingParams
-from omnistage.pipeline.deploy import load_deploy, packaged_deploy_path
 from omnistage.pipeline.omni import AsyncOmni, Omni
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
+from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni, tiny_qwen3_omni_deploy
 
 PROMPTS = [
     "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n",
@@ -40,18 +39,6 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     return make_tiny_qwen3_omni(tmp_path_factory.mktemp("qwen3-omni-pipe"), dtype=torch.float64)
-
-
-def _deploy(ckpt, async_scheduling: bool = True, stream: bool = True):
-    spec = load_deploy(packaged_deploy_path("demo-omni")).with_model(str(ckpt))
-    spec = spec.with_engine_args({"dtype": "float64", "async_scheduling": async_scheduling})
-    if not stream:
-        edges = tuple(
-            dataclasses.replace(e, transfer="payload") if e.dst == "code2wav" else e
-            for e in spec.edges
-        )
-        spec = dataclasses.replace(spec, edges=edges)
-    return spec
 
 
 PARAMS = {
@@ -73,16 +60,16 @@ def _run(spec) -> list:
 
 
 def test_sync_and_async_scheduling_give_identical_text_and_audio(ckpt):
-    sync = _run(_deploy(ckpt, async_scheduling=False))
-    asyn = _run(_deploy(ckpt, async_scheduling=True))
+    sync = _run(tiny_qwen3_omni_deploy(ckpt, async_scheduling=False))
+    asyn = _run(tiny_qwen3_omni_deploy(ckpt, async_scheduling=True))
     for a, b in zip(sync, asyn, strict=True):
         assert a.token_ids == b.token_ids
         assert np.array_equal(a.audio, b.audio)
 
 
 def test_streamed_audio_equals_whole_payload_audio(ckpt):
-    streamed = _run(_deploy(ckpt, stream=True))
-    whole = _run(_deploy(ckpt, stream=False))
+    streamed = _run(tiny_qwen3_omni_deploy(ckpt, stream=True))
+    whole = _run(tiny_qwen3_omni_deploy(ckpt, stream=False))
     for s, w in zip(streamed, whole, strict=True):
         assert s.token_ids == w.token_ids
         assert s.audio.shape == w.audio.shape
@@ -93,7 +80,7 @@ def test_streamed_audio_equals_whole_payload_audio(ckpt):
 
 def test_fifty_concurrent_mixed_requests_complete_and_leave_nothing(ckpt):
     async def run() -> list:
-        with AsyncOmni(_deploy(ckpt)) as omni:
+        with AsyncOmni(tiny_qwen3_omni_deploy(ckpt)) as omni:
 
             async def one(i: int):
                 modalities = ["text"] if i % 3 == 0 else None
@@ -119,3 +106,98 @@ def test_fifty_concurrent_mixed_requests_complete_and_leave_nothing(ckpt):
         assert all(v == 0 for v in values.values()), (stage, values)
     leftover = [f for f in os.listdir("/dev/shm") if namespace in f]
     assert leftover == []
+
+
+def test_bad_input_is_refused_before_any_stage_runs(ckpt, tmp_path):
+    import dataclasses
+
+    spec = tiny_qwen3_omni_deploy(ckpt)
+    stages = tuple(
+        dataclasses.replace(s, model_part="vocoder") if s.name == "code2wav" else s
+        for s in spec.stages
+    )
+    with pytest.raises(ValueError, match=r"code2wav\]\.model_part: qwen3_omni_moe .* 'vocoder'"):
+        Omni(dataclasses.replace(spec, stages=stages), in_process=True)
+    whole = tuple(
+        dataclasses.replace(s, model_part=None) if s.name == "talker" else s for s in spec.stages
+    )
+    with pytest.raises(ValueError, match="multi-part qwen3_omni_moe checkpoint"):
+        Omni(dataclasses.replace(spec, stages=whole), in_process=True)
+
+    (tmp_path / "noise.wav").write_bytes(b"RIFF....WAVEfmt not really")
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    prompt = PROMPTS[0]
+    with Omni(spec, in_process=True) as omni:
+        stage_requests = lambda: sum(  # noqa: E731
+            c["engine_requests"] for c in omni.stage_counters().values() if "engine_requests" in c
+        )
+        cases = [
+            (
+                {"prompt": prompt, "multi_modal_data": {"audio": str(tmp_path / "noise.wav")}},
+                "audio: cannot",
+            ),
+            (
+                {"prompt": prompt, "multi_modal_data": {"audio": (np.zeros(100), 0)}},
+                "sampling_rate",
+            ),
+            ({"prompt": prompt, "multi_modal_data": {"audio": (np.zeros(100), 8000)}}, "too short"),
+            (
+                {"prompt": prompt, "multi_modal_data": {"image": str(tmp_path / "broken.png")}},
+                "image: cannot decode",
+            ),
+            (
+                {"prompt": prompt, "multi_modal_data": {"video": "x"}},
+                "unsupported modality 'video'",
+            ),
+            ({"prompt": prompt, "extra": 1}, "unknown field 'extra'"),
+            ({"messages": "hi"}, "messages: expected a list"),
+        ]
+        for bad, match in cases:
+            with pytest.raises(ValueError, match=match):
+                omni.generate([bad])
+        with pytest.raises(ValueError, match="modalities: 'image' cannot be produced"):
+            omni.generate([prompt], modalities=["image"])
+        assert stage_requests() == 0
+        (out,) = omni.generate([prompt], PARAMS, ["text"])  # and it still serves
+        assert out.error is None and out.token_ids
+
+
+def test_a_text_model_refuses_audio_input(tmp_path):
+    from omnistage.testing.tiny_pipeline import make_tiny_omni, tiny_pipeline_deploy
+
+    with Omni(tiny_pipeline_deploy(make_tiny_omni(tmp_path / "tiny")), in_process=True) as omni:
+        clip = (np.zeros(16000, dtype=np.float32), 16000)
+        with pytest.raises(ValueError, match="audio: this model does not accept audio input"):
+            omni.generate([{"prompt": "hi", "multi_modal_data": {"audio": clip}}])
+
+
+def test_an_image_question_gets_the_engine_s_answer_through_the_pipeline(ckpt):
+    """The thinker stage encodes the image with the model's processor and vision encoder
+    and decodes with 3-D positions and deepstack (tests/multimodal prove those equal
+    transformers); through the pipeline it answers exactly as the engine does directly."""
+    from omnistage.config import EngineConfig
+    from omnistage.engine.llm_engine import LLMEngine
+    from omnistage.multimodal import Qwen3OmniInputEncoder
+
+    image = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": image}, {"type": "text", "text": "?"}],
+        }
+    ]
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
+        (out,) = omni.generate([{"messages": messages}], {"thinker": greedy}, ["text"])
+    assert out.error is None, out.error
+    encoder = Qwen3OmniInputEncoder.from_checkpoint(ckpt, torch.float64)
+    encoded = encoder.encode_chat(messages)
+    assert encoded.uses_mrope
+    engine = LLMEngine(
+        EngineConfig(model=str(ckpt), model_part="thinker", dtype="float64", async_scheduling=False)
+    )
+    engine.add_encoded_request("r", encoded, greedy)
+    while engine.has_unfinished_requests():
+        (done,) = engine.step()
+    engine.shutdown()
+    assert out.token_ids == done.outputs[0].token_ids
