@@ -160,12 +160,16 @@ def write_outputs(out, directory: str) -> list[str]:
 def cmd_models(args: argparse.Namespace) -> int:
     from omnistage.models.builtin import describe_builtin_models
     from omnistage.models.registry import supported_architectures
+    from omnistage.pipeline.deploy import PACKAGED_DEPLOYS_BY_MODEL_TYPE
 
     print("Built-in models:")
     for name, description, where in describe_builtin_models():
         print(f"  {name:<10} {description}\n  {'':<10} from: {where}")
     print("Supported checkpoint architectures (HF dir or GGUF):")
     print("  " + ", ".join(supported_architectures()))
+    print("Omni checkpoints (HF dir), served as multi-stage pipelines with a packaged deploy:")
+    for model_type, deploy in sorted(PACKAGED_DEPLOYS_BY_MODEL_TYPE.items()):
+        print(f"  model_type {model_type:<16} deploy {deploy}")
     return 0
 
 

@@ -10,6 +10,7 @@ reads one format, by HF parameter names. Nothing here touches the network.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,21 @@ from omnistage.models.builtin import (
 from omnistage.models.gguf_cache import cached_gguf_checkpoint
 
 _INDEX = "model.safetensors.index.json"
+
+
+class _MropeKeysFilter(logging.Filter):
+    """transformers' rope validation warns that the multimodal-rope keys of Qwen-Omni
+    configs (`mrope_section`, `interleaved`, ...) are unknown to the 'default' rope type
+    each time such a config is built; they are read by the models that use them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (
+            message.startswith("Unrecognized keys in `rope_parameters`") and "mrope" in message
+        )
+
+
+logging.getLogger("transformers.modeling_rope_utils").addFilter(_MropeKeysFilter())
 
 
 @dataclass(frozen=True)
