@@ -78,6 +78,24 @@ class TinyCodeVocoder(GenerationModel):
         return outputs
 
 
+def load_part_module(module: nn.Module, path: Path, prefix: str, what: str) -> None:
+    """Load the checkpoint weights under `prefix` (e.g. "code2wav.") into `module`, which
+    must take exactly those (ValueError naming what is missing or unexpected)."""
+    from omnistage.models.loader import iter_weights
+
+    state = {
+        name[len(prefix) :]: tensor
+        for name, tensor in iter_weights(path)
+        if name.startswith(prefix)
+    }
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: {what} weights do not match (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})"
+        )
+
+
 _GENERATION_MODELS: dict[str, type[GenerationModel]] = {}
 
 

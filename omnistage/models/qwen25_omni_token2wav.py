@@ -48,8 +48,7 @@ from typing import Any
 
 import torch
 
-from omnistage.models.generation import GenerationModel
-from omnistage.models.loader import iter_weights
+from omnistage.models.generation import GenerationModel, load_part_module
 
 PREFIX = "token2wav."
 SAMPLE_RATE = 24000  # of the released model; not stored in its config
@@ -116,17 +115,7 @@ class Qwen25OmniToken2Wav(GenerationModel):
             raise ValueError(f"{path}: no {SPEAKER_FILE} (the token2wav speakers)")
         speakers = torch.load(speaker_file, weights_only=True)
         model = cls(hf_config, speakers, dtype)
-        state = {
-            name[len(PREFIX) :]: tensor
-            for name, tensor in iter_weights(path)
-            if name.startswith(PREFIX)
-        }
-        missing, unexpected = model.module.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"{path}: token2wav weights do not match (missing {sorted(missing)[:3]}, "
-                f"unexpected {sorted(unexpected)[:3]})"
-            )
+        load_part_module(model.module, path, PREFIX, "token2wav")
         return model
 
     @torch.inference_mode()

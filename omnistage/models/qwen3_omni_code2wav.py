@@ -22,8 +22,7 @@ from typing import Any
 
 import torch
 
-from omnistage.models.generation import GenerationModel
-from omnistage.models.loader import iter_weights
+from omnistage.models.generation import GenerationModel, load_part_module
 
 PREFIX = "code2wav."
 SAMPLE_RATE = 24000  # of the released model; not stored in its config
@@ -55,17 +54,7 @@ class Qwen3OmniCode2Wav(GenerationModel):
     @classmethod
     def from_checkpoint(cls, path: Path, hf_config: Any, dtype: torch.dtype) -> Qwen3OmniCode2Wav:
         model = cls(hf_config.code2wav_config, dtype)
-        state = {
-            name[len(PREFIX) :]: tensor
-            for name, tensor in iter_weights(path)
-            if name.startswith(PREFIX)
-        }
-        missing, unexpected = model.module.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise ValueError(
-                f"{path}: code2wav weights do not match (missing {sorted(missing)[:3]}, "
-                f"unexpected {sorted(unexpected)[:3]})"
-            )
+        load_part_module(model.module, path, PREFIX, "code2wav")
         return model
 
     @torch.inference_mode()
