@@ -12,7 +12,8 @@ those of Qwen/Qwen2.5-Omni-7B (thinker hidden 3584, talker hidden 896).
 bias, no q/k norm, dense SwiGLU). Text-only (and audio-only) prompts have equal
 mrope rows, so it is ordinary RoPE, theta from `rope_parameters` (1e6), positions
 0.. from the first token; `Qwen2_5OmniRotaryEmbedding` gives the same inverse
-frequencies as Qwen2's. Images / videos need real 3-D positions: not done here.
+frequencies as Qwen2's. Image prompts (`omnistage.multimodal.Qwen25OmniInputEncoder`)
+bring 3-D positions, rotated with non-interleaved mrope; videos are not supported.
 `lm_head` is never tied to the embeddings: transformers ties it only when
 `thinker_config.tie_word_embeddings` (default False) says so, whereas the
 `text_config` we are given defaults that flag to True; a checkpoint without
@@ -110,16 +111,42 @@ def _omni_rotary(config: Any) -> nn.Module:
     return Qwen2_5OmniRotaryEmbedding(config)
 
 
+def mrope_section(config: Any) -> list[int]:
+    """The thinker's `mrope_section` (T, H, W frequency counts): transformers 5 keeps it in
+    the text config's `rope_parameters` (older `config.json` files say `rope_scaling`, which
+    it reads into `rope_parameters`); `Qwen2_5OmniRotaryEmbedding`'s default otherwise."""
+    for attr in ("rope_parameters", "rope_scaling"):
+        rope = getattr(config, attr, None)
+        if isinstance(rope, dict) and rope.get("mrope_section") is not None:
+            return [int(n) for n in rope["mrope_section"]]
+    return [16, 24, 24]
+
+
 class Qwen25OmniThinker(Qwen2ForCausalLM):
-    """Qwen2.5-Omni's thinker text decoder (part `thinker`); see the module docstring."""
+    """Qwen2.5-Omni's thinker text decoder (part `thinker`); see the module docstring.
+
+    Requests with images bring 3-D positions (`Qwen25OmniInputEncoder`), rotated with
+    **non-interleaved** multimodal RoPE: the first `mrope_section[0]` rotary frequencies
+    take the T row, the next `mrope_section[1]` H, the rest W
+    (`Qwen2_5OmniRotaryEmbedding.recomposition_frequencies`). Text and audio prompts keep
+    the plain 1-D path. No deepstack."""
 
     architectures = ("OmnistageQwen25OmniThinker",)
+    supports_mrope = True
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         config = copy.copy(config)
         config.tie_word_embeddings = False
         super().__init__(config, dtype, max_positions)
         self.hidden_output_layers = (0, config.num_hidden_layers)
+        section = mrope_section(config)
+        half = self.head_dim // 2
+        if len(section) != 3 or sum(section) != half:
+            raise ValueError(
+                f"rope_parameters: mrope_section {section} must be 3 numbers summing to "
+                f"head_dim / 2 = {half}"
+            )
+        self.layers[0].self_attn.rotary.enable_mrope(section, interleaved=False)
 
     @staticmethod
     def _hf_rotary(config: Any) -> nn.Module:

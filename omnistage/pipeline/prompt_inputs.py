@@ -29,8 +29,10 @@ import numpy as np
 
 AUDIO_RATE = 16000
 """The rate of the Whisper-style feature extractors of the omni models we serve."""
-MIN_AUDIO_SAMPLES = 201
-"""Their STFT (n_fft 400, reflect-padded) needs at least n_fft / 2 + 1 samples."""
+MIN_AUDIO_SAMPLES = 321
+"""The shortest clip every omni encoder we serve turns into at least one audio token: the
+STFT (n_fft 400, reflect-padded) needs n_fft / 2 + 1 samples, and Qwen2.5-Omni's audio
+encoder needs 3 mel frames (hop 160)."""
 
 
 @dataclass
@@ -58,7 +60,7 @@ class PromptReader:
     @functools.cached_property
     def input_modalities(self) -> frozenset[str]:
         """What the entry model takes besides text."""
-        from omnistage.multimodal.qwen3_omni import supported_input_modalities
+        from omnistage.multimodal.registry import supported_input_modalities
 
         if self.model is None:
             return frozenset()
@@ -99,10 +101,10 @@ class PromptReader:
 
     def _read_messages(self, messages: Any) -> PromptInputs:
         from omnistage.models.loader import load_tokenizer, resolve_model
-        from omnistage.multimodal.qwen3_omni import render_chat
+        from omnistage.multimodal.registry import render_model_chat
 
         tokenizer = load_tokenizer(resolve_model(self.model))
-        chat = render_chat(tokenizer, messages, supported=self.input_modalities)
+        chat = render_model_chat(self._path, tokenizer, messages, supported=self.input_modalities)
         return PromptInputs(chat.prompt, None, self._audios(chat.audios), self._images(chat.images))
 
     def _check(self, modality: str) -> None:
@@ -136,7 +138,7 @@ class PromptReader:
             image = load_image(item)
             if image.mode not in ("L", "RGB", "RGBA"):
                 image = image.convert("RGBA" if "transparency" in image.info else "RGB")
-            out.append(np.asarray(image, dtype=np.uint8))
+            out.append(np.array(image, dtype=np.uint8))  # a writable copy (torch.from_numpy)
         return out
 
 
