@@ -1,11 +1,13 @@
 """Generation-stage models: whole inputs in one forward pass (vocoders, decoders).
 
 A `GenerationModel` turns a request's input rows (e.g. codec codes) into its
-output (e.g. a waveform) in one call, for a batch of requests at once. For
-streamed input, each call gets a chunk with up to `left_context` rows of the
-previous chunks in front, and returns only the output of the new rows, so a
-model whose receptive field fits in the left context gives exactly what it
-would give on the whole input.
+output (e.g. a waveform) in one call, for a batch of requests at once: one
+`GenerationItem` per request. For streamed input, an item is a chunk's own
+rows with up to `left_context` rows of the previous chunks in front and
+`right_context` rows of the next chunk behind (see
+`omnistage.pipeline.generation_stage`); the model returns only the output of
+the chunk's own rows, so a model whose receptive field fits in the context
+gives exactly what it would give on the whole input.
 
 Checkpoints are directories with `config.json` (naming `architectures`) and
 `model.safetensors`, so loading reads the same layout as the AR models.
@@ -14,6 +16,7 @@ Checkpoints are directories with `config.json` (naming `architectures`) and
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,17 +25,46 @@ import torch
 from torch import nn
 
 
+@dataclass
+class GenerationItem:
+    """One request's rows for one `GenerationModel.generate` call: its whole input, or a
+    stream chunk with context around it. The model returns the output of the item's own
+    rows, `rows[context_len : own_end]`, only."""
+
+    rows: torch.Tensor
+    """`context_len` rows of context, the own rows, then `lookahead_len` rows of context."""
+
+    context_len: int = 0
+    """Leading rows of the request's earlier chunks (left context): seen, not output again."""
+
+    lookahead_len: int = 0
+    """Trailing rows of the request's next chunk (right context): seen, not output yet."""
+
+    offset: int = 0
+    """Index of `rows[0]` in the request's whole input (0 for a whole payload)."""
+
+    seed: int | None = None
+    """For models that sample noise (`takes_seeds_and_speakers`); None: the model's default."""
+
+    speaker: str | None = None
+    """For models with voices (`takes_seeds_and_speakers`); None: the model's default."""
+
+    @property
+    def own_end(self) -> int:
+        """Where the own rows end in `rows`."""
+        return int(self.rows.shape[0]) - self.lookahead_len
+
+
 class GenerationModel(nn.Module):
     architectures: ClassVar[tuple[str, ...]] = ()
     output_modality: ClassVar[str] = "audio"
     sample_rate: int | None = None
     takes_seeds_and_speakers: ClassVar[bool] = False
-    """Whether `generate` also takes per-request `seeds=[int, ...]` and
-    `speakers=[str | None, ...]` (a vocoder that samples noise, with voices)."""
+    """Whether the model reads `GenerationItem.seed` and `.speaker` (a vocoder that samples
+    noise, with voices); the generation stage then gives every request a seed."""
 
-    def generate(self, inputs: list[torch.Tensor], context_lens: list[int]) -> list[torch.Tensor]:
-        """Per request: input rows (the first `context_lens[i]` are left context) -> output of
-        the rows after the context."""
+    def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
+        """Per item: the output of its own rows (see `GenerationItem`)."""
         raise NotImplementedError
 
 
@@ -58,23 +90,25 @@ class TinyCodeVocoder(GenerationModel):
         self.receptive_field = config["num_layers"] * (k - 1)
 
     @torch.inference_mode()
-    def generate(self, inputs: list[torch.Tensor], context_lens: list[int]) -> list[torch.Tensor]:
+    def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
+        # Causal: the rows after a chunk's own (right context) change nothing; not decoded.
+        inputs = [item.rows[: item.own_end] for item in items]
         outputs: list[torch.Tensor | None] = [None] * len(inputs)
         by_length: dict[int, list[int]] = {}
         for i, codes in enumerate(inputs):
             by_length.setdefault(codes.numel(), []).append(i)
-        for length, items in by_length.items():  # one batched call per input length
+        for length, group in by_length.items():  # one batched call per input length
             if length == 0:
-                for i in items:
+                for i in group:
                     outputs[i] = torch.zeros(0, dtype=torch.float32)
                 continue
-            codes = torch.stack([inputs[i].long() for i in items])  # [B, T]
+            codes = torch.stack([inputs[i].long() for i in group])  # [B, T]
             x = self.embed(codes).transpose(1, 2)  # [B, hidden, T]
             for conv in self.convs:
                 x = torch.tanh(conv(nn.functional.pad(x, (self.kernel_size - 1, 0))))
             samples = torch.tanh(self.out(x.transpose(1, 2)))  # [B, T, samples_per_code]
-            for row, i in enumerate(items):
-                outputs[i] = samples[row, context_lens[i] :].reshape(-1).float()
+            for row, i in enumerate(group):
+                outputs[i] = samples[row, items[i].context_len :].reshape(-1).float()
         return outputs
 
 

@@ -15,18 +15,20 @@ waveform, 24 kHz float32. transformers' `Qwen2_5OmniToken2WavModel` is two model
 
 **Noise and seeds.** transformers draws the noise from torch's global RNG
 (`torch.randn([1, 2T, mel_dim], device=codes.device)`), so batch composition and
-anything else drawing from that RNG change the waveform. Here each request's
-noise is `torch.randn([1, 2T, mel_dim], generator=torch.Generator().manual_seed(seed))`
-in float32 on the CPU (then moved to the model's device): the same codes, speaker
-and seed give the same waveform alone, in a batch and in any order, and the same
-as transformers' `token2wav(...)` after `torch.manual_seed(seed)` on the CPU (the
-noise does not depend on the device either; only checked on the CPU). The seed is `generate(...,
-seeds=[...])` per request (the generation stage passes one for every request, see
-`omnistage.pipeline.generation_stage`); a request without one uses `DEFAULT_SEED`.
-Requests are decoded one at a time, as transformers' `generate` does, so a batch
-changes nothing.
+anything else drawing from that RNG change the waveform. Here the noise of mel
+frame `f` of a request is `torch.randn(mel_dim)` from a CPU generator seeded with
+`row_seed(seed, f)` (`omnistage.sample.sampler`), float32, then moved to the
+model's device: it depends only on the request's seed and the frame's index, so
+the same codes, speaker and seed give the same waveform alone, in a batch, in
+any order and on any device, and a stream chunk starts from exactly the noise
+the whole decode has at its frames. Given that noise (`noise(seed, 0, 2T)`),
+the whole decode is transformers' `token2wav(...)` (its `torch.randn` replaced
+by that tensor). The seed is `GenerationItem.seed` per request (the generation
+stage passes one for every request, see `omnistage.pipeline.generation_stage`);
+a request without one uses `DEFAULT_SEED`. Requests are decoded one at a time,
+as transformers' `generate` does, so a batch changes nothing.
 
-**Speakers**: `generate(..., speakers=[...])` per request, default "Chelsie"
+**Speakers**: `GenerationItem.speaker` per request, default "Chelsie"
 (transformers' default).
 
 **End codes**: the talker's end ids (`tts_codec_pad` 8292, `tts_codec_end` 8294)
@@ -34,11 +36,28 @@ and everything after the first of them are dropped; any other code outside the
 DiT's table (`0..num_embeds`, real 8193) is refused with a ValueError (transformers
 would fail inside `nn.Embedding`).
 
-**Streaming**: there is none in transformers. A chunk with left context is decoded
-together with its context (with the request's seed) and the samples of the
-context (`480 * context` of them) are dropped; the result is not the whole
-decode's (the noise, the non-causal attention and convolutions all differ),
-only a continuation with a seam. Send the codes in one payload for parity.
+**Streaming** (there is none in transformers). A chunk's item (codes
+`[start - left, end + right)` of the request, see `GenerationItem`) runs the DiT
+over all its codes, from their noise, with the rotary positions and attention
+blocks those mel frames have in the whole utterance (transformers numbers them
+from 0), then BigVGAN over the mel of `[start, end)` with up to
+`vocoder_context` mel frames either side (its receptive field, see
+`bigvgan_context`: 34 frames real, 26 tiny), and returns the samples of
+`[start, end)`: exactly `480 * (end - start)`, so the chunks add up to the
+whole decode's length. The values are the whole decode's up to how much the
+codes beyond the item's window matter: none to BigVGAN (its context is
+complete when it fits in the window), but the DiT is not local: each of its
+passes attends one block ahead and one or two back, and the ODE solve runs it
+36 times (9 RK4 steps), so the whole decode's mel at a frame depends, ever more
+faintly, on codes far beyond any window. The differences are largest at the
+seams, on the last codes of a chunk (nearest its right edge) and the first
+ones (nearest its left edge), and fall off with the context. Measured on the
+tiny checkpoint (block 4 codes; 64 codes, chunks 6 then 8; max |streamed -
+whole| over 3 seeds, waveform peak 1): in float64 right/left context 24/24
+codes: 6e-8 (float32 output rounding), 16/16: 3e-5, 12/40: 6e-4, 8/24: 2e-2,
+24/8: 9e-3, 4/8: 0.17, no context: 1.4; in float32 24/24: 1e-5 (float32
+rounding through the solve). Send the codes in one payload for the exact whole
+decode.
 """
 
 from __future__ import annotations
@@ -48,7 +67,7 @@ from typing import Any
 
 import torch
 
-from omnistage.models.generation import GenerationModel, load_part_module
+from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
 
 PREFIX = "token2wav."
 SAMPLE_RATE = 24000  # of the released model; not stored in its config
@@ -88,7 +107,9 @@ class Qwen25OmniToken2Wav(GenerationModel):
         self.mel_dim = int(dit.mel_dim)
         self.max_codes = int(dit.max_position_embeddings) // self.repeats
         self.num_embeds = int(dit.num_embeds)  # the code table has num_embeds + 1 rows
-        self.samples_per_code = self.repeats * _prod(t2w.bigvgan_config.upsample_rates)
+        self.hop_length = _prod(t2w.bigvgan_config.upsample_rates)  # samples per mel frame
+        self.samples_per_code = self.repeats * self.hop_length
+        self.vocoder_context = bigvgan_context(self.module.code2wav_bigvgan_model)
         talker = config.talker_config
         self.end_ids = torch.tensor(
             [int(talker.tts_codec_pad_token_id), int(talker.tts_codec_end_token_id)]
@@ -122,21 +143,50 @@ class Qwen25OmniToken2Wav(GenerationModel):
     def decode(
         self, codes: torch.Tensor, seed: int = DEFAULT_SEED, speaker: str = DEFAULT_SPEAKER
     ) -> torch.Tensor:
-        """[T] codes -> [480 T] float32 waveform, with this seed's noise."""
+        """[T] codes -> [480 T] float32 waveform, with this seed's noise (the whole decode)."""
+        return self.decode_window(codes, 0, 0, codes.shape[0], seed, speaker)
+
+    @torch.inference_mode()
+    def decode_window(
+        self,
+        codes: torch.Tensor,
+        offset: int,
+        own_start: int,
+        own_end: int,
+        seed: int = DEFAULT_SEED,
+        speaker: str = DEFAULT_SPEAKER,
+    ) -> torch.Tensor:
+        """`codes` [T]: codes `offset .. offset + T` of an utterance -> the float32 waveform
+        of `codes[own_start:own_end]` (480 samples per code). The DiT sees all T codes and
+        their noise, in the utterance's mel frame positions and attention blocks; BigVGAN
+        sees the own codes' mel frames and up to `vocoder_context` frames either side."""
         if speaker not in self.speakers:
             known = ", ".join(sorted(self.speakers))
             raise ValueError(f"speaker: {speaker!r} is not one of {known}")
         device = next(self.module.parameters()).device
         cond, ref_mel = (t.to(device) for t in self.speakers[speaker])
         codes = codes.to(device, torch.long)[None]
-        frames = codes.shape[1] * self.repeats
-        noise = torch.randn(
-            (1, frames, self.mel_dim),
-            generator=torch.Generator().manual_seed(int(seed)),
-            dtype=torch.float32,
-        ).to(device, self.dtype)
-        mel = self._sample_mel(codes, cond, ref_mel, noise)
-        return self.module.code2wav_bigvgan_model(mel).reshape(-1).float()
+        first, frames = offset * self.repeats, codes.shape[1] * self.repeats
+        noise = self.noise(int(seed), first, frames).to(device, self.dtype)
+        mel = self._sample_mel(codes, cond, ref_mel, noise, first)  # [1, mel_dim, frames]
+        lo = max(0, own_start * self.repeats - self.vocoder_context)
+        hi = min(frames, own_end * self.repeats + self.vocoder_context)
+        wav = self.module.code2wav_bigvgan_model(mel[:, :, lo:hi]).reshape(-1).float()
+        cut = (own_start * self.repeats - lo) * self.hop_length
+        return wav[cut : cut + (own_end - own_start) * self.samples_per_code]
+
+    def noise(self, seed: int, first_frame: int, frames: int) -> torch.Tensor:
+        """The DiT's starting noise for mel frames `first_frame .. first_frame + frames` of an
+        utterance with this seed: [1, frames, mel_dim] float32 on the CPU, each frame's row
+        `torch.randn(mel_dim)` from a generator seeded with `row_seed(seed, frame)`."""
+        from omnistage.sample.sampler import row_seed
+
+        generator = torch.Generator()
+        out = torch.empty(frames, self.mel_dim, dtype=torch.float32)
+        for i in range(frames):
+            generator.manual_seed(row_seed(seed, first_frame + i))
+            out[i] = torch.randn(self.mel_dim, generator=generator, dtype=torch.float32)
+        return out[None]
 
     def _sample_mel(
         self,
@@ -144,37 +194,49 @@ class Qwen25OmniToken2Wav(GenerationModel):
         cond: torch.Tensor,
         ref_mel: torch.Tensor,
         noise: torch.Tensor,
+        first_frame: int = 0,
     ) -> torch.Tensor:
-        """`Qwen2_5OmniToken2WavDiTModel.sample`, starting from the given noise."""
+        """`Qwen2_5OmniToken2WavDiTModel.sample`, starting from the given noise, for mel frames
+        `first_frame ..` of an utterance: the DiT's rotary positions and attention blocks are
+        the utterance's (transformers' `forward` numbers them from 0, which is the same for
+        `first_frame` 0)."""
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
             RungeKutta4ODESolver,
         )
 
         dit = self.module.code2wav_dit_model
         guidance = self.guidance_scale
-        cond = cond.unsqueeze(1).repeat(1, noise.shape[1], 1)
+        frames = noise.shape[1]
+        cond = cond.unsqueeze(1).repeat(1, frames, 1)
+        positions = torch.arange(first_frame, first_frame + frames, device=noise.device)
+        blocks = positions // dit.block_size
+        block_diff = blocks[None, :] - blocks[:, None]  # [query, key], as _create_block_diff
+        code_embed = dit.text_embed(codes, drop_code=False)
+        code_embed_uncond = dit.text_embed(codes, drop_code=True)
+
+        def forward(x: torch.Tensor, time_step: torch.Tensor, apply_cfg: bool) -> torch.Tensor:
+            """`Qwen2_5OmniToken2WavDiTModel.forward` at these positions."""
+            batch = x.shape[0] * (2 if apply_cfg else 1)
+            time = dit.time_embed(time_step.repeat(batch))
+            hidden = dit.input_embed(
+                x,
+                cond,
+                ref_mel,
+                code_embed,
+                drop_audio_cond=False,
+                code_embed_uncond=code_embed_uncond if apply_cfg else None,
+                apply_cfg=apply_cfg,
+            )
+            rotary = dit.rotary_embed(hidden, positions[None].repeat(batch, 1))
+            diff = block_diff.expand(batch, dit.num_attention_heads, frames, frames)
+            for layer in dit.transformer_blocks:
+                hidden = layer(hidden, time, position_embeddings=rotary, block_diff=diff)
+            return dit.proj_out(dit.norm_out(hidden, time))
 
         def velocity(time_step: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
             if guidance < 1e-5:
-                return dit(
-                    hidden_states=x,
-                    speaker_embedding=cond,
-                    condition_vector=ref_mel,
-                    quantized_code=codes,
-                    time_step=time_step,
-                    drop_audio_conditioning=False,
-                    drop_code=False,
-                    apply_cfg=False,
-                )
-            out = dit(
-                hidden_states=x,
-                quantized_code=codes,
-                speaker_embedding=cond,
-                condition_vector=ref_mel,
-                time_step=time_step,
-                apply_cfg=True,
-            )
-            guided, unconditioned = torch.chunk(out, 2, dim=0)
+                return forward(x, time_step, apply_cfg=False)
+            guided, unconditioned = torch.chunk(forward(x, time_step, apply_cfg=True), 2, dim=0)
             return guided + (guided - unconditioned) * guidance
 
         times = torch.linspace(0, 1, self.num_steps, device=noise.device, dtype=cond.dtype)
@@ -184,44 +246,89 @@ class Qwen25OmniToken2Wav(GenerationModel):
         return trajectory[-1].permute(0, 2, 1)
 
     @torch.inference_mode()
-    def generate(
-        self,
-        inputs: list[torch.Tensor],
-        context_lens: list[int],
-        seeds: list[int | None] | None = None,
-        speakers: list[str | None] | None = None,
-    ) -> list[torch.Tensor]:
-        outputs = []
-        for i, (codes, context) in enumerate(zip(inputs, context_lens, strict=True)):
-            if codes.ndim == 2 and codes.shape[1] == 1:
-                codes = codes[:, 0]
-            if codes.ndim != 1:
-                raise ValueError(
-                    f"codes.audio: expected [codes] (one codebook), got {list(codes.shape)}"
-                )
-            codes = codes.long().cpu()
-            ends = torch.isin(codes[context:], self.end_ids).nonzero().flatten()
-            if ends.numel():
-                codes = codes[: context + int(ends[0])]
-            if codes.numel() == context:
-                outputs.append(torch.zeros(0, dtype=torch.float32))
-                continue
-            bad = (codes < 0) | (codes > self.num_embeds)
-            if bad.any():
-                raise ValueError(
-                    f"codes.audio: code {int(codes[bad][0])} is outside the token2wav code "
-                    f"table (0..{self.num_embeds})"
-                )
-            if codes.numel() > self.max_codes:
-                raise ValueError(
-                    f"codes.audio: {codes.numel()} codes exceed token2wav's "
-                    f"{self.max_codes} (dit_config.max_position_embeddings / repeats)"
-                )
-            seed = seeds[i] if seeds is not None and seeds[i] is not None else DEFAULT_SEED
-            speaker = speakers[i] if speakers is not None and speakers[i] else DEFAULT_SPEAKER
-            wav = self.decode(codes, seed, speaker)
-            outputs.append(wav[context * self.samples_per_code :])
-        return outputs
+    def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
+        return [self._generate_one(item) for item in items]
+
+    def _generate_one(self, item: GenerationItem) -> torch.Tensor:
+        codes = item.rows
+        if codes.ndim == 2 and codes.shape[1] == 1:
+            codes = codes[:, 0]
+        if codes.ndim != 1:
+            raise ValueError(
+                f"codes.audio: expected [codes] (one codebook), got {list(codes.shape)}"
+            )
+        codes = codes.long().cpu()
+        context, own_end = item.context_len, item.own_end
+        ends = torch.isin(codes[context:], self.end_ids).nonzero().flatten()
+        if ends.numel():  # the end and what follows are not speech, as context neither
+            codes = codes[: context + int(ends[0])]
+            own_end = min(own_end, codes.numel())
+        if own_end <= context:
+            return torch.zeros(0, dtype=torch.float32)
+        bad = (codes < 0) | (codes > self.num_embeds)
+        if bad.any():
+            raise ValueError(
+                f"codes.audio: code {int(codes[bad][0])} is outside the token2wav code "
+                f"table (0..{self.num_embeds})"
+            )
+        if item.offset + codes.numel() > self.max_codes:
+            raise ValueError(
+                f"codes.audio: {item.offset + codes.numel()} codes exceed token2wav's "
+                f"{self.max_codes} (dit_config.max_position_embeddings / repeats)"
+            )
+        seed = DEFAULT_SEED if item.seed is None else item.seed
+        speaker = item.speaker or DEFAULT_SPEAKER
+        return self.decode_window(codes, item.offset, context, own_end, seed, speaker)
+
+
+def bigvgan_context(bigvgan: Any) -> int:
+    """How many mel frames on either side of a frame transformers'
+    `Qwen2_5OmniToken2WavBigVGANModel` reads to write that frame's samples: its receptive
+    field, from the module's convolutions and anti-aliased activations (34 for the real
+    config, 26 for the tiny test one; the far frames weigh little). Decoding a stretch of
+    mel frames with this many more on both sides gives the stretch's samples of a decode
+    of all frames."""
+
+    def conv(lo: int, hi: int, c: Any) -> tuple[int, int]:  # Conv1d, stride 1
+        (k,), (d,), (p,) = c.kernel_size, c.dilation, c.padding
+        return lo - p, hi - p + (k - 1) * d
+
+    def transposed(lo: int, hi: int, c: Any) -> tuple[int, int]:  # ConvTranspose1d
+        (k,), (s,), (p,) = c.kernel_size, c.stride, c.padding
+        return -((k - 1 - lo - p) // s), (hi + p) // s
+
+    def activation(lo: int, hi: int, act: Any) -> tuple[int, int]:  # up 2x, snake, down 2x
+        down, up = act.downsample, act.upsample
+        lo, hi = lo * down.stride - down.pad_left, hi * down.stride + down.kernel_size - 1
+        hi -= down.pad_left
+        r, k = up.stride, up.kernel_size
+        return (
+            -((k - 1 - lo - up.pad_left) // r) - up.pad,
+            (hi + up.pad_left) // r - up.pad,
+        )
+
+    def amp(lo: int, hi: int, block: Any) -> tuple[int, int]:  # AMPBlock, back to front
+        acts = list(block.activations)
+        units = list(zip(block.convs1, block.convs2, acts[::2], acts[1::2], strict=True))
+        for conv1, conv2, act1, act2 in reversed(units):  # each unit is residual
+            a, b = conv(lo, hi, conv2)
+            a, b = activation(a, b, act2)
+            a, b = conv(a, b, conv1)
+            a, b = activation(a, b, act1)
+            lo, hi = min(lo, a), max(hi, b)
+        return lo, hi
+
+    hop = _prod(bigvgan.config.upsample_rates)
+    lo, hi = conv(0, hop - 1, bigvgan.conv_post)  # the samples of mel frame 0
+    lo, hi = activation(lo, hi, bigvgan.activation_post)
+    per_level = bigvgan.num_residual_blocks
+    for level in reversed(range(bigvgan.num_upsample_layers)):
+        blocks = bigvgan.resblocks[level * per_level : (level + 1) * per_level]
+        spans = [amp(lo, hi, block) for block in blocks]
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        lo, hi = transposed(lo, hi, bigvgan.ups[level][0])
+    lo, hi = conv(lo, hi, bigvgan.conv_pre)
+    return max(-lo, hi)
 
 
 def _no_init_weights() -> Any:

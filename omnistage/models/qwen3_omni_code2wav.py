@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from omnistage.models.generation import GenerationModel, load_part_module
+from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
 
 PREFIX = "code2wav."
 SAMPLE_RATE = 24000  # of the released model; not stored in its config
@@ -58,9 +58,11 @@ class Qwen3OmniCode2Wav(GenerationModel):
         return model
 
     @torch.inference_mode()
-    def generate(self, inputs: list[torch.Tensor], context_lens: list[int]) -> list[torch.Tensor]:
+    def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         outputs = []
-        for frames, context in zip(inputs, context_lens, strict=True):
+        for item in items:
+            # Causal: frames after the chunk's own (right context) change nothing.
+            frames, context = item.rows[: item.own_end], item.context_len
             if frames.numel() == 0:  # e.g. the empty last chunk of a stream
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue

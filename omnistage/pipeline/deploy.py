@@ -27,7 +27,8 @@ what was expected versus what was found. An example::
         processor: hidden_to_embeds   # see omnistage.pipeline.processors
         transfer: payload             # prompt | payload | stream
         connector: shm                # required for payload/stream, absent for prompt
-        # stream only: chunk_size (16), first_chunk_size (= chunk_size), left_context (0)
+        # stream only: chunk_size (16), first_chunk_size (= chunk_size), left_context (0),
+        # right_context (0: into a generation stage, items after a chunk its decode sees)
     connectors:                       # inproc and shm exist even when not declared
       remote: {kind: zmq, host: 127.0.0.1}   # kind: inproc | shm | zmq; rest = options
 
@@ -70,7 +71,7 @@ from omnistage.pipeline.processors import processor_names
 from omnistage.sampling_params import SamplingParams
 
 _TOP_KEYS = ("name", "stages", "edges", "connectors")
-_STREAM_KEYS = ("chunk_size", "first_chunk_size", "left_context")
+_STREAM_KEYS = ("chunk_size", "first_chunk_size", "left_context", "right_context")
 _EDGE_KEYS = ("from", "to", "processor", "transfer", "connector", *_STREAM_KEYS)
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -347,6 +348,10 @@ def _edge(
         if transfer != "stream" and key in d:
             r.fail(f"{path}.{key}", f"only valid with transfer: stream, got transfer: {transfer}")
     chunk = r.integer(d.get("chunk_size", DEFAULT_CHUNK_SIZE), f"{path}.chunk_size", 1)
+    right = r.integer(d.get("right_context", 0), f"{path}.right_context", 0)
+    kind = next(s.kind for s in stages if s.name == dst)
+    if right and kind != "generation":
+        r.fail(f"{path}.right_context", f"only valid into a generation stage, {dst!r} is {kind}")
     return EdgeSpec(
         src=src,
         dst=dst,
@@ -356,6 +361,7 @@ def _edge(
         chunk_size=chunk,
         first_chunk_size=r.integer(d.get("first_chunk_size", chunk), f"{path}.first_chunk_size", 1),
         left_context=r.integer(d.get("left_context", 0), f"{path}.left_context", 0),
+        right_context=right,
     )
 
 

@@ -122,7 +122,12 @@ class EdgeSpec:
     """Stream only: items in the first chunk (small for a low time to first output)."""
 
     left_context: int = 0
-    """Stream only: items of the previous chunk repeated before each chunk."""
+    """Stream only: items of the previous chunks repeated before each chunk."""
+
+    right_context: int = 0
+    """Stream only, into a generation stage: items after each chunk that its decode must see
+    (a model that looks ahead); the consumer holds back the last `right_context` items of
+    each chunk until the next chunk (or the end) brings the items after them."""
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,27 @@
 """`GenerationStageCore`: a stage that turns whole inputs (or stream chunks) into outputs.
 
-Each arriving payload or chunk becomes a work item: its input rows with up to
-`left_context` rows of the request's earlier chunks in front. Every step runs
-up to `max_num_seqs` items, oldest first, through the model in one call
-(continuous batching: items of different requests share a step), and emits
-each item's output in chunk order; the item of the last chunk finishes the
-request.
+Each arriving payload or chunk becomes a work item (`GenerationItem`): its
+input rows with up to `left_context` rows of the request's earlier chunks in
+front. With `right_context` R on the edge (a model that looks ahead, e.g.
+Qwen2.5-Omni's token2wav), the last R rows of each arriving chunk are held
+back: the item decodes them as context behind its own rows (rows
+`[start - left, end + R)` of the request, output of `[start, end)` only), and
+they become own rows of the next chunk's item; the last chunk flushes them. A
+chunk with no more than R rows (with those held back before) makes no item.
+Every step runs up to `max_num_seqs` items, oldest first, through the model in
+one call (continuous batching: items of different requests share a step), and
+emits each item's output in chunk order; the item of the last chunk finishes
+the request.
 
 Models that sample noise (`takes_seeds_and_speakers`, e.g. Qwen2.5-Omni's
 token2wav) get one seed per request, the same for all its chunks: the `seed`
 of the request's sampling parameters for this stage (`{"token2wav":
 SamplingParams(seed=...)}`, else the stage's `default_sampling`), or, when
 neither gives one, a seed derived from the stage's engine seed and the
-request's first input rows (its codes): the same codes give the same output in
-any batch, order or run, so a request whose producer is seeded (or greedy) is
-reproducible end to end. The speaker is the model's default (requests cannot
-choose one yet).
+request's first input rows (its codes; for a stream, its first chunk's): the
+same codes give the same output in any batch, order or run, so a request whose
+producer is seeded (or greedy) is reproducible end to end. The speaker is the
+model's default (requests cannot choose one yet).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import torch
 
 from omnistage.config import EngineConfig
 from omnistage.core.tensor_blob import tensor_to_blob
-from omnistage.models.generation import load_generation_model
+from omnistage.models.generation import GenerationItem, load_generation_model
 from omnistage.models.loader import resolve_model
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import DeliverPayload, FromStage, StageOutput, SubmitRequest
@@ -42,13 +48,22 @@ from omnistage.platforms import platform_for
 class _WorkItem:
     request_id: str
     chunk_index: int
-    inputs: torch.Tensor
-    context_len: int
+    item: GenerationItem
     last: bool
-    seed: int | None = None
+
+
+@dataclass
+class _Stream:
+    """A request whose last chunk has not arrived yet."""
+
+    seed: int | None
     """For models that take seeds (see the module docstring)."""
-    speaker: str | None = None
-    """None: the model's default voice."""
+    context: torch.Tensor
+    """The last `left_context` rows already decoded as own rows."""
+    held: torch.Tensor
+    """Rows held back (right context of the last item), own rows of the next one."""
+    position: int = 0
+    """Index of `held[0]` in the request's whole input."""
 
 
 class GenerationStageCore(StageCore):
@@ -73,11 +88,9 @@ class GenerationStageCore(StageCore):
         )
         self.max_batch = config.max_num_seqs
         self.engine_seed = config.seed
-        self.seeds: dict[str, int] = {}
-        """Per request with chunks still to come: its seed (see the module docstring)."""
         self.queue: deque[_WorkItem] = deque()
-        self.context: dict[str, torch.Tensor] = {}
-        """Per request: the last `left_context` input rows of its earlier chunks."""
+        self.streams: dict[str, _Stream] = {}
+        """Per request with chunks still to come: its seed, context and held rows."""
 
     def start(self, msg: SubmitRequest, payloads: dict[str, Payload] | None) -> list[FromStage]:
         raise ValueError(
@@ -90,39 +103,43 @@ class GenerationStageCore(StageCore):
         if entry is None:
             return []
         rows = payload[self.processor.input_key]
-        seed = self.seeds.get(rid)
-        if seed is None and self.model.takes_seeds_and_speakers:
-            sampling = {**self.spec.default_sampling, **(entry.submit.sampling or {})}
-            seed = sampling.get("seed")
-            if seed is None:
-                seed = derived_seed(self.engine_seed, rows)
-            self.seeds[rid] = seed
-        before = self.context.get(rid, rows[:0])
-        self.queue.append(
-            _WorkItem(rid, msg.chunk_index, torch.cat([before, rows]), len(before), msg.last, seed)
-        )
+        stream = self.streams.get(rid)
+        if stream is None:
+            seed = None
+            if self.model.takes_seeds_and_speakers:
+                sampling = {**self.spec.default_sampling, **(entry.submit.sampling or {})}
+                seed = sampling.get("seed")
+                if seed is None:
+                    seed = derived_seed(self.engine_seed, rows)
+            stream = _Stream(seed, rows[:0], rows[:0])
+        rows = torch.cat([stream.held, rows])
+        held = 0 if msg.last else min(self.edge.right_context, rows.shape[0])
+        own = rows.shape[0] - held
+        if own > 0 or msg.last:
+            before = stream.context
+            item = GenerationItem(
+                torch.cat([before, rows]),
+                context_len=before.shape[0],
+                lookahead_len=held,
+                offset=stream.position - before.shape[0],
+                seed=stream.seed,
+            )
+            self.queue.append(_WorkItem(rid, msg.chunk_index, item, msg.last))
         if msg.last:
             self.coordinator.release(rid)
-            self.context.pop(rid, None)
-            self.seeds.pop(rid, None)
-        elif self.edge.left_context:
-            self.context[rid] = torch.cat([before, rows])[-self.edge.left_context :]
+            self.streams.pop(rid, None)
+            return []
+        if self.edge.left_context and own:
+            stream.context = torch.cat([stream.context, rows[:own]])[-self.edge.left_context :]
+        stream.held, stream.position = rows[own:], stream.position + own
+        self.streams[rid] = stream
         return []
 
     def step(self) -> list[FromStage]:
         items = [self.queue.popleft() for _ in range(min(self.max_batch, len(self.queue)))]
         if not items:
             return []
-        inputs, contexts = [i.inputs for i in items], [i.context_len for i in items]
-        if self.model.takes_seeds_and_speakers:
-            outputs = self.model.generate(
-                inputs,
-                contexts,
-                seeds=[i.seed for i in items],
-                speakers=[i.speaker for i in items],
-            )
-        else:
-            outputs = self.model.generate(inputs, contexts)
+        outputs = self.model.generate([i.item for i in items])
         return [
             StageOutput(
                 stage=self.name,
@@ -135,8 +152,7 @@ class GenerationStageCore(StageCore):
         ]
 
     def drop_request(self, request_id: str) -> None:
-        self.context.pop(request_id, None)
-        self.seeds.pop(request_id, None)
+        self.streams.pop(request_id, None)
         if any(i.request_id == request_id for i in self.queue):
             self.queue = deque(i for i in self.queue if i.request_id != request_id)
 
@@ -146,8 +162,7 @@ class GenerationStageCore(StageCore):
     def counters(self) -> dict[str, Any]:
         return super().counters() | {
             "queued_items": len(self.queue),
-            "context_entries": len(self.context),
-            "seed_entries": len(self.seeds),
+            "stream_entries": len(self.streams),
         }
 
 

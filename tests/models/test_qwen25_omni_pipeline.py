@@ -4,9 +4,15 @@ deploy that `Omni(model=...)` picks for `qwen2_5_omni` checkpoints) against tran
 
 transformers runs greedy (`talker_do_sample=False`: argmax after the repetition penalty
 1.05 and the `tts_codec_start` suppression); our stages run temperature 0 with the same
-penalty. Greedy thinker and talker draw nothing from torch's RNG, so `manual_seed(SEED)`
-before `generate` fixes token2wav's starting noise: the same as our token2wav stage's
-with `seed=SEED` (tests/models/test_qwen25_omni_token2wav.py).
+penalty. transformers' token2wav is handed our starting noise for `seed=SEED` (its one
+`torch.randn` replaced; tests/models/test_qwen25_omni_token2wav.py).
+
+**Streaming.** The packaged deploy streams the codes to token2wav, and a reply shorter
+than its first chunk plus right context (36 + 24 codes, e.g. the 12 codes here) is decoded
+in one piece at the end, exactly as a payload. Longer replies are decoded chunk by chunk
+with codes of context on both sides; with the tiny model's context (24 codes either side,
+6 DiT blocks) the streamed audio equals the whole-payload audio to ~1e-7 (float32 output
+rounding), and every chunk brings exactly 480 samples per code of its own.
 
 **The talker's codec rows.** Our talker prompt is `qwen25_talker_inputs(codec_rows=True)`:
 its last two rows carry the `tts_codec_pad` / `tts_codec_start` embeddings, which
@@ -26,9 +32,11 @@ float32-vs-float32 parity of the part alone is in test_qwen25_omni_token2wav.py)
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import inspect
+from unittest import mock
 
 import pytest
 import torch
@@ -40,7 +48,7 @@ from omnistage.models.qwen25_omni_talker import Qwen25TalkerSpecials, qwen25_tal
 from omnistage.pipeline.deploy import deploy_for_model, packaged_deploy_path
 from omnistage.pipeline.generation_stage import derived_seed
 from omnistage.pipeline.messages import SubmitRequest
-from omnistage.pipeline.omni import Omni
+from omnistage.pipeline.omni import AsyncOmni, Omni
 from omnistage.testing.tiny_qwen25_omni import (
     CODEBOOK_SIZE,
     CODEC_IDS,
@@ -109,14 +117,17 @@ def reference(ckpt):
     codes: list[torch.Tensor] = []
     token2wav = model.token2wav.forward
 
+    noise = load_generation_model(ckpt, torch.float32, part="token2wav").noise
+
     def recording(code, **kwargs):
         codes.append(code[0].clone())
-        return token2wav(code, **kwargs)
+        ours = noise(SEED, 0, 2 * code.shape[1])  # token2wav's one torch.randn draws ours
+        with mock.patch("torch.randn", lambda *args, **kwargs: ours.clone()):
+            return token2wav(code, **kwargs)
 
     model.talker.forward = _talker_with_mask(model.talker)
     model.token2wav.forward = recording
     try:
-        torch.manual_seed(SEED)
         with torch.no_grad():
             sequences, wav = model.generate(
                 ids,
@@ -187,8 +198,21 @@ def test_packaged_deploy_and_defaults(ckpt):
     assert all(s.engine_args["dtype"] == "float64" for s in spec.stages)
     assert [(e.src, e.dst, e.processor, e.transfer) for e in spec.edges] == [
         ("thinker", "talker", "qwen25_omni_thinker_to_talker", "payload"),
-        ("talker", "token2wav", "ids_to_codes", "payload"),
+        ("talker", "token2wav", "ids_to_codes", "stream"),
     ]
+    # Codes stream to token2wav in DiT blocks (24 mel frames, 12 codes): a first chunk of
+    # one block of audio plus the right context, then 4 blocks; context of twice one DiT
+    # pass' reach (look_backward_layers: 2 blocks back, look_ahead_layers: 1 ahead).
+    from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import (
+        Qwen2_5OmniDiTConfig,
+    )
+
+    dit = Qwen2_5OmniDiTConfig()
+    block = dit.block_size // dit.repeats
+    assert (block, len(dit.look_backward_layers), len(dit.look_ahead_layers)) == (12, 2, 1)
+    codes = spec.edges[1]
+    assert (codes.left_context, codes.right_context) == (4 * block, 2 * block)
+    assert (codes.first_chunk_size, codes.chunk_size) == (block + 2 * block, 4 * block)
     # The real model's defaults, as transformers' `generate` has them.
     hf = {
         name: p.default
@@ -248,7 +272,8 @@ def test_pipeline_text_and_audio_equal_transformers(ckpt, reference, seeded_asyn
     assert wav.std() > 1e-2
     # float64 (ours) vs float32 (transformers) token2wav, from the same noise.
     torch.testing.assert_close(wav, reference["wav"], rtol=0, atol=5e-5)
-    # What the stage decoded: exactly the reference's codes with that seed.
+    # What the stage decoded: exactly the reference's codes with that seed (streamed, but 12
+    # codes are fewer than the first chunk: one item at the end, the whole decode).
     vocoder = load_generation_model(ckpt, torch.float64, part="token2wav")
     expected = vocoder.decode(torch.tensor(reference["codes"]), seed=SEED)
     torch.testing.assert_close(wav, expected, rtol=0, atol=1e-12)
@@ -275,6 +300,58 @@ def test_talker_codes_equal_transformers_and_sync_equals_async(
     codes = torch.tensor(reference["codes"])
     expected = vocoder.decode(codes, seed=derived_seed(0, codes))
     torch.testing.assert_close(torch.from_numpy(a.audio), expected, rtol=0, atol=1e-12)
+
+
+LONG_TALKER_TOKENS = 60
+TINY_STREAM = {"first_chunk_size": 28, "chunk_size": 8, "left_context": 24, "right_context": 24}
+"""The tiny DiT's blocks are 4 codes: 6 blocks of context either side, a first chunk of one
+block of audio plus the right context, then 2 blocks."""
+
+
+def _tiny_deploy(ckpt, **edge):
+    args = {"dtype": "float64", "num_threads": 1, "async_scheduling": False}
+    spec = deploy_for_model(str(ckpt), args)
+    edges = tuple(dataclasses.replace(e, **edge) if e.dst == "token2wav" else e for e in spec.edges)
+    return dataclasses.replace(spec, edges=edges)
+
+
+def test_streamed_audio_equals_whole_payload_audio(ckpt, reference):
+    """60 codes streamed (chunks 28, then 8) with 24 codes of context either side equal the
+    whole-payload decode to float32 output rounding (the codes beyond a chunk's window still
+    move the DiT's mel a little, see models/qwen25_omni_token2wav.py; measured 6e-8 here).
+    Each chunk brings exactly 480 samples per code it owns: the first 4 (28 minus the 24
+    held back), then 8 per chunk, then the 24 held back when the talker ends."""
+    params = {
+        **SEEDED,
+        "talker": dataclasses.replace(GREEDY["talker"], max_tokens=LONG_TALKER_TOKENS),
+    }
+
+    async def streamed() -> tuple[list[int], object]:
+        sizes, last = [], None
+        with AsyncOmni(_tiny_deploy(ckpt, **TINY_STREAM), in_process=True) as omni:
+            async for out in omni.generate(reference["prompt"], params):
+                if out.stage == "token2wav" and out.new_data is not None:
+                    sizes.append(out.new_data.numel())
+                last = out
+        return sizes, last
+
+    sizes, out = asyncio.run(streamed())
+    with Omni(_tiny_deploy(ckpt, transfer="payload"), in_process=True) as omni:
+        (whole,) = omni.generate([reference["prompt"]], params)
+    assert out.error is None and whole.error is None
+    assert out.token_ids == whole.token_ids == reference["output_ids"]
+    assert sizes == [n * SAMPLES_PER_CODE for n in [4, 8, 8, 8, 8, 24]]
+    assert out.audio.shape == whole.audio.shape == (LONG_TALKER_TOKENS * SAMPLES_PER_CODE,)
+    streamed_wav, whole_wav = torch.from_numpy(out.audio), torch.from_numpy(whole.audio)
+    assert whole_wav.std() > 1e-2
+    torch.testing.assert_close(streamed_wav, whole_wav, rtol=0, atol=2e-7)
+
+    # With one DiT pass' reach as context (2 blocks back, 1 ahead) the seams show.
+    short = {**TINY_STREAM, "first_chunk_size": 8, "left_context": 8, "right_context": 4}
+    with Omni(_tiny_deploy(ckpt, **short), in_process=True) as omni:
+        (rough,) = omni.generate([reference["prompt"]], params)
+    assert rough.audio.shape == whole.audio.shape
+    assert (torch.from_numpy(rough.audio) - whole_wav).abs().max() > 1e-3
 
 
 def test_text_only_request_runs_only_the_thinker(omni, reference):

@@ -450,7 +450,12 @@ def test_stream_option_on_payload_edge(tmp_path):
 
 @pytest.mark.parametrize(
     ("key", "value", "low"),
-    [("chunk_size", 0, 1), ("first_chunk_size", "2", 1), ("left_context", -1, 0)],
+    [
+        ("chunk_size", 0, 1),
+        ("first_chunk_size", "2", 1),
+        ("left_context", -1, 0),
+        ("right_context", -2, 0),
+    ],
 )
 def test_stream_bad_ints(tmp_path, key, value, low):
     got = f"{type(value).__name__} {value!r}"
@@ -458,6 +463,23 @@ def test_stream_bad_ints(tmp_path, key, value, low):
         tmp_path,
         lambda d: d["edges"][1].update({key: value}),
         f"edges[1].{key}: expected an integer >= {low}, got {got}",
+    )
+
+
+def test_right_context_only_into_a_generation_stage(tmp_path):
+    data = copy.deepcopy(VALID)
+    data["edges"][1]["right_context"] = 3
+    stream = load_deploy(_write(tmp_path, data)).edges_into("vocoder")[0]
+    assert (stream.left_context, stream.right_context) == (4, 3)
+    assert load_deploy(VALID).edges_into("vocoder")[0].right_context == 0
+
+    def into_talker(d):
+        d["edges"][0].update(transfer="stream", right_context=2)
+
+    _bad(
+        tmp_path,
+        into_talker,
+        "edges[0].right_context: only valid into a generation stage, 'talker' is ar",
     )
 
 
