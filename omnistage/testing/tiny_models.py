@@ -117,3 +117,41 @@ def make_checkpoint(
     model.save_pretrained(path)
     byte_tokenizer(extra_special_tokens).save_pretrained(path)
     return path
+
+
+def omni_chat_template(audio: str, image: str, video: str) -> str:
+    """A Qwen-Omni-style chat template rendering each audio / image / video content item as
+    the given placeholder tokens (the processor expands them)."""
+    return (
+        "{%- for message in messages %}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+        "{%- if message['content'] is string %}{{- message['content'] }}"
+        "{%- else %}{%- for item in message['content'] %}"
+        "{%- if item['type'] == 'text' %}{{- item['text'] }}"
+        "{%- elif item['type'] == 'audio' or 'audio' in item or 'audio_url' in item %}"
+        "{{- '" + audio + "' }}"
+        "{%- elif item['type'] == 'image' or 'image' in item or 'image_url' in item %}"
+        "{{- '" + image + "' }}"
+        "{%- elif item['type'] == 'video' or 'video' in item %}"
+        "{{- '" + video + "' }}"
+        "{%- endif %}{%- endfor %}{%- endif %}"
+        "{{- '<|im_end|>\\n' }}"
+        "{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+WHISPER_FEATURE_EXTRACTOR_CONFIG = {
+    "feature_extractor_type": "WhisperFeatureExtractor",
+    "feature_size": 128,
+    "sampling_rate": 16000,
+    "hop_length": 160,
+    "chunk_length": 300,
+    "n_fft": 400,
+    "n_samples": 4800000,
+    "nb_max_frames": 30000,
+    "padding_side": "right",
+    "padding_value": 0.0,
+    "dither": 0.0,
+    "return_attention_mask": True,
+}

@@ -34,7 +34,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from omnistage.testing.tiny_models import byte_tokenizer
+from omnistage.testing.tiny_models import (
+    WHISPER_FEATURE_EXTRACTOR_CONFIG,
+    byte_tokenizer,
+    omni_chat_template,
+)
 
 # Thinker-side special tokens, in the order of Qwen's tokenizer (ids 259...).
 SPECIAL_TOKENS = [
@@ -92,39 +96,14 @@ SPEAKER_IDS = {
 ACCEPT_HIDDEN_LAYER = 1  # hidden_states[1] = output of thinker layer 0 (real: 24 of 48)
 SAMPLE_RATE = 24000  # code2wav output rate of the real model (not stored in its config)
 
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for item in message['content'] %}"
-    "{%- if item['type'] == 'text' %}{{- item['text'] }}"
-    "{%- elif item['type'] == 'audio' or 'audio' in item or 'audio_url' in item %}"
-    "{{- '<|audio_start|><|audio_pad|><|audio_end|>' }}"
-    "{%- elif item['type'] == 'image' or 'image' in item or 'image_url' in item %}"
-    "{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
-    "{%- elif item['type'] == 'video' or 'video' in item %}"
-    "{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
-    "{%- endif %}{%- endfor %}{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+CHAT_TEMPLATE = omni_chat_template(
+    "<|audio_start|><|audio_pad|><|audio_end|>",
+    "<|vision_start|><|image_pad|><|vision_end|>",
+    "<|vision_start|><|video_pad|><|vision_end|>",
 )
 
 # Sub-processor configs (the real model's values, image patch size = the vision encoder's).
-FEATURE_EXTRACTOR_CONFIG = {
-    "feature_extractor_type": "WhisperFeatureExtractor",
-    "feature_size": 128,
-    "sampling_rate": 16000,
-    "hop_length": 160,
-    "chunk_length": 300,
-    "n_fft": 400,
-    "n_samples": 4800000,
-    "nb_max_frames": 30000,
-    "padding_side": "right",
-    "padding_value": 0.0,
-    "dither": 0.0,
-    "return_attention_mask": True,
-}
+FEATURE_EXTRACTOR_CONFIG = dict(WHISPER_FEATURE_EXTRACTOR_CONFIG)
 IMAGE_PROCESSOR_CONFIG = {
     "image_processor_type": "Qwen2VLImageProcessor",
     "do_resize": True,
