@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.models.base import DeepstackRows
 from omnistage.models.layers import RMSNorm, RotaryEmbedding, _rotate
 from omnistage.models.moe import Qwen3MoeForCausalLM, Qwen3OmniTalkerDecoder
@@ -230,13 +231,22 @@ class CodePredictor(nn.Module):
 
 
 class Qwen3OmniTalker(Qwen3OmniTalkerDecoder):
-    """The talker stage's model: decoder, code predictor and the talker's own sampling."""
+    """The talker stage's model: decoder, code predictor and the talker's own sampling.
+
+    Prompts from image questions come with 3-D positions (`Qwen3OmniTalkerPrompter`),
+    rotated with interleaved multimodal RoPE as the thinker's; the talker has no
+    deepstack (transformers' `generate` gives its talker none)."""
 
     architectures = ("OmnistageQwen3OmniTalker",)
     prefer_model_sampler = True
+    supports_mrope = True
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, dtype, max_positions)
+        rope = getattr(config, "rope_parameters", None) or {}
+        section = list(rope.get("mrope_section", [24, 20, 20]))  # transformers' default
+        # transformers' talker rotary is the thinker's: always interleaved.
+        self.layers[0].self_attn.rotary.enable_mrope(section, interleaved=True)
         talker = root_config(config).talker_config
         self.codec_eos_token_id = talker.codec_eos_token_id
         self.code_predictor = CodePredictor(talker.code_predictor_config, dtype)
@@ -346,7 +356,9 @@ def load_part_tensors(path: Path, names: dict[str, str]) -> dict[str, torch.Tens
 class TalkerInput:
     """What the talker stage starts a request from: prompt ids (placeholders), prompt
     embeddings, one conditioning row per generated frame so far, and — once the thinker
-    has finished — the row of every frame after those (else None: more rows will come)."""
+    has finished — the row of every frame after those (else None: more rows will come);
+    for a prompt with images, its 3-D positions and rope delta (`mm_decoder_inputs`; None:
+    ordinary positions)."""
 
     def __init__(
         self,
@@ -354,11 +366,13 @@ class TalkerInput:
         prompt_embeds: torch.Tensor,
         conditioning: torch.Tensor,
         fill: torch.Tensor | None,
+        mm_decoder_inputs: MultimodalDecoderInputs | None = None,
     ) -> None:
         self.prompt_token_ids = prompt_token_ids
         self.prompt_embeds = prompt_embeds
         self.conditioning = conditioning
         self.fill = fill
+        self.mm_decoder_inputs = mm_decoder_inputs
 
 
 class Qwen3OmniTalkerPrompter(nn.Module):
@@ -367,7 +381,12 @@ class Qwen3OmniTalkerPrompter(nn.Module):
     `text_projection` of their embeddings, audio / image / video placeholders through
     `hidden_projection` of the thinker's `accept_hidden_layer` output), then 9 assistant
     positions mixing text and codec control embeddings, and per generated frame one
-    projected text row of the thinker's reply (`tts_eos`, then `tts_pad` after it)."""
+    projected text row of the thinker's reply (`tts_eos`, then `tts_pad` after it).
+
+    Positions (§3): ordinary without images; with the prompt's image grids, the 3-D
+    positions `get_rope_index` gives the talker's own input ids (the user part's ids,
+    then `tts_pad` for the 9 assistant positions) and, for every later frame, the
+    sequence index plus its rope delta."""
 
     def __init__(self, config: Any, dtype: torch.dtype) -> None:
         super().__init__()
@@ -422,10 +441,12 @@ class Qwen3OmniTalkerPrompter(nn.Module):
         thinker_rows: torch.Tensor,
         speaker: str = "ethan",
         finished: bool = True,
+        image_grid_thw: torch.Tensor | None = None,
     ) -> TalkerInput:
         """`thinker_rows` [positions, 2 * thinker hidden]: per position the thinker computed
         (prompt, then every output but the last), its input embedding and its
         `accept_hidden_layer` output (`Qwen3OmniThinker.hidden_output_layers`).
+        `image_grid_thw` [images, 3]: the patch grids of the prompt's images, in order.
 
         Streamed (`finished=False`), the rows so far must reach the first generated token
         (the talker's last prompt position); `text_rows` turns later rows into more
@@ -484,7 +505,50 @@ class Qwen3OmniTalkerPrompter(nn.Module):
             prompt_embeds=prompt_embeds,
             conditioning=rows,
             fill=fill,
+            mm_decoder_inputs=self._positions(prompt, user, text_side.shape[0], image_grid_thw),
         )
+
+    def _positions(
+        self,
+        prompt: torch.Tensor,
+        user: torch.Tensor,
+        num_assistant: int,
+        image_grid_thw: torch.Tensor | None,
+    ) -> MultimodalDecoderInputs | None:
+        """The talker prompt's 3-D positions (`get_rope_index` over the talker's input ids,
+        `Qwen3OmniMoeTalkerForConditionalGeneration._prepare_position_ids_for_generation`),
+        or None where they are the ordinary ones (no image in the user turns)."""
+        if image_grid_thw is None or len(image_grid_thw) == 0:
+            return None
+        from omnistage.multimodal.qwen3_omni import mrope_positions
+
+        cfg, talker = self.config, self.config.talker_config
+        image_id = talker.image_token_id
+        grids = torch.as_tensor(image_grid_thw, dtype=torch.long).reshape(-1, 3)
+        # Image k of the prompt is its k-th run of image tokens; the talker sees only the
+        # images of user turns (transformers pairs the grids with the images it sees in
+        # order, which is the same when every image is in a user turn, as chats put them).
+        is_image = prompt == image_id
+        run_starts = is_image & torch.cat([torch.tensor([True]), ~is_image[:-1]])
+        if int(run_starts.sum()) != grids.shape[0]:
+            raise ValueError(
+                f"image_grid_thw: {grids.shape[0]} grid(s) for {int(run_starts.sum())} image(s) "
+                "in the thinker prompt"
+            )
+        in_user = torch.zeros_like(is_image)
+        in_user[user] = True
+        grids = grids[in_user[run_starts]]
+        if grids.shape[0] == 0:
+            return None
+        ids = torch.cat([prompt[user], torch.full((num_assistant,), cfg.tts_pad_token_id)])
+        positions, delta = mrope_positions(
+            ids,
+            grids,
+            image_token_id=image_id,
+            spatial_merge_size=talker.spatial_merge_size,
+            position_id_per_seconds=talker.position_id_per_seconds,
+        )
+        return MultimodalDecoderInputs(mrope_positions=positions, rope_delta=int(delta))
 
     @torch.inference_mode()
     def text_rows(

@@ -66,6 +66,17 @@ class RequestAccumulator:
     def wants_hidden_states(self) -> bool:
         return HIDDEN_KEY in self.modes
 
+    def set_value(self, key: str, value: torch.Tensor) -> bool:
+        """Set a REPLACE key that only the stage knows (e.g. the prompt's image grids); a key
+        no outgoing edge collects is ignored. Returns whether it was kept."""
+        mode = self.modes.get(key)
+        if mode is None:
+            return False
+        if mode is not Accumulate.REPLACE:
+            raise ValueError(f"payload key {key!r} is collected by {mode.value}, not set")
+        self.latest[key] = value
+        return True
+
     def add_step(
         self,
         new_token_ids: list[int],

@@ -30,7 +30,7 @@ from omnistage.pipeline.messages import (
     SubmitRequest,
 )
 from omnistage.pipeline.payload import Payload
-from omnistage.pipeline.processors import StageInput
+from omnistage.pipeline.processors import IMAGE_GRID_KEY, StageInput
 from omnistage.pipeline.prompt_inputs import AUDIO_RATE
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.sampling_params import SamplingParams
@@ -115,6 +115,8 @@ class ARStageCore(StageCore):
             self.accumulators[msg.request_id] = RequestAccumulator(
                 msg.request_id, self.name, ids, outgoing
             )
+            if inputs.image_grid_thw is not None and len(inputs.image_grid_thw):
+                self.accumulators[msg.request_id].set_value(IMAGE_GRID_KEY, inputs.image_grid_thw)
         self.num_sent_tokens[msg.request_id] = 0
         return []
 
@@ -122,9 +124,9 @@ class ARStageCore(StageCore):
         """A prompt with audio / images: the model's processor and encoders give its
         expanded token ids and input embeddings (encoders load on first use)."""
         if self.media_encoder is None:
-            from omnistage.multimodal.qwen3_omni import Qwen3OmniInputEncoder
+            from omnistage.multimodal import load_input_encoder
 
-            self.media_encoder = Qwen3OmniInputEncoder.from_checkpoint(
+            self.media_encoder = load_input_encoder(
                 self.engine.model_files.path, self.engine.config.torch_dtype
             )
         prompt = msg.prompt_token_ids if msg.prompt_token_ids is not None else msg.prompt
@@ -140,6 +142,7 @@ class ARStageCore(StageCore):
             prompt_token_ids=encoded.prompt_token_ids,
             prompt_embeds=encoded.prompt_embeds,
             mm_decoder_inputs=MultimodalDecoderInputs.from_encoded_prompt(encoded),
+            image_grid_thw=encoded.image_grid_thw,
         )
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:

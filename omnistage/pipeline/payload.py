@@ -109,6 +109,9 @@ PAYLOAD_SCHEMA: dict[str, KeySpec] = {
         "int", None, "[frames, 1 + codes] each output token, then the codes sampled with it"
     ),
     "audio.waveform": _t("float", 1, "[samples] mono waveform"),
+    "mm.image_grid_thw": _t(
+        "int", 2, "[images, 3] (t, h, w) patch grids of the prompt's images, in prompt order"
+    ),
     "latents": _t("float", None, "diffusion latents, any layout"),
     "meta.finished": KeySpec("bool", doc="the producer's request has finished; last chunk"),
     "meta.chunk_index": KeySpec("int", doc="0-based index of this chunk on its edge"),

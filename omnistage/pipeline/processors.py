@@ -22,6 +22,8 @@ import torch
 from omnistage.pipeline.payload import Payload
 
 CODES_KEY = "codes.output"
+IMAGE_GRID_KEY = "mm.image_grid_thw"
+"""The `[images, 3]` patch grids of a prompt with images (set by the stage that encoded it)."""
 
 
 class Accumulate(enum.Enum):
@@ -44,6 +46,9 @@ class StageInput:
     """The row of every generated position past the last of `conditioning`."""
     mm_decoder_inputs: Any = None
     """`MultimodalDecoderInputs` of a prompt with images (3-D positions, deepstack)."""
+    image_grid_thw: torch.Tensor | None = None
+    """`[images, 3]` patch grids of the prompt's images (an entry stage's encoded media);
+    the stage hands them on to edges that collect `IMAGE_GRID_KEY`."""
 
 
 @dataclass
@@ -150,11 +155,15 @@ class HiddenToEmbeds(EdgeProcessor):
 class Qwen3OmniThinkerToTalker(EdgeProcessor):
     """Qwen3-Omni thinker -> talker: the talker's prompt and per-frame text rows, built from
     the thinker's prompt, reply and per-position (input embedding, `accept_hidden_layer`
-    output) rows by the talker checkpoint's projections (`Qwen3OmniTalkerPrompter`)."""
+    output) rows by the talker checkpoint's projections (`Qwen3OmniTalkerPrompter`).
+
+    For a prompt with images the thinker also sends their patch grids (`IMAGE_GRID_KEY`):
+    the talker then rotates its prompt with 3-D positions (`get_rope_index` over its own
+    input ids, as transformers' talker does)."""
 
     name = "qwen3_omni_thinker_to_talker"
 
-    accumulate = HiddenToEmbeds.accumulate
+    accumulate = {**HiddenToEmbeds.accumulate, IMAGE_GRID_KEY: Accumulate.REPLACE}
     stream_key = "ids.output"
 
     def __init__(self) -> None:
@@ -175,12 +184,14 @@ class Qwen3OmniThinkerToTalker(EdgeProcessor):
             payload["ids.output"].tolist(),
             payload["hidden_states.output"],
             finished=bool(payload.get("meta.finished", True)),
+            image_grid_thw=payload.get(IMAGE_GRID_KEY),
         )
         return StageInput(
             prompt_token_ids=talker.prompt_token_ids,
             prompt_embeds=talker.prompt_embeds,
             conditioning=talker.conditioning,
             conditioning_fill=talker.fill,
+            mm_decoder_inputs=talker.mm_decoder_inputs,
         )
 
     def to_conditioning(

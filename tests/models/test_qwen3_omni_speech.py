@@ -116,6 +116,16 @@ def test_talker_prompt_and_text_rows_equal_transformers(ckpt, reference):
     talker = prompter.build(
         reference["prompt_ids"], reference["output_ids"], reference["thinker_rows"]
     )
+    # Text only: ordinary positions (transformers' cumsum), so no 3-D ones; also when the
+    # thinker sends an empty grid list.
+    assert talker.mm_decoder_inputs is None
+    no_images = prompter.build(
+        reference["prompt_ids"],
+        reference["output_ids"],
+        reference["thinker_rows"],
+        image_grid_thw=torch.zeros(0, 3, dtype=torch.long),
+    )
+    assert no_images.mm_decoder_inputs is None
     kwargs = reference["talker_kwargs"]
     # Equal up to float64 rounding (the projections run on differently shaped batches).
     exact = dict(rtol=0, atol=1e-13)
@@ -227,3 +237,154 @@ def test_pipeline_with_audio_input_equals_transformers(ckpt, hf_model):
     with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
         (out,) = omni.generate([{"messages": messages}], GREEDY)
     _check_against(out, ref)
+
+
+# -- an image question (image only: transformers' talker crashes on audio + image) ---------
+
+IMAGE = np.random.default_rng(3).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+
+
+def _image_messages(image) -> list[dict]:
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": image}, {"type": "text", "text": "What?"}],
+        }
+    ]
+
+
+@pytest.fixture(scope="module")
+def image_reference(ckpt, hf_model):
+    """transformers' generate for an image question, with the rotary positions its talker
+    decoder was given at every forward."""
+    import json
+
+    from PIL import Image
+    from transformers import AutoTokenizer, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
+        Qwen3OmniMoeProcessor,
+    )
+
+    class Processor(Qwen3OmniMoeProcessor):
+        def check_argument_for_proper_class(self, *args):  # no torchvision here
+            return None
+
+    config = json.loads((ckpt / "processor_config.json").read_text())
+    processor = Processor(
+        image_processor=Qwen2VLImageProcessorPil(**config["image_processor"]),
+        video_processor=None,
+        feature_extractor=WhisperFeatureExtractor(**config["feature_extractor"]),
+        tokenizer=AutoTokenizer.from_pretrained(ckpt),
+    )
+    prompt = processor.tokenizer.apply_chat_template(
+        _image_messages("x"), tokenize=False, add_generation_prompt=True
+    )
+    inputs = processor(text=[prompt], images=[Image.fromarray(IMAGE)], return_tensors="pt")
+    positions: list[torch.Tensor] = []
+    decoder = hf_model.talker.model
+    forward = decoder.forward
+
+    def forward_hook(*args, **kwargs):
+        positions.append(kwargs["position_ids"].clone())
+        return forward(*args, **kwargs)
+
+    decoder.forward = forward_hook
+    try:
+        ref = _hf_generate(hf_model, dict(inputs))
+    finally:
+        del decoder.forward
+    return ref | {"image_grid_thw": inputs["image_grid_thw"], "positions": positions}
+
+
+def test_image_question_talker_prompt_and_positions_equal_transformers(ckpt, image_reference):
+    """The talker's prompt for an image question, and its 3-D positions: the prompt's from
+    `get_rope_index` over the talker's input ids, every later frame's the sequence index
+    plus the rope delta, as transformers' talker decoder rotates them."""
+    ref = image_reference
+    prompter = Qwen3OmniTalkerPrompter.from_checkpoint(ckpt, torch.float64)
+    talker = prompter.build(
+        ref["prompt_ids"],
+        ref["output_ids"],
+        ref["thinker_rows"],
+        image_grid_thw=ref["image_grid_thw"],
+    )
+    kwargs = ref["talker_kwargs"]
+    exact = dict(rtol=0, atol=1e-13)
+    torch.testing.assert_close(talker.prompt_embeds, kwargs["inputs_embeds"][0], **exact)
+    torch.testing.assert_close(talker.conditioning, kwargs["trailing_text_hidden"][0], **exact)
+    assert torch.equal(kwargs["image_grid_thw"], ref["image_grid_thw"])
+
+    mm = talker.mm_decoder_inputs
+    length = talker.prompt_embeds.shape[0]
+    assert mm is not None and mm.deepstack_embeds is None and mm.visual_pos_mask is None
+    assert mm.mrope_positions.shape == (3, length)
+    # Really 3-D: the image's tokens share temporal positions, the rest shifts back.
+    assert not torch.equal(mm.mrope_positions, torch.arange(length).expand(3, length))
+    assert mm.rope_delta < 0
+    prefill, *steps = ref["positions"]
+    assert prefill.shape[-1] == length
+    assert torch.equal(prefill[-3:, 0].long(), mm.mrope_positions)
+    assert len(steps) == TALKER_TOKENS - 1
+    for s, step in enumerate(steps):
+        assert step.shape[-1] == 1
+        expected = length + s + mm.rope_delta
+        assert step[-3:].flatten().long().tolist() == [expected] * 3
+
+
+def _talker_codes(ckpt, talker, mm_decoder_inputs, async_scheduling: bool) -> torch.Tensor:
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(ckpt), model_part="talker", dtype="float64", async_scheduling=async_scheduling
+        )
+    )
+    frames: list[list[int]] = []
+    engine.core_output_listener = lambda rid, out: frames.extend(
+        [t, *c] for t, c in zip(out.new_token_ids, out.new_codes or [], strict=True)
+    )
+    engine.add_tokenized_request(
+        "r",
+        None,
+        talker.prompt_token_ids,
+        GREEDY["talker"],
+        talker.prompt_embeds,
+        True,
+        mm_decoder_inputs,
+    )
+    engine.add_conditioning("r", talker.conditioning, True, talker.fill)
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.shutdown()
+    return torch.tensor(frames)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_image_question_talker_codes_equal_transformers(ckpt, image_reference, async_scheduling):
+    ref = image_reference
+    prompter = Qwen3OmniTalkerPrompter.from_checkpoint(ckpt, torch.float64)
+    talker = prompter.build(
+        ref["prompt_ids"],
+        ref["output_ids"],
+        ref["thinker_rows"],
+        image_grid_thw=ref["image_grid_thw"],
+    )
+    expected = ref["codes"]
+    assert expected.shape == (TALKER_TOKENS - 1, NUM_CODE_GROUPS)
+    frames = _talker_codes(ckpt, talker, talker.mm_decoder_inputs, async_scheduling)
+    assert len(frames) == TALKER_TOKENS
+    assert frames[: TALKER_TOKENS - 1].equal(expected)
+    if not async_scheduling:
+        # The positions matter: with ordinary ones the talker speaks differently.
+        plain = _talker_codes(ckpt, talker, None, async_scheduling)
+        assert not plain[: TALKER_TOKENS - 1].equal(expected)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_pipeline_with_image_input_equals_transformers(ckpt, image_reference, stream):
+    """An image question through the pipeline: the thinker stage sends the talker the
+    image grid with its rows, and the talker's 3-D positions give transformers' speech."""
+    with Omni(tiny_qwen3_omni_deploy(ckpt, stream=stream), in_process=True) as omni:
+        (out,) = omni.generate([{"messages": _image_messages(IMAGE)}], GREEDY)
+    _check_against(out, image_reference)

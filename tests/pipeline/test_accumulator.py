@@ -67,6 +67,30 @@ def test_stream_last_chunk_may_be_empty():
     assert [p["ids.output"].tolist() for _, _, p, _ in chunks] == [[1, 2], []]
 
 
+def test_a_stage_set_value_rides_every_chunk_of_the_edges_that_collect_it():
+    from omnistage.pipeline.payload import validate_payload
+    from omnistage.pipeline.processors import IMAGE_GRID_KEY
+
+    grid = torch.tensor([[1, 4, 6]])
+    acc = accumulator(edge("stream", "qwen3_omni_thinker_to_talker", chunk_size=1), edge("payload"))
+    assert acc.set_value(IMAGE_GRID_KEY, grid)
+    acc.add_step([], hidden(0, 3), 0)
+    acc.add_step([11], hidden(3, 1), 3)
+    acc.add_step([12], hidden(4, 1), 4)
+    chunks = acc.ready_chunks() + acc.final_payloads()
+    talker = [p for e, _, p, _ in chunks if e.processor == "qwen3_omni_thinker_to_talker"]
+    assert len(talker) == 3
+    for payload in talker:
+        assert payload[IMAGE_GRID_KEY] is grid
+        validate_payload(payload, where="test")
+    (other,) = [p for e, _, p, _ in chunks if e.processor == "hidden_to_embeds"]
+    assert IMAGE_GRID_KEY not in other
+    # No edge collects it: ignored. A CONCAT key cannot be set.
+    assert not accumulator(edge("payload")).set_value(IMAGE_GRID_KEY, grid)
+    with pytest.raises(ValueError, match="collected by concat"):
+        acc.set_value("ids.output", torch.tensor([1]))
+
+
 def test_coordinator_parks_until_the_last_chunk_and_times_out():
     now = [100.0]
     coordinator = InputCoordinator(timeout_s=2.0, clock=lambda: now[0])
