@@ -63,6 +63,12 @@ exist for the prompt and `out[:-1]` — the last generated token, normally
   with `get_rope_index` on `[prompt ids, speaker bos, out[0]]`, which for text /
   audio prompts gives the same; without one (5.23, unpadded) the talker model's
   default `arange` — so images / videos get no 3-D talker positions there either.
+  With images we follow the masked path (`qwen25_talker_inputs(image_grid_thw=...)`):
+  the prompt's 3-D positions are `get_rope_index`'s over those ids (the image
+  tokens take grid positions, the rest continues at the block's max + 1), and decode
+  step s sits at `P + 2 + s + rope_delta` in all three rows (what the talker's
+  `forward` computes from a mask at every step, as a padded batch's `generate`
+  keeps it); rotated with non-interleaved mrope as the thinker's.
 - **Decode step s** (s = 0 feeds back code 0, the talker's first sample):
   input = `codec_embed(code_s) + reply[s]` with
   `reply = [Hn + E of out[1] .. out[n-2], embed_tokens_thinker(tts_text_end)]`
@@ -96,6 +102,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.models.linear import Linear
 from omnistage.models.llama import Qwen2ForCausalLM
 
@@ -155,14 +162,27 @@ class Qwen25OmniThinker(Qwen2ForCausalLM):
 
 class Qwen25OmniTalker(Qwen2ForCausalLM):
     """Qwen2.5-Omni's talker decoder (part `talker`): inputs in the thinker's width,
-    projected by `thinker_to_talker_proj`, a dense Qwen2 decoder, `codec_head`."""
+    projected by `thinker_to_talker_proj`, a dense Qwen2 decoder, `codec_head`.
+
+    Prompts from image questions come with 3-D positions (`qwen25_talker_inputs`),
+    rotated with **non-interleaved** mrope (`Qwen2_5OmniRotaryEmbedding`, the talker
+    config's `mrope_section`); text and audio prompts keep the plain 1-D path."""
 
     architectures = ("OmnistageQwen25OmniTalker",)
+    supports_mrope = True
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         config = copy.copy(config)
         config.tie_word_embeddings = False  # the codec table is wider than the head's input
         super().__init__(config, dtype, max_positions)
+        section = mrope_section(config)
+        half = self.head_dim // 2
+        if len(section) != 3 or sum(section) != half:
+            raise ValueError(
+                f"rope_parameters: mrope_section {section} must be 3 numbers summing to "
+                f"head_dim / 2 = {half}"
+            )
+        self.layers[0].self_attn.rotary.enable_mrope(section, interleaved=False)
         self.embed_tokens = nn.Embedding(config.vocab_size, self.input_width, dtype=dtype)
         self.embed_tokens.requires_grad_(False)
         self.thinker_to_talker_proj = Linear(self.input_width, config.hidden_size, True, dtype)
@@ -213,6 +233,10 @@ class Qwen25TalkerSpecials:
     codec_start_id: int
     media_ids: tuple[int, ...]
     """Audio, image and video placeholder ids (their input embeddings are zeroed)."""
+    image_token_id: int = -1
+    """The talker config's image placeholder id (`get_rope_index`'s image tokens)."""
+    spatial_merge_size: int = 2
+    position_id_per_seconds: float = 25
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, dtype: torch.dtype) -> Qwen25TalkerSpecials:
@@ -253,6 +277,9 @@ class Qwen25TalkerSpecials:
                 int(thinker.image_token_index),
                 int(thinker.video_token_index),
             ),
+            image_token_id=int(talker.image_token_index),
+            spatial_merge_size=int(talker.spatial_merge_size),
+            position_id_per_seconds=talker.position_id_per_seconds,
         )
 
 
@@ -260,12 +287,15 @@ class Qwen25TalkerSpecials:
 class Qwen25TalkerInput:
     """A talker request: prompt ids (for the repetition penalty), prompt embeddings
     [P + 2, H], then one conditioning row per output position (`conditioning[s]` is added
-    to the embedding of fed-back code s) and the row every later position gets (`fill`)."""
+    to the embedding of fed-back code s) and the row every later position gets (`fill`);
+    for a prompt with images, its 3-D positions and rope delta (`mm_decoder_inputs`;
+    None: ordinary positions)."""
 
     prompt_token_ids: list[int]
     prompt_embeds: torch.Tensor
     conditioning: torch.Tensor
     fill: torch.Tensor
+    mm_decoder_inputs: MultimodalDecoderInputs | None = None
 
     def step_row(self, step: int) -> torch.Tensor:
         """What transformers adds to `codec_embed(code_step)` at decode step `step`."""
@@ -280,6 +310,7 @@ def qwen25_talker_inputs(
     specials: Qwen25TalkerSpecials,
     speaker: str = DEFAULT_SPEAKER,
     codec_rows: bool = True,
+    image_grid_thw: torch.Tensor | None = None,
 ) -> Qwen25TalkerInput:
     """The talker's input as `Qwen2_5OmniForConditionalGeneration.generate` builds it.
 
@@ -288,7 +319,9 @@ def qwen25_talker_inputs(
     and final normed hidden state (`hidden_states[-1]`). Rows past `P + n - 1` are
     ignored. `codec_rows=False` leaves out the `tts_codec_pad` / `tts_codec_start`
     embeddings of the last two prompt rows, as transformers 5.23's `generate` does for
-    an unpadded request. See the module docstring for the layout."""
+    an unpadded request. `image_grid_thw` [images, 3]: the patch grids of the prompt's
+    images, in order (then the prompt gets 3-D positions). See the module docstring for
+    the layout."""
     if speaker not in specials.speaker_bos:
         known = ", ".join(sorted(specials.speaker_bos))
         raise ValueError(f"speaker: {speaker!r} is not one of {known}")
@@ -325,4 +358,29 @@ def qwen25_talker_inputs(
         prompt_embeds=prompt_embeds,
         conditioning=conditioning,
         fill=row(specials.text_pad),
+        mm_decoder_inputs=_talker_positions(prompt_ids, specials, image_grid_thw),
     )
+
+
+def _talker_positions(
+    prompt_ids: list[int], specials: Qwen25TalkerSpecials, image_grid_thw: torch.Tensor | None
+) -> MultimodalDecoderInputs | None:
+    """The talker prompt's 3-D positions, as `Qwen2_5OmniTalkerForConditionalGeneration.forward`
+    computes them given a mask (`get_rope_index` over `[prompt ids, speaker bos, out[0]]`),
+    or None where they are the ordinary ones (no image in the prompt)."""
+    if image_grid_thw is None or len(image_grid_thw) == 0:
+        return None
+    from omnistage.multimodal.base import mrope_positions
+
+    grids = torch.as_tensor(image_grid_thw, dtype=torch.long).reshape(-1, 3)
+    # The speaker bos and out[0] are text to `get_rope_index` (it pairs grids only with the
+    # image tokens after a vision start, all in the prompt): 2 non-image ids stand for them.
+    ids = torch.tensor([*prompt_ids, -1, -1], dtype=torch.long)
+    positions, delta = mrope_positions(
+        ids,
+        grids,
+        image_token_id=specials.image_token_id,
+        spatial_merge_size=specials.spatial_merge_size,
+        position_id_per_seconds=specials.position_id_per_seconds,
+    )
+    return MultimodalDecoderInputs(mrope_positions=positions, rope_delta=int(delta))

@@ -211,11 +211,15 @@ class Qwen25OmniThinkerToTalker(EdgeProcessor):
     with the checkpoint's embeddings (`qwen25_talker_inputs`, `codec_rows=True`: the
     input transformers' talker builds whenever it is given an attention mask).
 
+    For a prompt with images the thinker also sends their patch grids (`IMAGE_GRID_KEY`):
+    the talker then rotates its prompt with 3-D positions (`get_rope_index` over its own
+    input ids, as transformers' talker does given a mask).
+
     The speaker is the model's default ("Chelsie"); requests cannot pick one yet."""
 
     name = "qwen25_omni_thinker_to_talker"
 
-    accumulate = HiddenToEmbeds.accumulate
+    accumulate = {**HiddenToEmbeds.accumulate, IMAGE_GRID_KEY: Accumulate.REPLACE}
     stream_key = "ids.output"
 
     def __init__(self) -> None:
@@ -246,12 +250,14 @@ class Qwen25OmniThinkerToTalker(EdgeProcessor):
             payload["ids.prompt"].tolist(),
             payload["ids.output"].tolist(),
             self.specials,
+            image_grid_thw=payload.get(IMAGE_GRID_KEY),
         )
         return StageInput(
             prompt_token_ids=talker.prompt_token_ids,
             prompt_embeds=talker.prompt_embeds,
             conditioning=talker.conditioning,
             conditioning_fill=talker.fill,
+            mm_decoder_inputs=talker.mm_decoder_inputs,
         )
 
 

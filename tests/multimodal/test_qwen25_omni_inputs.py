@@ -413,17 +413,13 @@ def test_audio_and_image_questions_get_the_engine_s_answer_through_the_pipeline(
     assert encoder.encode_chat(IMAGE_CHAT).uses_mrope
 
 
-def test_audio_question_talker_codes_equal_transformers(ckpt, encoder, processor, hf_model):
-    """Thinker -> talker through the pipeline for an audio question: the thinker's tokens and
-    the talker's greedy codes are transformers' `generate` (its talker given the prefill mask
-    `generate` drops, as in tests/models/test_qwen25_omni_pipeline.py). The audio positions
-    are zeroed in what the talker gets, and its positions are plain for audio prompts."""
+def _pipeline_talker_codes(ckpt, chat, thinker_tokens: int, talker_tokens: int):
+    """Thinker -> talker through the packaged deploy (sync), the talker's codes as output."""
     import dataclasses
 
     from omnistage.pipeline.deploy import deploy_for_model
     from omnistage.pipeline.omni import Omni
 
-    thinker_tokens, talker_tokens = 8, 12
     spec = deploy_for_model(
         str(ckpt), {"dtype": "float64", "num_threads": 1, "async_scheduling": False}
     )
@@ -443,8 +439,18 @@ def test_audio_question_talker_codes_equal_transformers(ckpt, encoder, processor
         "talker": SamplingParams(temperature=0, max_tokens=talker_tokens, repetition_penalty=1.05),
     }
     with Omni(spec, in_process=True) as omni:
-        (out,) = omni.generate([{"messages": AUDIO_CHAT}], params)
+        (out,) = omni.generate([{"messages": chat}], params)
     assert out.error is None, out.error
+    return out
+
+
+def test_audio_question_talker_codes_equal_transformers(ckpt, encoder, processor, hf_model):
+    """Thinker -> talker through the pipeline for an audio question: the thinker's tokens and
+    the talker's greedy codes are transformers' `generate` (its talker given the prefill mask
+    `generate` drops, as in tests/models/test_qwen25_omni_pipeline.py). The audio positions
+    are zeroed in what the talker gets, and its positions are plain for audio prompts."""
+    thinker_tokens, talker_tokens = 8, 12
+    out = _pipeline_talker_codes(ckpt, AUDIO_CHAT, thinker_tokens, talker_tokens)
 
     clip = AUDIO_CHAT[1]["content"][0]["audio"]
     ref = processor(
@@ -456,18 +462,106 @@ def test_audio_question_talker_codes_equal_transformers(ckpt, encoder, processor
     assert len(set(codes["talker"])) > 3
 
 
-def _hf_talker_codes(model, ref, thinker_tokens: int, talker_tokens: int) -> dict:
+def test_image_question_talker_codes_equal_transformers(ckpt, encoder, processor, hf_model):
+    """Thinker -> talker through the pipeline for an image question: the thinker sends the
+    image grid (`mm.image_grid_thw`), the talker's prompt gets `get_rope_index`'s 3-D
+    positions over `[prompt ids, speaker bos, out[0]]` and its decode steps index +
+    rope_delta, as transformers' talker computes them whenever it is given a mask (here
+    at every forward, as `generate` keeps it for a padded batch): the same thinker tokens
+    and greedy talker codes. transformers takes the pixels as `thinker_pixel_values` (its
+    talker would get `pixel_values` too); `image_grid_thw` goes to both."""
+    thinker_tokens, talker_tokens = 8, 12
+    out = _pipeline_talker_codes(ckpt, IMAGE_CHAT, thinker_tokens, talker_tokens)
+
+    image = Image.fromarray(IMAGE_CHAT[1]["content"][0]["image"])
+    ref = dict(
+        processor(
+            text=[encoder.render_chat(IMAGE_CHAT).prompt], images=[image], return_tensors="pt"
+        )
+    )
+    ref["thinker_pixel_values"] = ref.pop("pixel_values")
+    positions: list[torch.Tensor] = []
+    codes = _hf_talker_codes(
+        hf_model, ref, thinker_tokens, talker_tokens, every_step=True, positions=positions
+    )
+    assert out.token_ids == codes["thinker"]
+    assert out.outputs["talker"].token_ids == codes["talker"]
+    assert len(set(codes["talker"])) > 3
+
+    # The reference really rotated in 3-D, and our talker input carries those positions.
+    from omnistage.models.qwen25_omni_talker import Qwen25TalkerSpecials, qwen25_talker_inputs
+
+    specials = Qwen25TalkerSpecials.from_checkpoint(ckpt, torch.float64)
+    prompt_ids = ref["input_ids"][0].tolist()
+    rows = torch.zeros(len(prompt_ids) + thinker_tokens, specials.text_pad.shape[0]).double()
+    talker = qwen25_talker_inputs(
+        rows, rows, prompt_ids, codes["thinker"], specials, image_grid_thw=ref["image_grid_thw"]
+    )
+    mm = talker.mm_decoder_inputs
+    length = len(prompt_ids) + 2
+    assert mm is not None and mm.rope_delta < 0
+    prefill, *steps = positions
+    assert torch.equal(prefill[:, 0], mm.mrope_positions)
+    assert not torch.equal(mm.mrope_positions, torch.arange(length).expand(3, length))
+    for s, step in enumerate(steps):
+        assert step[:, 0].flatten().tolist() == [length + s + mm.rope_delta] * 3
+
+
+def test_text_and_audio_prompts_keep_plain_talker_positions(ckpt, encoder):
+    """Without images the talker input has no 3-D positions (plain 1-D path), also when the
+    thinker sends an empty grid list; the processor hands the grids on only when present."""
+    from omnistage.models.qwen25_omni_talker import Qwen25TalkerSpecials, qwen25_talker_inputs
+    from omnistage.pipeline.processors import IMAGE_GRID_KEY, get_processor
+
+    specials = Qwen25TalkerSpecials.from_checkpoint(ckpt, torch.float64)
+    for chat in (_chat([]), AUDIO_CHAT):
+        prompt_ids = encoder.encode_chat(chat).prompt_token_ids
+        output_ids = [11, 12, IM_END_ID]
+        rows = torch.randn(len(prompt_ids) + 2, specials.text_pad.shape[0]).double()
+        for grid in (None, torch.zeros(0, 3, dtype=torch.long)):
+            talker = qwen25_talker_inputs(
+                rows, rows, prompt_ids, output_ids, specials, image_grid_thw=grid
+            )
+            assert talker.mm_decoder_inputs is None
+    processor = get_processor("qwen25_omni_thinker_to_talker")
+    assert IMAGE_GRID_KEY in processor.accumulate
+    processor.specials = specials
+    payload = {
+        "ids.prompt": torch.tensor(prompt_ids),
+        "ids.output": torch.tensor(output_ids),
+        "hidden_states.output": torch.cat([rows, rows], dim=1),
+    }
+    assert processor.to_input(payload).mm_decoder_inputs is None
+
+
+def _hf_talker_codes(
+    model,
+    ref,
+    thinker_tokens: int,
+    talker_tokens: int,
+    every_step: bool = False,
+    positions: list | None = None,
+) -> dict:
+    """transformers' greedy `generate`, its talker given the all-ones mask `generate` drops:
+    at the prefill (its codec rows), or with `every_step` at every forward (then it also
+    computes the decode positions from its rope delta, as for a padded batch). The talker
+    decoder's rotary positions go to `positions`."""
     forward = model.talker.forward
 
     @functools.wraps(forward)  # generate checks its kwargs against the signature
     def masked(*args, **kwargs):
         cache = kwargs.get("past_key_values")
-        if kwargs.get("attention_mask") is None and (cache is None or cache.get_seq_length() == 0):
-            kwargs["attention_mask"] = torch.ones(
-                kwargs["inputs_embeds"].shape[:2], dtype=torch.long
-            )
+        past = 0 if cache is None else cache.get_seq_length()
+        if kwargs.get("attention_mask") is None and (every_step or past == 0):
+            embeds = kwargs.get("inputs_embeds")
+            new = embeds.shape[1] if embeds is not None else kwargs["input_ids"].shape[1]
+            kwargs["attention_mask"] = torch.ones(1, past + new, dtype=torch.long)
         return forward(*args, **kwargs)
 
+    rotary = model.talker.model.rotary_emb
+    hook = rotary.register_forward_pre_hook(
+        lambda module, args: positions.append(args[1].clone()) if positions is not None else None
+    )
     codes: list[list[int]] = []
     token2wav = model.token2wav.forward
     model.talker.forward = masked
@@ -485,5 +579,6 @@ def _hf_talker_codes(model, ref, thinker_tokens: int, talker_tokens: int) -> dic
                 thinker_eos_token_id=IM_END_ID,
             )
     finally:
+        hook.remove()
         del model.talker.forward, model.token2wav.forward
     return {"thinker": sequences[0, ref["input_ids"].shape[1] :].tolist(), "talker": codes[0]}
