@@ -152,7 +152,28 @@ class HiddenToEmbeds(EdgeProcessor):
         return (hidden if hidden is not None else torch.zeros(0, 0)), None
 
 
-class Qwen3OmniThinkerToTalker(EdgeProcessor):
+class _ThinkerToTalker(EdgeProcessor):
+    """What the omni thinker -> talker edges share: the thinker's prompt, reply, per-position
+    rows and image grids are collected; the talker input a model builds from them becomes
+    the stage input."""
+
+    accumulate = {**HiddenToEmbeds.accumulate, IMAGE_GRID_KEY: Accumulate.REPLACE}
+    stream_key = "ids.output"
+
+
+def _talker_stage_input(talker: Any) -> StageInput:
+    """A model's talker input (prompt ids and embeddings, conditioning rows and fill, 3-D
+    positions) as the stage input it starts the request from."""
+    return StageInput(
+        prompt_token_ids=talker.prompt_token_ids,
+        prompt_embeds=talker.prompt_embeds,
+        conditioning=talker.conditioning,
+        conditioning_fill=talker.fill,
+        mm_decoder_inputs=talker.mm_decoder_inputs,
+    )
+
+
+class Qwen3OmniThinkerToTalker(_ThinkerToTalker):
     """Qwen3-Omni thinker -> talker: the talker's prompt and per-frame text rows, built from
     the thinker's prompt, reply and per-position (input embedding, `accept_hidden_layer`
     output) rows by the talker checkpoint's projections (`Qwen3OmniTalkerPrompter`).
@@ -162,9 +183,6 @@ class Qwen3OmniThinkerToTalker(EdgeProcessor):
     input ids, as transformers' talker does)."""
 
     name = "qwen3_omni_thinker_to_talker"
-
-    accumulate = {**HiddenToEmbeds.accumulate, IMAGE_GRID_KEY: Accumulate.REPLACE}
-    stream_key = "ids.output"
 
     def __init__(self) -> None:
         self.prompter: Any = None
@@ -186,13 +204,7 @@ class Qwen3OmniThinkerToTalker(EdgeProcessor):
             finished=bool(payload.get("meta.finished", True)),
             image_grid_thw=payload.get(IMAGE_GRID_KEY),
         )
-        return StageInput(
-            prompt_token_ids=talker.prompt_token_ids,
-            prompt_embeds=talker.prompt_embeds,
-            conditioning=talker.conditioning,
-            conditioning_fill=talker.fill,
-            mm_decoder_inputs=talker.mm_decoder_inputs,
-        )
+        return _talker_stage_input(talker)
 
     def to_conditioning(
         self, payload: Payload, last: bool
@@ -203,7 +215,7 @@ class Qwen3OmniThinkerToTalker(EdgeProcessor):
         return self.prompter.text_rows(rows if rows is not None else torch.zeros(0, 0), last)
 
 
-class Qwen25OmniThinkerToTalker(EdgeProcessor):
+class Qwen25OmniThinkerToTalker(_ThinkerToTalker):
     """Qwen2.5-Omni thinker -> talker: the talker's prompt (codec mask ids for the
     repetition penalty, thinker-width prompt embeddings with the speaker and codec rows),
     one conditioning row per reply token and the `tts_text_pad` fill, built from the
@@ -218,9 +230,6 @@ class Qwen25OmniThinkerToTalker(EdgeProcessor):
     The speaker is the model's default ("Chelsie"); requests cannot pick one yet."""
 
     name = "qwen25_omni_thinker_to_talker"
-
-    accumulate = {**HiddenToEmbeds.accumulate, IMAGE_GRID_KEY: Accumulate.REPLACE}
-    stream_key = "ids.output"
 
     def __init__(self) -> None:
         self.specials: Any = None
@@ -252,13 +261,7 @@ class Qwen25OmniThinkerToTalker(EdgeProcessor):
             self.specials,
             image_grid_thw=payload.get(IMAGE_GRID_KEY),
         )
-        return StageInput(
-            prompt_token_ids=talker.prompt_token_ids,
-            prompt_embeds=talker.prompt_embeds,
-            conditioning=talker.conditioning,
-            conditioning_fill=talker.fill,
-            mm_decoder_inputs=talker.mm_decoder_inputs,
-        )
+        return _talker_stage_input(talker)
 
 
 class CodecFrames(EdgeProcessor):
