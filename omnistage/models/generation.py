@@ -117,11 +117,7 @@ def load_part_module(module: nn.Module, path: Path, prefix: str, what: str) -> N
     must take exactly those (ValueError naming what is missing or unexpected)."""
     from omnistage.models.loader import iter_weights
 
-    state = {
-        name[len(prefix) :]: tensor
-        for name, tensor in iter_weights(path)
-        if name.startswith(prefix)
-    }
+    state = {name[len(prefix) :]: tensor for name, tensor in iter_weights(path, [prefix])}
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,19 +146,31 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def iter_weights(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of every safetensors file of a checkpoint, as `(HF name, tensor)`.
+def iter_weights(
+    path: Path, prefixes: Sequence[str] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of every safetensors file of a checkpoint, as `(HF name, tensor)`;
+    with `prefixes`, only those whose names start with one (other tensors, and shards
+    the index says hold none of them, are never read).
 
     Tensors are read lazily, one at a time. A corrupt or truncated file is a
     ValueError naming it.
     """
-    for file in safetensors_files(path):
+    files = safetensors_files(path)
+    index = path / _INDEX
+    if prefixes is not None and index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        wanted = {f for name, f in weight_map.items() if name.startswith(tuple(prefixes))}
+        files = [f for f in files if f.name in wanted]
+    for file in files:
         try:
             handle = safetensors.safe_open(file, framework="pt")
         except (safetensors.SafetensorError, OSError) as e:
             raise ValueError(f"{file}: corrupt or truncated safetensors file ({e})") from e
         with handle as f:
             for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+                if prefixes is not None and not key.startswith(tuple(prefixes)):
+                    continue
                 try:
                     tensor = f.get_tensor(key)
                 except (safetensors.SafetensorError, OSError, RuntimeError) as e:

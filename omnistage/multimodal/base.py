@@ -234,28 +234,12 @@ def processor_configs(path: Path) -> tuple[dict | None, dict | None]:
 
 def read_weights(path: Path, prefixes: Sequence[str]) -> dict[str, dict[str, torch.Tensor]]:
     """`{prefix: {name without prefix: tensor}}` for the checkpoint's tensors under `prefixes`."""
-    import safetensors
-
-    from omnistage.models.loader import safetensors_files
+    from omnistage.models.loader import iter_weights
 
     out: dict[str, dict[str, torch.Tensor]] = {p: {} for p in prefixes}
-    files = safetensors_files(path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        wanted = {f for name, f in weight_map.items() if name.startswith(tuple(prefixes))}
-        files = [f for f in files if f.name in wanted]
-    for file in files:
-        try:
-            handle = safetensors.safe_open(file, framework="pt")
-        except (safetensors.SafetensorError, OSError) as e:
-            raise ValueError(f"{file}: corrupt or truncated safetensors file ({e})") from e
-        with handle as f:
-            for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                for prefix in prefixes:
-                    if key.startswith(prefix):
-                        out[prefix][key[len(prefix) :]] = f.get_tensor(key)
-                        break
+    for key, tensor in iter_weights(path, prefixes):
+        prefix = next(p for p in prefixes if key.startswith(p))
+        out[prefix][key[len(prefix) :]] = tensor
     return out
 
 

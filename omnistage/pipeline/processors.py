@@ -188,7 +188,7 @@ class Qwen3OmniThinkerToTalker(_ThinkerToTalker):
         self.prompter: Any = None
 
     def bind_consumer(self, engine: Any) -> None:
-        from omnistage.models.qwen3_omni_talker import Qwen3OmniTalkerPrompter
+        from omnistage.models.qwen3_omni_talker_prompt import Qwen3OmniTalkerPrompter
 
         self.prompter = Qwen3OmniTalkerPrompter.from_checkpoint(
             engine.model_files.path, engine.config.torch_dtype

@@ -23,7 +23,7 @@ import torch
 from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
-from omnistage.models.qwen3_omni_talker import Qwen3OmniTalkerPrompter
+from omnistage.models.qwen3_omni_talker_prompt import Qwen3OmniTalkerPrompter
 from omnistage.pipeline.omni import Omni
 from omnistage.testing.tiny_qwen3_omni import (
     ACCEPT_HIDDEN_LAYER,
