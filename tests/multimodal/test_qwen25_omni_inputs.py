@@ -49,8 +49,12 @@ from omnistage.multimodal import (
     supported_input_modalities,
 )
 from omnistage.testing.tiny_qwen25_omni import IM_END_ID, make_tiny_qwen25_omni
+from tests.multimodal.media_helpers import RATE
+from tests.multimodal.media_helpers import hf_thinker_embeds as _hf_embeds
+from tests.multimodal.media_helpers import random_audio as _audio
+from tests.multimodal.media_helpers import random_image as _image
+from tests.multimodal.media_helpers import user_turn as _user
 
-RATE = 16000
 AUDIO = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 IMAGE = "<|vision_bos|><|IMAGE|><|vision_eos|>"
 
@@ -100,48 +104,6 @@ def engine(ckpt):
     )
     yield engine
     engine.shutdown()
-
-
-def _audio(seconds: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return (0.1 * rng.standard_normal(int(seconds * RATE))).astype(np.float32)
-
-
-def _image(height: int, width: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-def _user(*parts) -> list[dict]:
-    return [{"role": "user", "content": list(parts)}]
-
-
-def _hf_embeds(thinker, ref) -> tuple[torch.Tensor, dict]:
-    """The thinker's `inputs_embeds` after the scatter, as its forward builds them."""
-    ids = ref["input_ids"]
-    extra = {}
-    with torch.no_grad():
-        embeds = thinker.get_input_embeddings()(ids)
-        if "input_features" in ref:
-            audio = thinker.get_audio_features(
-                ref["input_features"],
-                feature_attention_mask=ref["feature_attention_mask"],
-                return_dict=True,
-            ).last_hidden_state
-            _, _, audio_mask = thinker.model.get_placeholder_mask(ids, inputs_embeds=embeds)
-            embeds = embeds.masked_scatter(audio_mask, audio.to(embeds.dtype))
-            extra["audio_mask"] = audio_mask[0, :, 0]
-        if "pixel_values" in ref:
-            vision = thinker.get_image_features(
-                ref["pixel_values"], ref["image_grid_thw"], return_dict=True
-            )
-            image = torch.cat(vision.pooler_output)
-            image_mask, _, _ = thinker.model.get_placeholder_mask(
-                ids, inputs_embeds=embeds, image_features=image
-            )
-            embeds = embeds.masked_scatter(image_mask, image.to(embeds.dtype))
-            extra["image_mask"] = image_mask[0, :, 0]
-    return embeds[0], extra
 
 
 def _hf_rope_index(thinker, ref):

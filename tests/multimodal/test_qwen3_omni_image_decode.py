@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 from transformers import (
     AutoTokenizer,
     Qwen3OmniMoeForConditionalGeneration,
@@ -41,8 +39,10 @@ from omnistage.engine.llm_engine import LLMEngine
 from omnistage.models.layers import mrope_frequency_rows
 from omnistage.multimodal import Qwen3OmniInputEncoder
 from omnistage.testing.tiny_qwen3_omni import ACCEPT_HIDDEN_LAYER, make_tiny_qwen3_omni
+from tests.multimodal.media_helpers import RATE
+from tests.multimodal.media_helpers import random_audio as _audio
+from tests.multimodal.media_helpers import random_image as _image
 
-RATE = 16000
 STEPS = 8
 TOL = dict(rtol=1e-5, atol=1e-5)  # transformers: float32 norms and logits
 TEXT_IDS = [5, 17, 33, 9, 100, 41, 7, 250, 12, 3, 88]
@@ -51,16 +51,6 @@ TEXT_IDS = [5, 17, 33, 9, 100, 41, 7, 250, 12, 3, 88]
 class _Processor(Qwen3OmniMoeProcessor):
     def check_argument_for_proper_class(self, *args):  # no video processor without torchvision
         return None
-
-
-def _image(height: int, width: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-def _audio(seconds: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return (0.1 * rng.standard_normal(int(seconds * RATE))).astype(np.float32)
 
 
 @pytest.fixture(scope="module")

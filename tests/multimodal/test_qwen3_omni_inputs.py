@@ -28,7 +28,6 @@ import numpy as np
 import pytest
 import soundfile
 import torch
-from PIL import Image
 from transformers import (
     AutoTokenizer,
     Qwen3OmniMoeForConditionalGeneration,
@@ -50,8 +49,11 @@ from omnistage.multimodal import (
     supported_input_modalities,
 )
 from omnistage.testing.tiny_qwen3_omni import IM_END_ID, make_tiny_qwen3_omni
-
-RATE = 16000
+from tests.multimodal.media_helpers import RATE
+from tests.multimodal.media_helpers import hf_thinker_embeds as _hf_embeds
+from tests.multimodal.media_helpers import random_audio as _audio
+from tests.multimodal.media_helpers import random_image as _image
+from tests.multimodal.media_helpers import user_turn as _user
 
 
 class _Processor(Qwen3OmniMoeProcessor):
@@ -86,49 +88,6 @@ def thinker(ckpt):
         ckpt, dtype=torch.float64, experts_implementation="eager"
     )
     return model.thinker.eval()
-
-
-def _audio(seconds: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return (0.1 * rng.standard_normal(int(seconds * RATE))).astype(np.float32)
-
-
-def _image(height: int, width: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-
-
-def _user(*parts) -> list[dict]:
-    return [{"role": "user", "content": list(parts)}]
-
-
-def _hf_embeds(thinker, ref) -> tuple[torch.Tensor, dict]:
-    """The thinker's `inputs_embeds` after the scatter, as its forward builds them."""
-    ids = ref["input_ids"]
-    extra = {}
-    with torch.no_grad():
-        embeds = thinker.get_input_embeddings()(ids)
-        if "input_features" in ref:
-            audio = thinker.get_audio_features(
-                ref["input_features"],
-                feature_attention_mask=ref["feature_attention_mask"],
-                return_dict=True,
-            ).last_hidden_state
-            _, _, audio_mask = thinker.model.get_placeholder_mask(ids, inputs_embeds=embeds)
-            embeds = embeds.masked_scatter(audio_mask, audio.to(embeds.dtype))
-            extra["audio_mask"] = audio_mask[0, :, 0]
-        if "pixel_values" in ref:
-            vision = thinker.get_image_features(
-                ref["pixel_values"], ref["image_grid_thw"], return_dict=True
-            )
-            image = torch.cat(vision.pooler_output)
-            image_mask, _, _ = thinker.model.get_placeholder_mask(
-                ids, inputs_embeds=embeds, image_features=image
-            )
-            embeds = embeds.masked_scatter(image_mask, image.to(embeds.dtype))
-            extra["image_mask"] = image_mask[0, :, 0]
-            extra["deepstack"] = [torch.cat(f) for f in vision.deepstack_features]
-    return embeds[0], extra
 
 
 def _first_step_logits(engine: LLMEngine, ids, embeds, max_tokens: int):
