@@ -97,6 +97,11 @@ class EngineConfig:
     """Forced token sequences after trigger tokens, e.g. {"</think>": ["<recaption>"]}
     (keys: a token string, an id, or a tuple of them; values: token strings or ids)."""
 
+    stage_budgets: dict | None = None
+    """Section budgets: {close token: {"max_tokens": N, "after": open token (optional)}}
+    forces the close token once N tokens of its section went by without it (e.g. a thinking
+    budget: {"</think>": {"max_tokens": 512}})."""
+
     output_hidden_states: bool = False
     """Return the final hidden state of every computed position with each step's outputs
     (what a next stage conditions on, e.g. `hidden_states.output` in a pipeline)."""
@@ -129,6 +134,8 @@ class EngineConfig:
             )
         if self.stage_transitions is not None and not isinstance(self.stage_transitions, dict):
             raise ValueError("stage_transitions: expected a dict of trigger -> forced tokens")
+        if self.stage_budgets is not None and not isinstance(self.stage_budgets, dict):
+            raise ValueError("stage_budgets: expected a dict of close token -> budget")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: expected cpu or cuda, got {self.device!r}")
         if (

@@ -213,3 +213,27 @@ def test_every_platform_runner_reaches_the_model_sampler(name, think_ckpt):
     llm.generate("hi", SamplingParams(max_tokens=3), use_tqdm=False)
     assert runner.model.calls == before + 3
     assert isinstance(runner, cls) and torch.is_tensor(runner.kv_caches[0])
+
+
+def test_section_budgets_force_the_close_token() -> None:
+    """A thinking budget: `</think>` after 3 thought tokens; `</recaption>` 2 tokens after the
+    last `<recaption>`; nothing forced once a section is closed."""
+    ids = {"</think>": 10, "<recaption>": 11, "</recaption>": 12}
+    transitions = StageTransitions.from_config(
+        {"</think>": ["<recaption>"]},
+        ids.get,
+        {"</think>": {"max_tokens": 3}, "</recaption>": {"after": "<recaption>", "max_tokens": 2}},
+    )
+    assert transitions.forced_token([1, 2]) is None
+    assert transitions.forced_token([1, 2, 3]) == 10
+    assert transitions.forced_token([1, 2, 3, 10]) == 11  # the rule, before any budget
+    assert transitions.forced_token([1, 2, 3, 10, 11, 4]) is None
+    assert transitions.forced_token([1, 2, 3, 10, 11, 4, 5]) == 12
+    assert transitions.forced_token([1, 2, 3, 10, 11, 4, 5, 12, 6, 7, 8]) is None
+    logits = torch.zeros(1, 16)
+    transitions.apply(logits, [[1, 2, 3]])
+    assert logits[0].argmax() == 10 and torch.isinf(logits[0, :10]).all()
+    with pytest.raises(ValueError, match=r"stage_budgets\['</think>'\].max_tokens"):
+        StageTransitions.from_config({}, ids.get, {"</think>": {"max_tokens": -1}})
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        StageTransitions.from_config({}, ids.get, {"</nope>": {"max_tokens": 1}})

@@ -33,7 +33,7 @@ from omnistage.models.loader import (
     resolve_model,
 )
 from omnistage.models.parts import part_weights, select_part
-from omnistage.models.registry import model_class_for
+from omnistage.models.registry import engine_config, model_class_for
 from omnistage.platforms import platform_for
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.worker.attention import allocate_kv_cache
@@ -156,6 +156,7 @@ def build_stage(config: EngineConfig) -> BuiltStage:
     hf_config = load_hf_config(files)
     if config.model_part is not None:
         hf_config = select_part(hf_config, config.model_part)
+    hf_config = engine_config(hf_config)
     config = config.resolve_for_model(model_max_len(hf_config))
     backend = config.resolved_executor_backend
     if backend == "process":
@@ -179,7 +180,7 @@ def build_stage(config: EngineConfig) -> BuiltStage:
 
 
 def _stage_transitions(config: EngineConfig, files: ModelFiles) -> StageTransitions | None:
-    if not config.stage_transitions:
+    if not config.stage_transitions and not config.stage_budgets:
         return None
     tokenizer = load_tokenizer(files)
     unk = getattr(tokenizer, "unk_token_id", None)
@@ -192,7 +193,9 @@ def _stage_transitions(config: EngineConfig, files: ModelFiles) -> StageTransiti
             else token_id
         )
 
-    return StageTransitions.from_config(config.stage_transitions, token_to_id)
+    return StageTransitions.from_config(
+        config.stage_transitions or {}, token_to_id, config.stage_budgets
+    )
 
 
 def eos_token_id(hf_config: Any) -> int | None:

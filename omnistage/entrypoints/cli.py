@@ -3,6 +3,7 @@
 omnistage generate "PROMPT" [--model smollm2] [--chat] [--max-tokens N] [--temperature T] ...
 omnistage generate "PROMPT" --deploy FILE|NAME [--model PATH] [--modalities text,audio] [--out DIR]
 omnistage generate "PROMPT" --model demo-omni|OMNI_CHECKPOINT [--modalities text,audio] [--out DIR]
+omnistage generate "PROMPT" --model demo-image|GLM_IMAGE_CHECKPOINT [--height H --width W] [--out DIR]
     (omni checkpoints and demos run their packaged pipeline, with the chat template)
 omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
@@ -106,35 +107,72 @@ def _generate_pipeline(args: argparse.Namespace) -> int:
     modalities = args.modalities.split(",") if args.modalities else None
     with Omni(args.deploy, model=args.model, in_process=args.in_process) as omni:
         (entry,) = omni.deploy.entry_stages
-        params = (
-            {entry.name: SamplingParams(**(entry.default_sampling | fields))} if fields else None
+        params: dict = (
+            {entry.name: SamplingParams(**(entry.default_sampling | fields))} if fields else {}
         )
+        params |= _diffusion_params(omni, args)
         prompt = args.prompt
         if args.chat:
             prompt = _chat_prompt(omni, args.prompt)
-        (out,) = omni.generate([prompt], params, modalities)
+        (out,) = omni.generate([prompt], params or None, modalities)
+        thought = _thought_and_caption(omni, out)
     if out.error is not None:
         print(f"omnistage: error: {out.error}", file=sys.stderr)
         return 1
-    if out.text is not None:
+    if thought is not None:
+        print(f"thought: {thought.thought}\ncaption: {thought.caption}")
+    elif out.text is not None:
         print(out.text)
     if args.out:
-        for path in write_outputs(out, args.out):
+        for path in write_outputs(out, args.out, thought):
             print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _diffusion_params(omni, args: argparse.Namespace) -> dict:
+    """The image flags, for each diffusion stage of the pipeline (on its defaults)."""
+    from omnistage.diffusion.params import DiffusionParams
+
+    given = {
+        "height": args.height,
+        "width": args.width,
+        "num_inference_steps": args.num_inference_steps,
+        "guidance_scale": args.guidance_scale,
+        "seed": args.seed,
+    }
+    fields = {k: v for k, v in given.items() if v is not None}
+    if args.negative_prompt:
+        fields["negative_prompt"] = args.negative_prompt
+    return {
+        s.name: DiffusionParams.from_fields(s.default_sampling | fields)
+        for s in omni.deploy.stages
+        if s.kind == "diffusion"
+    }
+
+
+def _thought_and_caption(omni, out):
+    """A think -> recaption pipeline's thought and caption (None for other pipelines)."""
+    from omnistage.pipeline.recaption import split_thought
+
+    for edge in omni.deploy.edges:
+        if edge.processor == "recaption_to_prompt" and edge.src in out.outputs:
+            model = omni.deploy.stage(edge.src).with_part_directory().model
+            return split_thought(model, out.outputs[edge.src].token_ids)
+    return None
 
 
 def _chat_prompt(omni, content: str) -> str:
     from omnistage.models.loader import load_tokenizer, resolve_model
 
     (entry,) = omni.deploy.entry_stages
-    tokenizer = load_tokenizer(resolve_model(entry.model))
+    tokenizer = load_tokenizer(resolve_model(entry.with_part_directory().model))
     messages = [{"role": "user", "content": content}]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
-def write_outputs(out, directory: str) -> list[str]:
-    """`text.txt` and `audio.wav` (16-bit PCM) of a pipeline output, as far as it has them."""
+def write_outputs(out, directory: str, thought=None) -> list[str]:
+    """`text.txt`, `audio.wav` (16-bit PCM), `image.png`, and for a think -> recaption
+    pipeline `thought.txt` and `caption.txt`, as far as the output has them."""
     import wave
     from pathlib import Path
 
@@ -154,6 +192,13 @@ def write_outputs(out, directory: str) -> list[str]:
             wav.setframerate(out.sample_rate)
             wav.writeframes(pcm.tobytes())
         written.append(str(root / "audio.wav"))
+    if thought is not None:
+        (root / "thought.txt").write_text(thought.thought)
+        (root / "caption.txt").write_text(thought.caption or "")
+        written += [str(root / "thought.txt"), str(root / "caption.txt")]
+    if out.image is not None:
+        out.image.save(root / "image.png")
+        written.append(str(root / "image.png"))
     return written
 
 
@@ -207,7 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
         "then apply to its first stage (on top of the file's defaults)",
     )
     gen.add_argument("--modalities", default=None, help="e.g. text or text,audio (pipelines)")
-    gen.add_argument("--out", default=None, help="write text.txt and audio.wav here (pipelines)")
+    gen.add_argument(
+        "--out", default=None, help="write text.txt, audio.wav, image.png here (pipelines)"
+    )
+    images = gen.add_argument_group("images (pipelines that draw; default: the model's)")
+    images.add_argument("--height", type=int, default=None)
+    images.add_argument("--width", type=int, default=None)
+    images.add_argument("--num-inference-steps", type=int, default=None)
+    images.add_argument("--guidance-scale", type=float, default=None)
+    images.add_argument("--negative-prompt", default=None)
     gen.add_argument(
         "--in-process", action="store_true", help="run every stage in this process (debugging)"
     )

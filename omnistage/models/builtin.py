@@ -69,6 +69,16 @@ _DEMOS: dict[str, DemoModel] = {
         maker="omnistage.testing.tiny_qwen3_omni:make_tiny_qwen3_omni",
         deploy="demo-omni",
     ),
+    "demo-image": DemoModel(
+        description=(
+            "a tiny random-weight think -> recaption -> draw pipeline (llama thinker, T5 text "
+            "encoder, PixArt DiT, VAE): every stage runs, but its thoughts are random bytes "
+            "and its pictures noise. For real images pass a downloaded GLM-Image checkpoint "
+            "directory as --model"
+        ),
+        maker="omnistage.testing.tiny_image:make_tiny_image_pipeline",
+        deploy="demo-image",
+    ),
 }
 
 BUILTIN_MODELS: dict[str, str] = {

@@ -97,6 +97,8 @@ def resolve_model(model: str) -> ModelFiles:
 
 
 def _check_checkpoint_dir(path: Path) -> None:
+    if (path / "model_index.json").is_file():
+        return  # a diffusers-layout checkpoint: its components are checked when loaded
     missing = []
     if not (path / "config.json").is_file():
         missing.append("config.json")

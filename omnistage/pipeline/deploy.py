@@ -52,6 +52,7 @@ from typing import Any, NoReturn
 import yaml
 
 from omnistage.config import EngineConfig
+from omnistage.diffusion.params import DiffusionParams
 from omnistage.pipeline.deploy_spec import (  # noqa: F401 (re-exported: the deploy API)
     CONNECTOR_KINDS,
     DEFAULT_CHUNK_SIZE,
@@ -115,6 +116,11 @@ def single_model_deploy(
 PACKAGED_DEPLOYS_BY_MODEL_TYPE = {"qwen3_omni_moe": "qwen3-omni", "qwen2_5_omni": "qwen25-omni"}
 """Checkpoints (by config.json `model_type`) that `Omni(model=...)` serves with a packaged
 multi-stage deploy rather than as one text stage."""
+PACKAGED_DEPLOYS_BY_PIPELINE_CLASS = {
+    "OmnistageTextToImagePipeline": "demo-image",
+    "GlmImagePipeline": "glm-image",
+}
+"""Diffusers-layout checkpoints (by model_index.json `_class_name`) and their deploys."""
 
 
 def deploy_for_model(model: str, engine_args: Mapping[str, Any] | None = None) -> DeploySpec:
@@ -127,10 +133,13 @@ def deploy_for_model(model: str, engine_args: Mapping[str, Any] | None = None) -
     if name is not None:
         path = demo_model_path(model)
     else:
+        from omnistage.diffusion.model import pipeline_class_name
+
         path = Path(model).expanduser()
         config = path / "config.json"
         model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
         name = PACKAGED_DEPLOYS_BY_MODEL_TYPE.get(model_type)
+        name = name or PACKAGED_DEPLOYS_BY_PIPELINE_CLASS.get(pipeline_class_name(path))
     if name is None:
         return single_model_deploy(model, engine_args)
     spec = load_deploy(packaged_deploy_path(name)).with_model(str(path.absolute()))
@@ -142,12 +151,19 @@ def check_stage_models(spec: DeploySpec) -> None:
     checkpoint (an `ar` part for `ar` stages, a generation part for `generation` ones),
     and a multi-part checkpoint is not served whole. ValueError naming the stage, before
     any stage starts."""
+    from omnistage.diffusion.model import diffusion_model_class
     from omnistage.models.generation import GENERATION_PARTS
     from omnistage.models.loader import resolve_model
     from omnistage.models.parts import PARTS
 
     for stage in (s.with_part_directory() for s in spec.stages):
         if stage.model is None:
+            continue
+        if stage.kind == "diffusion":
+            try:
+                diffusion_model_class(resolve_model(stage.model).path)
+            except ValueError as exc:
+                raise ValueError(f"{spec.source}: stages[{stage.name}].model: {exc}") from None
             continue
         config = resolve_model(stage.model).path / "config.json"
         model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
@@ -301,7 +317,8 @@ def _stage(r: _Reader, raw: Any, path: str) -> StageSpec:
         if not isinstance(key, str) or not key:
             r.fail(f"{path}.output_keys[{i}]", f"expected a non-empty string, got {_show(key)}")
     engine_keys = tuple(sorted(EngineConfig.field_names() - {"model", "model_part"}))
-    sampling_keys = tuple(f.name for f in dataclasses.fields(SamplingParams) if f.init)
+    sampling_cls = DiffusionParams if kind == "diffusion" else SamplingParams
+    sampling_keys = tuple(f.name for f in dataclasses.fields(sampling_cls) if f.init)
     return StageSpec(
         id=stage_id,
         name=name,
@@ -312,7 +329,7 @@ def _stage(r: _Reader, raw: Any, path: str) -> StageSpec:
             d.get("engine_args"), f"{path}.engine_args", EngineConfig, engine_keys
         ),
         default_sampling=r.fields_of(
-            d.get("default_sampling"), f"{path}.default_sampling", SamplingParams, sampling_keys
+            d.get("default_sampling"), f"{path}.default_sampling", sampling_cls, sampling_keys
         ),
         final_output=final_output,
         final_output_type=output_type,

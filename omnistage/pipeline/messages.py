@@ -40,6 +40,10 @@ class SubmitRequest(_Msg):
     rate the model's feature extractor takes), in placeholder order."""
     images: list[TensorBlob] = msgspec.field(default_factory=list)
     """Entry stage: the prompt's images, decoded by the frontend ([H, W, 3] uint8)."""
+    image_size: list[int] | None = None
+    """`[height, width]` of the image the pipeline will draw (resolved by the frontend from
+    its diffusion stage's parameters), for stages whose prompt depends on it (GLM-Image's
+    prior states the size in its prompt); None when the pipeline draws nothing."""
 
 
 class DeliverPayload(_Msg):
@@ -94,6 +98,8 @@ class StageOutput(_Msg):
     """A piece of a generation stage's output (e.g. a waveform chunk), in order."""
     finished: bool = False
     finish_reason: str | None = None
+    progress: list[int] | None = None
+    """Diffusion stages: `[steps done, steps in all]` after a denoising step."""
 
 
 class PayloadReady(_Msg):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import dataclasses
 import itertools
 import os
 import queue
@@ -34,14 +33,9 @@ from omnistage.pipeline.deploy import (
 from omnistage.pipeline.orchestrator import Orchestrator, PipelineRequest
 from omnistage.pipeline.outputs import OmniRequestOutput
 from omnistage.pipeline.prompt_inputs import PromptReader
-from omnistage.sampling_params import SamplingParams
+from omnistage.pipeline.stage_params import SamplingArg, StageParamsReader
 
 PipelinePrompt = str | Mapping[str, Any]
-SamplingArg = SamplingParams | Mapping[str, SamplingParams] | None
-
-
-def sampling_fields(params: SamplingParams) -> dict[str, Any]:
-    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.init}
 
 
 class _PipelineFrontend:
@@ -68,6 +62,7 @@ class _PipelineFrontend:
         self.deploy = spec
         (entry,) = spec.entry_stages
         self._prompts = PromptReader(entry.with_part_directory().model)
+        self._params = StageParamsReader(spec)
         self._ids = itertools.count()
         self.orchestrator = Orchestrator(spec, secrets.token_hex(4), in_process=in_process)
         atexit.register(self.shutdown)
@@ -92,25 +87,7 @@ class _PipelineFrontend:
                 f"modalities: {unknown[0] if unknown else 'none'!r} cannot be produced by this "
                 f"pipeline; it produces {', '.join(self.modalities)}"
             )
-        (entry,) = self.deploy.entry_stages
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            per_stage = {} if sampling_params is None else {entry.name: sampling_params}
-        elif isinstance(sampling_params, Mapping):
-            per_stage = dict(sampling_params)
-        else:
-            raise ValueError(
-                "sampling_params: expected SamplingParams or {stage name: SamplingParams}"
-            )
-        stages = {s.name for s in self.deploy.stages}
-        for name, params in per_stage.items():
-            if name not in stages:
-                raise ValueError(
-                    f"sampling_params: no stage named {name!r}; stages: {sorted(stages)}"
-                )
-            if not isinstance(params, SamplingParams):
-                raise ValueError(f"sampling_params[{name!r}]: expected SamplingParams")
-            if params.n != 1 and len(stages) > 1:
-                raise ValueError("n: multi-stage pipelines generate one sequence per request")
+        params = self._params.read(sampling_params, inputs.prompt)
         if request_id is not None and (not isinstance(request_id, str) or not request_id):
             raise ValueError("request_id: must be a non-empty string")
         return PipelineRequest(
@@ -119,7 +96,8 @@ class _PipelineFrontend:
             prompt_token_ids=inputs.prompt_token_ids,
             audios=[tensor_to_blob(torch.from_numpy(a)) for a in inputs.audios],
             images=[tensor_to_blob(torch.from_numpy(i)) for i in inputs.images],
-            sampling={name: sampling_fields(p) for name, p in per_stage.items()},
+            sampling=params.per_stage,
+            image_size=params.image_size,
             final_stages=[
                 s.name for s in self.deploy.final_stages if s.final_output_type in wanted
             ],

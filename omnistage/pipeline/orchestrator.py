@@ -63,6 +63,8 @@ class PipelineRequest:
     """Decoded audio clips of the prompt (for the entry stage's encoders)."""
     images: list[TensorBlob] = field(default_factory=list)
     """Decoded images of the prompt."""
+    image_size: list[int] | None = None
+    """`[height, width]` of the image a diffusion stage will draw (see `SubmitRequest`)."""
 
 
 @dataclass
@@ -259,6 +261,7 @@ class Orchestrator:
                 prompt_token_ids=request.prompt_token_ids,
                 audios=request.audios,
                 images=request.images,
+                image_size=request.image_size,
             ),
         )
 
@@ -307,6 +310,7 @@ class Orchestrator:
             else result.text,
             new_token_ids=list(event.new_token_ids),
             new_data=data,
+            progress=None if event.progress is None else tuple(event.progress),
         )
         if all(s in tracked.done for s in finals):
             self._end(tracked, update=update)  # the final output also brings the last piece
@@ -322,8 +326,13 @@ class Orchestrator:
                 text=result.text,
                 prompt_token_ids=list(tracked.request.prompt_token_ids or []),
                 output_token_ids=list(result.token_ids),
+                producer_model=self.deploy.stage(stage).with_part_directory().model,
             )
-            inputs = get_processor(edge.processor).to_prompt(upstream)
+            try:
+                inputs = get_processor(edge.processor).to_prompt(upstream)
+            except ValueError as exc:  # e.g. a thinker that wrote no caption: fail the request
+                self._end(tracked, error=f"stage {edge.dst!r}: {exc}")
+                return
             self._submit(
                 tracked,
                 edge.dst,
@@ -338,8 +347,16 @@ class Orchestrator:
         consumer = event.edge.split("->", 1)[1]
         tracked = self.tracked.get(event.request_id)
         if tracked is not None and consumer not in tracked.started:
+            # A diffusion stage draws the user's prompt with what the producer sent.
+            draws = self.deploy.stage(consumer).kind == "diffusion"
             self._submit(
-                tracked, consumer, SubmitRequest(request_id=event.request_id, wait_for=[event.edge])
+                tracked,
+                consumer,
+                SubmitRequest(
+                    request_id=event.request_id,
+                    wait_for=[event.edge],
+                    prompt=tracked.request.prompt if draws else None,
+                ),
             )
         # Forwarded even for an ended request: the consumer is then not waiting and frees it.
         self.stages.send(

@@ -1,8 +1,10 @@
-"""What a pipeline request returns: per final stage, its text, tokens or data."""
+"""What a pipeline request returns: per final stage, its text, tokens or data (audio,
+images)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -49,6 +51,8 @@ class OmniRequestOutput:
     new_text: str = ""
     new_token_ids: list[int] = field(default_factory=list)
     new_data: torch.Tensor | None = None
+    progress: tuple[int, int] | None = None
+    """A diffusion stage's `(steps done, steps in all)`, on its progress updates."""
 
     def _first(self, modality: str) -> StageResult | None:
         return next((r for r in self.outputs.values() if r.modality == modality), None)
@@ -75,3 +79,21 @@ class OmniRequestOutput:
     def sample_rate(self) -> int | None:
         result = self._first("audio")
         return None if result is None else result.sample_rate
+
+    @property
+    def image_array(self) -> np.ndarray | None:
+        """The image (`[H, W, 3]` uint8 numpy) when the request asked for one."""
+        result = self._first("image")
+        if result is None or result.data is None:
+            return None
+        return result.data.numpy()
+
+    @property
+    def image(self) -> Any:
+        """The image as a `PIL.Image.Image` when the request asked for one."""
+        array = self.image_array
+        if array is None:
+            return None
+        from PIL import Image
+
+        return Image.fromarray(array, "RGB")

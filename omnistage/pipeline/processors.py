@@ -58,6 +58,8 @@ class UpstreamResult:
     text: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
+    producer_model: str | None = None
+    """The producer stage's checkpoint directory (for processors that need its tokenizer)."""
 
 
 class EdgeProcessor:
@@ -89,6 +91,11 @@ class EdgeProcessor:
         """Stream into an AR stage: a later chunk's rows, one per position it generates, and
         with the `last` chunk the fill row of every position after them (or None)."""
         raise ValueError(f"edge processor {self.name!r} does not stream into ar stages")
+
+    def to_prior_tokens(self, payload: Payload) -> torch.Tensor:
+        """Into a diffusion stage: the tokens the producer generated that condition the
+        image (GLM-Image's prior tokens)."""
+        raise ValueError(f"edge processor {self.name!r} does not feed diffusion stages")
 
 
 class TextToPrompt(EdgeProcessor):
@@ -285,6 +292,35 @@ class IdsToCodes(EdgeProcessor):
     input_key = "ids.output"
 
 
+class RecaptionToPrompt(EdgeProcessor):
+    """Think -> recaption -> draw: the caption the producer wrote between `<recaption>` and
+    `</recaption>` (its output tokens decoded with its own tokenizer, special tokens kept
+    for the split, dropped from the caption) is what the diffusion stage draws. A producer
+    that wrote no caption fails the request saying so."""
+
+    name = "recaption_to_prompt"
+
+    def to_prompt(self, upstream: UpstreamResult) -> StageInput:
+        from omnistage.pipeline.recaption import caption_of
+
+        return StageInput(prompt=caption_of(upstream))
+
+
+class PriorTokens(EdgeProcessor):
+    """Every token an autoregressive prior generated (GLM-Image's preview and image grids)
+    conditions the diffusion stage that draws the image."""
+
+    name = "prior_tokens"
+
+    accumulate = {"ids.output": Accumulate.CONCAT}
+
+    def to_prior_tokens(self, payload: Payload) -> torch.Tensor:
+        ids = payload["ids.output"]
+        if ids.numel() == 0:
+            raise ValueError("prior_tokens: the prior generated no tokens")
+        return ids.long()
+
+
 _PROCESSORS: dict[str, type[EdgeProcessor]] = {}
 
 
@@ -318,5 +354,7 @@ for _cls in (
     CodecFrames,
     Qwen3OmniThinkerToTalker,
     Qwen25OmniThinkerToTalker,
+    RecaptionToPrompt,
+    PriorTokens,
 ):
     register_processor(_cls)

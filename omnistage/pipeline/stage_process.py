@@ -53,7 +53,11 @@ def make_stage_core(spec: StageSpec, deploy: DeploySpec, namespace: str) -> Stag
         from omnistage.pipeline.generation_stage import GenerationStageCore
 
         return GenerationStageCore(spec, deploy, namespace)
-    raise ValueError(f"stage {spec.name!r}: kind {spec.kind!r} is not supported yet")
+    if spec.kind == "diffusion":
+        from omnistage.pipeline.diffusion_stage import DiffusionStageCore
+
+        return DiffusionStageCore(spec, deploy, namespace)
+    raise ValueError(f"stage {spec.name!r}: kind {spec.kind!r} is not supported")
 
 
 def ready_message(core: StageCore) -> StageReady:

@@ -7,13 +7,20 @@ if it ends with a trigger followed by the first k tokens of the forced
 sequence (k < len(S)), every logit but S[k]'s becomes -inf. Once the history
 diverges from S, or S is complete, nothing is forced.
 
-Used as a logits processor configured on the engine (`stage_transitions=`),
-or called by a model's own `sample()`.
+Section budgets bound how long a section may run: `{"</think>": {"max_tokens":
+24}, "</recaption>": {"after": "<recaption>", "max_tokens": 32}}` forces
+`</think>` once 24 tokens were generated without one, and `</recaption>` once
+32 tokens followed the last `<recaption>` without one (a thinking budget; it
+also lets a random-weight demo thinker always finish its sections).
+
+Used as a logits processor configured on the engine (`stage_transitions=`,
+`stage_budgets=`), or called by a model's own `sample()`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,8 +28,35 @@ import torch
 TokenSeq = tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class SectionBudget:
+    """Force `close` once `max_tokens` tokens followed the last `after` (or the start of
+    the output, when `after` is None) without a `close`."""
+
+    close: int
+    max_tokens: int
+    after: int | None = None
+
+    def forced_token(self, history: Sequence[int]) -> int | None:
+        start = 0
+        if self.after is not None:
+            opened = [i for i in range(len(history) - 1, -1, -1) if history[i] == self.after]
+            if not opened:
+                return None
+            start = opened[0] + 1
+        section = history[start:]
+        if len(section) < self.max_tokens or self.close in section:
+            return None
+        return self.close
+
+
 class StageTransitions:
-    def __init__(self, rules: Mapping[Sequence[int], Sequence[int]]) -> None:
+    def __init__(
+        self,
+        rules: Mapping[Sequence[int], Sequence[int]],
+        budgets: Sequence[SectionBudget] = (),
+    ) -> None:
+        self.budgets = tuple(budgets)
         self.rules: list[tuple[TokenSeq, TokenSeq]] = []
         for trigger, forced in rules.items():
             trigger, forced = tuple(trigger), tuple(forced)
@@ -35,11 +69,15 @@ class StageTransitions:
 
     @classmethod
     def from_config(
-        cls, config: Mapping[Any, Any], token_to_id: Callable[[str], int | None]
+        cls,
+        config: Mapping[Any, Any],
+        token_to_id: Callable[[str], int | None],
+        budgets: Mapping[Any, Any] | None = None,
     ) -> StageTransitions:
         """Rules given as token strings or ids: {"</think>": ["<recaption>"], ...}.
 
         A key may be one token string, one id, or a tuple of them (a multi-token trigger).
+        `budgets`: {close token: {"max_tokens": N, "after": open token (optional)}}.
         """
 
         def ids(value: Any, what: str) -> list[int]:
@@ -54,7 +92,24 @@ class StageTransitions:
                 out.append(token_id)
             return out
 
-        return cls({tuple(ids(k, "trigger")): ids(v, "forced") for k, v in config.items()})
+        def budget(close: Any, spec: Any) -> SectionBudget:
+            where = f"stage_budgets[{close!r}]"
+            if not isinstance(spec, Mapping) or set(spec) - {"max_tokens", "after"}:
+                raise ValueError(f"{where}: expected {{max_tokens: N, after: token (optional)}}")
+            limit = spec.get("max_tokens")
+            if type(limit) is not int or limit < 0:
+                raise ValueError(f"{where}.max_tokens: expected an integer >= 0, got {limit!r}")
+            if isinstance(close, (list, tuple)):
+                raise ValueError(f"{where}: the close token must be one token")
+            (close_id,) = ids(close, "budget close")
+            after = spec.get("after")
+            after_id = None if after is None else ids(after, "budget after")[0]
+            return SectionBudget(close_id, limit, after_id)
+
+        return cls(
+            {tuple(ids(k, "trigger")): ids(v, "forced") for k, v in config.items()},
+            [budget(k, v) for k, v in (budgets or {}).items()],
+        )
 
     def forced_token(self, history: Sequence[int]) -> int | None:
         """The token the history must continue with, or None."""
@@ -69,6 +124,10 @@ class StageTransitions:
                     break
                 if tuple(tail[start:end]) == trigger and tuple(tail[end:]) == forced[:k]:
                     return forced[k]
+        for budget in self.budgets:
+            token = budget.forced_token(history)
+            if token is not None:
+                return token
         return None
 
     def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Diffusion stages: denoising loops over diffusers noise schedulers, batched step by step."""

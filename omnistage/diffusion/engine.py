@@ -1,0 +1,162 @@
+"""`DiffusionEngine`: continuous batching of denoising loops, one step at a time.
+
+Requests arrive with their prompt, resolved parameters and (for models that
+need them) prior tokens. They wait until there is room (`max_num_seqs`
+running), then are admitted together: one `encode` call for all of them,
+their own noise scheduler each, their initial noise from their own seed.
+
+Every `step()` runs one denoising step for one batch: the running requests of
+the oldest request's kind (equal height, width and step count), oldest
+first, up to `max_batch`, at whatever step each has reached (their
+timesteps go along per row). Each request's latents move with its own
+scheduler, so a request's image depends only on its prompt, parameters and
+seed — not on what shared its steps. A request whose last step ran is
+decoded in the same call (all finishing requests of the batch in one VAE
+call) and leaves the engine.
+
+`abort(request_id)` forgets a request wherever it is; nothing else holds it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnistage.diffusion.model import DiffusionInput, DiffusionModel
+from omnistage.diffusion.params import ResolvedDiffusionParams
+
+
+@dataclass
+class _Running:
+    request_id: str
+    prompt: str
+    params: ResolvedDiffusionParams
+    order: int
+    condition: Any
+    scheduler: Any
+    latents: torch.Tensor
+    step: int = 0
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.scheduler.timesteps)
+
+
+@dataclass
+class DiffusionEvent:
+    """What a step did for one request: a step done (`image` None) or its image."""
+
+    request_id: str
+    prompt: str
+    step: int
+    """Denoising steps done so far."""
+    num_steps: int
+    image: torch.Tensor | None = None
+    """`[H, W, 3]` uint8 when the request finished."""
+    progress: bool = False
+    """The request asked for per-step progress events."""
+
+    @property
+    def finished(self) -> bool:
+        return self.image is not None
+
+
+class DiffusionEngine:
+    def __init__(self, model: DiffusionModel, max_num_seqs: int, max_batch: int | None = None):
+        if max_num_seqs < 1:
+            raise ValueError("max_num_seqs: expected an integer >= 1")
+        self.model = model
+        self.max_num_seqs = max_num_seqs
+        self.max_batch = max_batch or max_num_seqs
+        self.waiting: deque[tuple[str, DiffusionInput, int]] = deque()
+        self.running: dict[str, _Running] = {}
+        self._order = itertools.count()
+        self.num_steps_run = 0
+        """Batched denoising steps run (one transformer call each)."""
+
+    def add_request(self, request_id: str, item: DiffusionInput) -> None:
+        if request_id in self.running or any(r == request_id for r, _, _ in self.waiting):
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        if self.model.needs_prior_tokens and item.prior_token_ids is None:
+            raise ValueError(f"request {request_id!r}: this model needs prior tokens")
+        self.waiting.append((request_id, item, next(self._order)))
+
+    def abort(self, request_id: str) -> None:
+        self.running.pop(request_id, None)
+        if any(r == request_id for r, _, _ in self.waiting):
+            self.waiting = deque(w for w in self.waiting if w[0] != request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def counters(self) -> dict[str, int]:
+        return {"waiting_requests": len(self.waiting), "running_requests": len(self.running)}
+
+    # -- stepping ---------------------------------------------------------------------------
+    def _admit(self) -> None:
+        room = self.max_num_seqs - len(self.running)
+        admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
+        if not admitted:
+            return
+        conditions = self.model.encode([item for _, item, _ in admitted])
+        for (request_id, item, order), condition in zip(admitted, conditions, strict=True):
+            self.running[request_id] = _Running(
+                request_id=request_id,
+                prompt=item.prompt,
+                params=item.params,
+                order=order,
+                condition=condition,
+                scheduler=self.model.new_scheduler(item.params),
+                latents=self.model.initial_latents(item.params),
+            )
+
+    def _next_batch(self) -> list[_Running]:
+        oldest = min(self.running.values(), key=lambda r: r.order)
+        same = [r for r in self.running.values() if r.params.batch_key == oldest.params.batch_key]
+        return sorted(same, key=lambda r: r.order)[: self.max_batch]
+
+    def step(self) -> list[DiffusionEvent]:
+        self._admit()
+        if not self.running:
+            return []
+        batch = self._next_batch()
+        timesteps = torch.stack([r.scheduler.timesteps[r.step] for r in batch])
+        pred = self.model.predict(
+            torch.cat([r.latents for r in batch]),
+            timesteps,
+            [r.condition for r in batch],
+            [r.params.guidance_scale for r in batch],
+        )
+        self.num_steps_run += 1
+        for row, request in enumerate(batch):
+            request.latents = request.scheduler.step(
+                pred[row : row + 1],
+                timesteps[row],
+                request.latents,
+                return_dict=False,
+            )[0]
+            request.step += 1
+        done = [r for r in batch if r.step >= r.num_steps]
+        images = self.model.decode(torch.cat([r.latents for r in done])) if done else None
+        events = []
+        for request in batch:
+            finished = request.step >= request.num_steps
+            image = images[done.index(request)] if finished else None
+            if finished:
+                del self.running[request.request_id]
+            if finished or request.params.progress:
+                events.append(
+                    DiffusionEvent(
+                        request.request_id,
+                        request.prompt,
+                        request.step,
+                        request.num_steps,
+                        image,
+                        request.params.progress,
+                    )
+                )
+        return events

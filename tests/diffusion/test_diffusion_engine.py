@@ -1,0 +1,141 @@
+"""The diffusion engine: step-level batching that never changes an image, aborts, progress,
+and parameter checks (tiny float64 TextDiT)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage.diffusion.engine import DiffusionEngine
+from omnistage.diffusion.model import DiffusionInput, load_diffusion_model
+from omnistage.diffusion.params import DiffusionParams
+from omnistage.testing.tiny_image import save_tiny_text_dit
+
+
+@pytest.fixture(scope="module")
+def dit(tmp_path_factory):
+    path = save_tiny_text_dit(tmp_path_factory.mktemp("dit"), seed=3, dtype=torch.float64)
+    return load_diffusion_model(path, torch.float64)
+
+
+def _item(model, prompt: str, **params) -> DiffusionInput:
+    """Small and short unless asked otherwise: 32x32 pixels, 3 steps."""
+    params = {"height": 32, "width": 32, "num_inference_steps": 3} | params
+    return DiffusionInput(prompt, model.resolve(DiffusionParams(**params), default_seed=0))
+
+
+def _run(engine: DiffusionEngine, items: dict[str, DiffusionInput]) -> dict[str, torch.Tensor]:
+    for request_id, item in items.items():
+        engine.add_request(request_id, item)
+    images = {}
+    while engine.has_work():
+        for event in engine.step():
+            if event.finished:
+                images[event.request_id] = event.image
+    return images
+
+
+def test_same_seed_same_image_alone_and_in_a_batch(dit) -> None:
+    items = {
+        f"r{i}": _item(dit, f"a red cat {i}", seed=100 + i, guidance_scale=[1.0, 4.5][i % 2])
+        for i in range(6)
+    }
+    batched = DiffusionEngine(dit, max_num_seqs=8)
+    together = _run(batched, items)
+    assert batched.num_steps_run == 3  # all six shared every step
+    for request_id, item in items.items():
+        alone = _run(DiffusionEngine(dit, max_num_seqs=1), {request_id: item})[request_id]
+        assert alone.shape == (32, 32, 3) and alone.dtype == torch.uint8
+        assert torch.equal(alone, together[request_id])
+    assert not torch.equal(together["r0"], together["r2"])  # seeds and prompts matter
+
+
+def test_requests_join_running_batches_at_any_step(dit) -> None:
+    """Continuous batching: a request arriving mid-way shares later steps at its own
+    timestep and still gets the image it gets alone."""
+    first, late = _item(dit, "first", seed=1), _item(dit, "late", seed=2)
+    engine = DiffusionEngine(dit, max_num_seqs=4)
+    engine.add_request("first", first)
+    engine.step()
+    engine.step()
+    images = _run(engine, {"late": late})
+    assert engine.num_steps_run == 2 + 3  # the late one shared the first's last step
+    for request_id, item in (("first", first), ("late", late)):
+        alone = _run(DiffusionEngine(dit, max_num_seqs=1), {request_id: item})[request_id]
+        assert torch.equal(alone, images[request_id])
+
+
+def test_only_requests_of_one_size_and_step_count_share_a_step(dit) -> None:
+    items = {
+        "wide": _item(dit, "a", seed=1, width=64),
+        "square": _item(dit, "b", seed=2),
+        "longer": _item(dit, "c", seed=3, num_inference_steps=4),
+    }
+    engine = DiffusionEngine(dit, max_num_seqs=8)
+    images = _run(engine, items)
+    assert images["wide"].shape == (32, 64, 3)
+    assert engine.num_steps_run == 3 + 3 + 4
+    for request_id, item in items.items():
+        alone = _run(DiffusionEngine(dit, max_num_seqs=1), {request_id: item})[request_id]
+        assert torch.equal(alone, images[request_id])
+
+
+def test_waiting_requests_are_admitted_as_room_frees(dit) -> None:
+    engine = DiffusionEngine(dit, max_num_seqs=2)
+    items = {f"r{i}": _item(dit, "x", seed=i, num_inference_steps=2) for i in range(5)}
+    for request_id, item in items.items():
+        engine.add_request(request_id, item)
+    engine.step()
+    assert engine.counters() == {"waiting_requests": 3, "running_requests": 2}
+    assert set(_run(engine, {})) == set(items)
+    assert engine.counters() == {"waiting_requests": 0, "running_requests": 0}
+
+
+def test_abort_mid_denoising_frees_the_request(dit) -> None:
+    engine = DiffusionEngine(dit, max_num_seqs=1)
+    engine.add_request("a", _item(dit, "a", seed=1))
+    engine.add_request("b", _item(dit, "b", seed=2))
+    engine.step()
+    assert engine.counters() == {"waiting_requests": 1, "running_requests": 1}
+    engine.abort("a")  # running, mid-way
+    engine.abort("b")  # still waiting
+    engine.abort("b")  # twice is harmless
+    assert engine.counters() == {"waiting_requests": 0, "running_requests": 0}
+    assert not engine.has_work() and engine.step() == []
+    engine.add_request("a", _item(dit, "a", seed=1))  # the id is free again
+    assert set(_run(engine, {})) == {"a"}
+
+
+def test_progress_events_count_every_step(dit) -> None:
+    engine = DiffusionEngine(dit, max_num_seqs=2)
+    engine.add_request("p", _item(dit, "p", seed=1, num_inference_steps=4, progress=True))
+    engine.add_request("q", _item(dit, "q", seed=2, num_inference_steps=4))
+    events = []
+    while engine.has_work():
+        events += engine.step()
+    progress = [(e.step, e.num_steps, e.finished) for e in events if e.request_id == "p"]
+    assert progress == [(1, 4, False), (2, 4, False), (3, 4, False), (4, 4, True)]
+    assert [e.finished for e in events if e.request_id == "q"] == [True]
+
+
+def test_bad_parameters_name_the_field(dit) -> None:
+    for fields, field in [
+        ({"num_inference_steps": 0}, "num_inference_steps"),
+        ({"guidance_scale": -1.0}, "guidance_scale"),
+        ({"guidance_scale": float("nan")}, "guidance_scale"),
+        ({"height": 64.0}, "height"),
+        ({"seed": -1}, "seed"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            DiffusionParams(**fields)
+    with pytest.raises(ValueError, match="nope: not a diffusion parameter"):
+        DiffusionParams.from_fields({"nope": 1})
+    for size, field in [({"height": 48 + 2}, "height"), ({"width": 4096}, "width")]:
+        with pytest.raises(ValueError, match=f"{field}: .* is not supported"):
+            dit.resolve(DiffusionParams(**size), 0)
+    with pytest.raises(ValueError, match="prompt: .* text-encoder tokens"):
+        dit.check_prompt("x" * (dit.max_text_tokens + 1))
+    engine = DiffusionEngine(dit, max_num_seqs=1)
+    engine.add_request("dup", _item(dit, "a"))
+    with pytest.raises(ValueError, match="request_id"):
+        engine.add_request("dup", _item(dit, "a"))
