@@ -217,7 +217,7 @@ def test_every_platform_runner_reaches_the_model_sampler(name, think_ckpt):
 
 def test_section_budgets_force_the_close_token() -> None:
     """A thinking budget: `</think>` after 3 thought tokens; `</recaption>` 2 tokens after the
-    last `<recaption>`; nothing forced once a section is closed."""
+    `<recaption>` that opened the caption; nothing forced once a section is closed."""
     ids = {"</think>": 10, "<recaption>": 11, "</recaption>": 12}
     transitions = StageTransitions.from_config(
         {"</think>": ["<recaption>"]},
@@ -229,7 +229,9 @@ def test_section_budgets_force_the_close_token() -> None:
     assert transitions.forced_token([1, 2, 3, 10]) == 11  # the rule, before any budget
     assert transitions.forced_token([1, 2, 3, 10, 11, 4]) is None
     assert transitions.forced_token([1, 2, 3, 10, 11, 4, 5]) == 12
+    assert transitions.forced_token([1, 2, 3, 10, 11, 11, 5]) == 12  # a second open: no restart
     assert transitions.forced_token([1, 2, 3, 10, 11, 4, 5, 12, 6, 7, 8]) is None
+    assert transitions.forced_token([1, 2, 3, 10, 11, 4, 5, 12, 11, 6, 7]) == 12  # reopened
     logits = torch.zeros(1, 16)
     transitions.apply(logits, [[1, 2, 3]])
     assert logits[0].argmax() == 10 and torch.isinf(logits[0, :10]).all()

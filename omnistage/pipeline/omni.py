@@ -125,13 +125,25 @@ class Omni(_PipelineFrontend):
     def generate(
         self,
         prompts: PipelinePrompt | Sequence[PipelinePrompt],
-        sampling_params: SamplingArg = None,
+        sampling_params: SamplingArg | list[SamplingArg] = None,
         modalities: Sequence[str] | None = None,
     ) -> list[OmniRequestOutput]:
-        """Final outputs in prompt order; a request that failed has `error` set."""
+        """Final outputs in prompt order; a request that failed has `error` set.
+        `sampling_params` may be a list, one entry per prompt."""
         single = isinstance(prompts, str | Mapping)
         batch = [prompts] if single else list(prompts)
-        requests = [self._request(p, sampling_params, modalities, None) for p in batch]
+        if isinstance(sampling_params, list):  # one per prompt, as vLLM's LLM takes them
+            if len(sampling_params) != len(batch):
+                raise ValueError(
+                    f"sampling_params: {len(sampling_params)} given for {len(batch)} prompts"
+                )
+            per_prompt = sampling_params
+        else:
+            per_prompt = [sampling_params] * len(batch)
+        requests = [
+            self._request(p, params, modalities, None)
+            for p, params in zip(batch, per_prompt, strict=True)
+        ]
         finished: queue.SimpleQueue[OmniRequestOutput] = queue.SimpleQueue()
 
         def sink(output: OmniRequestOutput) -> None:

@@ -10,8 +10,9 @@ diverges from S, or S is complete, nothing is forced.
 Section budgets bound how long a section may run: `{"</think>": {"max_tokens":
 24}, "</recaption>": {"after": "<recaption>", "max_tokens": 32}}` forces
 `</think>` once 24 tokens were generated without one, and `</recaption>` once
-32 tokens followed the last `<recaption>` without one (a thinking budget; it
-also lets a random-weight demo thinker always finish its sections).
+32 tokens followed the `<recaption>` that opened the caption without one (a
+thinking budget; it also lets a random-weight demo thinker always finish its
+sections).
 
 Used as a logits processor configured on the engine (`stage_transitions=`,
 `stage_budgets=`), or called by a model's own `sample()`.
@@ -30,22 +31,24 @@ TokenSeq = tuple[int, ...]
 
 @dataclass(frozen=True)
 class SectionBudget:
-    """Force `close` once `max_tokens` tokens followed the last `after` (or the start of
-    the output, when `after` is None) without a `close`."""
+    """Force `close` once `max_tokens` tokens followed the opening `after` of the open
+    section (the first `after` since the last `close`) without a `close`; with `after`
+    None, once the output's first `max_tokens` tokens went by without one."""
 
     close: int
     max_tokens: int
     after: int | None = None
 
     def forced_token(self, history: Sequence[int]) -> int | None:
-        start = 0
-        if self.after is not None:
-            opened = [i for i in range(len(history) - 1, -1, -1) if history[i] == self.after]
-            if not opened:
+        if self.after is None:  # the section opens with the output and closes once
+            if len(history) < self.max_tokens or self.close in history:
                 return None
-            start = opened[0] + 1
-        section = history[start:]
-        if len(section) < self.max_tokens or self.close in section:
+            return self.close
+        # The open section starts at the first `after` since the last `close` (a repeated
+        # `after` inside it does not restart the budget).
+        closed = max((i for i, t in enumerate(history) if t == self.close), default=-1)
+        start = next((i for i in range(closed + 1, len(history)) if history[i] == self.after), None)
+        if start is None or len(history) - (start + 1) < self.max_tokens:
             return None
         return self.close
 

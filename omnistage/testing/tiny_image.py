@@ -134,3 +134,11 @@ def make_tiny_image_pipeline(path: Path, seed: int = 0, dtype: torch.dtype = tor
     save_tiny_thinker(path / "thinker", seed, dtype)
     save_tiny_text_dit(path, seed + 1, dtype)
     return path
+
+
+def tiny_image_deploy(path: Path, *, dtype: str = "float64", async_scheduling: bool = True):
+    """The packaged demo-image deploy serving the checkpoint at `path` in `dtype`."""
+    from omnistage.pipeline.deploy import load_deploy, packaged_deploy_path
+
+    spec = load_deploy(packaged_deploy_path("demo-image")).with_model(str(path))
+    return spec.with_engine_args({"dtype": dtype, "async_scheduling": async_scheduling})
