@@ -227,6 +227,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from omnistage.benchmarks import omni
 
         return omni.main(args)
+    if args.bench == "image":
+        from omnistage.benchmarks import image
+
+        return image.main(args)
     from omnistage.benchmarks import throughput
 
     return throughput.main(args)
@@ -291,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     omni.add_arguments(om)
     om.set_defaults(func=cmd_bench)
+    im = bench_sub.add_parser(
+        "image", help="images out on demo-image: step-level batching vs one at a time"
+    )
+    from omnistage.benchmarks import image
+
+    image.add_arguments(im)
+    im.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -33,7 +33,7 @@ DRAW_SETTINGS = {
     "default_guidance": 4.0,
     "min_size": 32,
     "max_size": 256,
-    "max_text_tokens": 256,
+    "max_text_tokens": 128,
 }
 TEXT_WIDTH = 32
 
