@@ -548,7 +548,7 @@ def test_write_safetensors_shards(tmp_path, monkeypatch):
 def test_unknown_name_and_missing_path(tmp_path):
     with pytest.raises(
         ValueError,
-        match=r"model: 'foo' is neither a built-in model \(demo-omni, smollm2\) nor an existing path",
+        match=r"model: 'foo' is neither a built-in model \(demo-image, demo-omni, smollm2\) nor an existing path",
     ):
         resolve_model("foo")
     missing = str(tmp_path / "nope")

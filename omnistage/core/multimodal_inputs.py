@@ -1,10 +1,16 @@
 """`MultimodalDecoderInputs`: what a multimodal prompt asks of the decoder besides its
-input embeddings (Qwen3-Omni's thinker with images; docs/qwen3_omni_reference.md §2).
+input embeddings (Qwen3-Omni's thinker with images; docs/qwen3_omni_reference.md §2;
+GLM-Image's prior, docs/glm_image_prior.md).
 
 - **3-D rotary positions** (mrope): prompt token `i` rotates with the (T, H, W)
   positions `mrope_positions[:, i]`; every later token `i` (0-based over prompt +
   outputs) with `i + rope_delta` in all three rows. The KV slot and the causal mask
   still follow the sequence index `i`.
+- **Generated-token positions** (`decode_positions`, GLM-Image): instead of
+  `i + rope_delta`, generated token `j` (0-based over outputs, i.e. sequence index
+  `L + j` for an `L`-token prompt) rotates with `decode_positions[:, j]`, the image
+  grids' (T, H, W) positions the model writes its tokens into; a token past the table
+  takes its last column (transformers' batched `generate` pads the table so).
 - **Deepstack**: after decoder layer `k` (`k < len(deepstack_embeds)`), row `j` of
   `deepstack_embeds[k]` is added to the hidden state of the `j`-th prompt position
   where `visual_pos_mask` is set.
@@ -36,6 +42,7 @@ class MultimodalDecoderData(msgspec.Struct, kw_only=True):
     rope_delta: int = 0
     visual_pos_mask: TensorBlob | None = None
     deepstack_embeds: TensorBlob | None = None
+    decode_positions: TensorBlob | None = None
 
 
 def _blob(t: torch.Tensor | None) -> TensorBlob | None:
@@ -59,6 +66,10 @@ class MultimodalDecoderInputs:
     deepstack_embeds: torch.Tensor | None = None
     """`[num_layers_k, visual_pos_mask.sum(), hidden]`: row `j` of `[k]` is added after decoder
     layer `k` to the `j`-th position of `visual_pos_mask`."""
+    decode_positions: torch.Tensor | None = None
+    """`[3, N]` int64 (T, H, W) rotary position of generated token `j` (0-based over the
+    outputs) in column `j`; tokens past column `N - 1` take column `N - 1`. None: `i +
+    rope_delta`."""
     _digest: bytes | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -74,6 +85,13 @@ class MultimodalDecoderInputs:
             visual_pos_mask=prompt.visual_pos_mask if deepstack else None,
             deepstack_embeds=torch.stack(deepstack) if deepstack else None,
         )
+
+    def output_positions(self, first: int, count: int) -> torch.Tensor:
+        """`[3, count]` rotary positions of generated tokens `first .. first + count - 1`
+        (needs `decode_positions`; columns past the table repeat its last one)."""
+        table = self.decode_positions
+        index = torch.arange(first, first + count).clamp_(max=table.shape[1] - 1)
+        return table[:, index]
 
     @property
     def num_deepstack_layers(self) -> int:
@@ -108,6 +126,7 @@ class MultimodalDecoderInputs:
                 raise ValueError(f"{name}: rope_delta must be an integer <= 0")
         elif self.rope_delta != 0:
             raise ValueError(f"{name}: rope_delta without mrope_positions")
+        self._check_decode_positions(max_positions, supports_mrope)
         if (mask is None) != (feats is None):
             raise ValueError(f"{name}: visual_pos_mask and deepstack_embeds go together")
         if feats is None:
@@ -134,12 +153,30 @@ class MultimodalDecoderInputs:
                 f"{name}: {feats.shape[0]} deepstack layers for a {num_layers}-layer decoder"
             )
 
+    def _check_decode_positions(self, max_positions: int, supports_mrope: bool) -> None:
+        name, table = "mm_decoder_inputs: decode_positions", self.decode_positions
+        if table is None:
+            return
+        if not supports_mrope:
+            raise ValueError(f"{name}: this model does not take 3-D (mrope) positions")
+        if not isinstance(table, torch.Tensor) or table.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"{name}: must be an integer torch.Tensor")
+        if table.ndim != 2 or table.shape[0] != 3 or table.shape[1] < 1:
+            raise ValueError(f"{name}: expected shape (3, N) with N >= 1, got {tuple(table.shape)}")
+        if int(table.min()) < 0 or int(table.max()) >= max_positions:
+            raise ValueError(f"{name}: positions must lie in [0, {max_positions})")
+        if self.rope_delta != 0:
+            raise ValueError(f"{name}: give either decode_positions or rope_delta, not both")
+
     def digest(self) -> bytes:
         """A hash of everything here (salts the prefix-cache block hashes)."""
         if self._digest is None:
             h = hashlib.blake2b(digest_size=16)
             h.update(str(self.rope_delta).encode())
-            for t in (self.mrope_positions, self.visual_pos_mask, self.deepstack_embeds):
+            tensors = (self.mrope_positions, self.visual_pos_mask, self.deepstack_embeds)
+            if self.decode_positions is not None:  # unchanged digests for inputs without one
+                tensors += (self.decode_positions,)
+            for t in tensors:
                 if t is None:
                     h.update(b"-")
                     continue
@@ -155,6 +192,7 @@ class MultimodalDecoderInputs:
             rope_delta=self.rope_delta,
             visual_pos_mask=_blob(self.visual_pos_mask),
             deepstack_embeds=_blob(self.deepstack_embeds),
+            decode_positions=_blob(self.decode_positions),
         )
 
     @classmethod
@@ -164,9 +202,11 @@ class MultimodalDecoderInputs:
         """The runner's copy: positions and mask on the CPU (step inputs are built there),
         deepstack features on `device` in the model's `dtype`."""
         pos, feats = _tensor(data.mrope_positions), _tensor(data.deepstack_embeds)
+        table = _tensor(data.decode_positions)
         return cls(
             mrope_positions=None if pos is None else pos.long(),
             rope_delta=data.rope_delta,
             visual_pos_mask=_tensor(data.visual_pos_mask),
             deepstack_embeds=None if feats is None else feats.to(device, dtype),
+            decode_positions=None if table is None else table.long(),
         )

@@ -75,7 +75,8 @@ class Request:
     """[num_prompt_tokens, hidden] embeddings used instead of the prompt's token embeddings
     (a stage conditioned on another stage's hidden states)."""
     mm_decoder_inputs: MultimodalDecoderInputs | None = None
-    """3-D rotary positions and deepstack features of a multimodal prompt (images)."""
+    """3-D rotary positions (prompt, and generated tokens with `decode_positions`) and
+    deepstack features of a multimodal prompt (images, GLM-Image's target grids)."""
 
     stream_conditioning: bool = False
     """The request takes one conditioning row per position after its prompt (added to that

@@ -29,7 +29,8 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     prompt_embeds: TensorBlob | None = None
     """Embeddings replacing the prompt's token embeddings, when the request has them."""
     mm_decoder_inputs: MultimodalDecoderData | None = None
-    """3-D rotary positions and deepstack features of a multimodal prompt, when it has them."""
+    """3-D rotary positions (prompt and generated tokens) and deepstack features of a
+    multimodal prompt, when it has them (sent whole again after a preemption)."""
     stream_conditioning: bool = False
     conditioning: TensorBlob | None = None
     """Every conditioning row received so far (stream-conditioned requests)."""

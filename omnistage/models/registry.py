@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from omnistage.models.base import CausalLM
+from omnistage.models.glm_image import GlmImagePrior
 from omnistage.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 from omnistage.models.moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from omnistage.models.qwen3_omni_talker import Qwen3OmniTalker, Qwen3OmniThinker
@@ -29,6 +30,7 @@ for _cls in (
     Qwen3OmniTalker,
     Qwen25OmniThinker,
     Qwen25OmniTalker,
+    GlmImagePrior,
 ):
     register_model(_cls)
 
@@ -48,3 +50,11 @@ def model_class_for(hf_config: Any) -> type[CausalLM]:
         f"architectures: {archs or 'none given'} is not supported; "
         f"supported: {', '.join(supported_architectures())}"
     )
+
+
+def engine_config(hf_config: Any) -> Any:
+    """The config an engine serves `hf_config`'s checkpoint with: the checkpoint's own, or,
+    for a composite checkpoint whose decoder is one of its sub-configs (GLM-Image's prior:
+    `text_config`), the view its model class's `engine_config_for` gives."""
+    view = getattr(model_class_for(hf_config), "engine_config_for", None)
+    return hf_config if view is None else view(hf_config)

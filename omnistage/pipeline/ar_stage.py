@@ -10,6 +10,7 @@ accumulator — so only confirmed tokens and hidden states ever reach a payload
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -20,6 +21,7 @@ from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.tensor_blob import blob_to_tensor
 from omnistage.engine.llm_engine import LLMEngine
+from omnistage.models.glm_image import is_glm_image_prior
 from omnistage.pipeline.accumulator import HIDDEN_KEY, RequestAccumulator
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import (
@@ -63,6 +65,9 @@ class ARStageCore(StageCore):
         self.accumulators: dict[str, RequestAccumulator] = {}
         self.num_sent_tokens: dict[str, int] = {}
         self.media_encoder: Any = None
+        self.glm_image_prior = is_glm_image_prior(self.engine.hf_config)
+        """GLM-Image's prior: text prompts are built for the request's `image_size`."""
+        self.glm_image_prompter: Any = None
         self.failed: dict[str, str] = {}
         """Requests whose outputs could not be collected this step (failed, not the stage)."""
 
@@ -81,6 +86,8 @@ class ARStageCore(StageCore):
         if payloads:
             ((edge, payload),) = payloads.items()
             inputs = self.incoming[edge][1].to_input(payload)
+        elif self.glm_image_prior:
+            inputs, params = self._glm_image_input(msg, params)
         elif msg.audios or msg.images:
             inputs = self._encode_media(msg)
         else:
@@ -144,6 +151,36 @@ class ARStageCore(StageCore):
             mm_decoder_inputs=MultimodalDecoderInputs.from_encoded_prompt(encoded),
             image_grid_thw=encoded.image_grid_thw,
         )
+
+    def _glm_image_input(
+        self, msg: SubmitRequest, params: SamplingParams
+    ) -> tuple[StageInput, SamplingParams]:
+        """GLM-Image's prior: the prompt with the target grids of `msg.image_size` and the
+        3-D positions of what it writes; it writes exactly the grids' tokens plus the end
+        token, whatever `max_tokens` the request asked for (the prompter loads on first use)."""
+        if msg.images:
+            raise ValueError(
+                f"images: stage {self.name!r} (GLM-Image prior) does not support "
+                "image-to-image prompts"
+            )
+        if msg.prompt is None:
+            raise ValueError(f"prompt: stage {self.name!r} (GLM-Image prior) needs a text prompt")
+        size = msg.image_size
+        if size is None or len(size) != 2:
+            raise ValueError(
+                f"image_size: stage {self.name!r} (GLM-Image prior) needs the size of the "
+                f"image to draw as [height, width], got {size!r}"
+            )
+        if self.glm_image_prompter is None:
+            from omnistage.models.glm_image_prompt import GlmImagePriorPrompter
+
+            self.glm_image_prompter = GlmImagePriorPrompter.from_checkpoint(
+                self.engine.model_files.path
+            )
+        height, width = size
+        inputs = self.glm_image_prompter.build(msg.prompt, height, width)
+        budget = self.glm_image_prompter.max_new_tokens(height, width)
+        return inputs, dataclasses.replace(params, max_tokens=budget)
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
         entry = self.coordinator.arrived(msg.request_id, msg.edge, payload, msg.last)

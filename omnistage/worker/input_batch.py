@@ -37,8 +37,9 @@ class RequestState:
     prompt_embeds: torch.Tensor | None = None
     """Embeddings used instead of the prompt's token embeddings (conditioned stages)."""
     mm_decoder_inputs: MultimodalDecoderInputs | None = None
-    """3-D rotary positions and deepstack features of a multimodal prompt (positions and
-    mask on the CPU, features on the model's device)."""
+    """3-D rotary positions (of the prompt and, with `decode_positions`, of the generated
+    tokens) and deepstack features of a multimodal prompt (positions and mask on the CPU,
+    features on the model's device)."""
     conditioning: torch.Tensor | None = None
     """Stream-conditioned requests: rows added to the input embeddings of the positions
     after the prompt, one per position (positions past the last row get none)."""

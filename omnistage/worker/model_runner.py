@@ -91,7 +91,8 @@ class ModelRunner:
         self._own_embeds: set[str] = set()
         """Requests that bring input embeddings (prompt embeddings, conditioning rows)."""
         self._mrope: set[str] = set()
-        """Requests with 3-D rotary positions (an empty set: every step keeps 1-D positions)."""
+        """Requests with 3-D rotary positions of their prompt or outputs (an empty set: every
+        step keeps 1-D positions)."""
         self._deepstack: set[str] = set()
         """Requests with deepstack features."""
         self.sampler = Sampler()
@@ -142,7 +143,7 @@ class ModelRunner:
                     new.mm_decoder_inputs, self.device, self.model.dtype
                 )
                 state.mm_decoder_inputs = mm
-                if mm.mrope_positions is not None:
+                if mm.mrope_positions is not None or mm.decode_positions is not None:
                     self._mrope.add(new.req_id)
                 if mm.deepstack_embeds is not None:
                     self._deepstack.add(new.req_id)
@@ -215,29 +216,36 @@ class ModelRunner:
         pos: np.ndarray,
     ) -> np.ndarray:
         """Rotary positions of the step's tokens when some request has 3-D positions: a
-        prompt token `i` of such a request takes `mrope_positions[:, i]`, a later token
-        `i + rope_delta`, every other token its sequence index. [3, T] when a scheduled token
-        lies in such a prompt, else [T] (decode steps stay 1-D)."""
-        out, prompt_parts = pos, []
+        prompt token `i` of such a request takes `mrope_positions[:, i]`, a generated token
+        `j` `decode_positions[:, j]` (GLM-Image) or else its sequence index plus
+        `rope_delta`, every other token its sequence index. [3, T] when a scheduled token
+        takes 3-D positions, else [T] (Qwen decode steps stay 1-D)."""
+        out, parts = pos, []
         for req_id in self._mrope:
             row = self.batch.req_id_to_row[req_id]
             i = int(np.searchsorted(rows, row))
             if i == len(rows) or rows[i] != row:
                 continue  # not scheduled this step
-            mm = self.batch.states[row].mm_decoder_inputs
+            state = self.batch.states[row]
+            mm = state.mm_decoder_inputs
             f, n, s = int(first[i]), int(counts[i]), int(starts[i])
-            length = mm.mrope_positions.shape[1]
-            if mm.rope_delta and s + n > length:
+            length = len(state.prompt_token_ids)
+            if s < length and mm.mrope_positions is not None:
+                parts.append((f, mm.mrope_positions[:, s : min(s + n, length)]))
+            if s + n <= length:
+                continue
+            out_at = f + max(length - s, 0)  # flat index of the first generated token
+            if mm.decode_positions is not None:
+                parts.append((out_at, mm.output_positions(max(s - length, 0), f + n - out_at)))
+            elif mm.rope_delta:
                 if out is pos:
                     out = pos.copy()
-                out[f + max(length - s, 0) : f + n] += mm.rope_delta
-            if s < length:
-                prompt_parts.append((f, s, min(s + n, length), mm.mrope_positions))
-        if not prompt_parts:
+                out[out_at : f + n] += mm.rope_delta
+        if not parts:
             return out
         out = np.repeat(out[None], 3, axis=0)
-        for f, s, e, mrope in prompt_parts:
-            out[:, f : f + e - s] = mrope[:, s:e].numpy()
+        for at, positions in parts:
+            out[:, at : at + positions.shape[1]] = positions.numpy()
         return out
 
     def _deepstack_rows(self, inputs: StepInputs) -> DeepstackRows | None:
