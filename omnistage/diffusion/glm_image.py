@@ -239,8 +239,14 @@ class GlmImageDecoder(DiffusionModel):
         return cls(
             tokenizer=tokenizer,
             text_encoder=ready(T5EncoderModel.from_pretrained(path / "text_encoder", dtype=dtype)),
-            transformer=ready(Transformer.from_pretrained(path / "transformer", dtype=dtype)),
-            vae=ready(AutoencoderKL.from_pretrained(path / "vae", dtype=dtype)),
+            transformer=ready(
+                Transformer.from_pretrained(
+                    path / "transformer", dtype=dtype, low_cpu_mem_usage=False
+                )
+            ),
+            vae=ready(
+                AutoencoderKL.from_pretrained(path / "vae", dtype=dtype, low_cpu_mem_usage=False)
+            ),
             scheduler_config=dict(FlowMatchEulerDiscreteScheduler.load_config(path / "scheduler")),
             limits=_limits(path, tokenizer),
             device=device,

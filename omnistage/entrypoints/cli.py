@@ -73,7 +73,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
         spec = deploy_for_model(args.model)
         if len(spec.stages) > 1:  # an omni checkpoint or demo: its packaged pipeline
-            args.deploy, args.model, args.chat = spec, None, True
+            args.deploy, args.model = spec, None
+            args.chat = not _entry_builds_its_prompt(spec)
     if args.deploy is not None:
         return _generate_pipeline(args)
     from omnistage import LLM, SamplingParams
@@ -159,6 +160,17 @@ def _thought_and_caption(omni, out):
             model = omni.deploy.stage(edge.src).with_part_directory().model
             return split_thought(model, out.outputs[edge.src].token_ids)
     return None
+
+
+def _entry_builds_its_prompt(spec) -> bool:
+    """Whether the entry stage renders the prompt itself (GLM-Image's prior states the
+    image size in its prompt): the CLI then passes the text as it is."""
+    from omnistage.models.glm_image import is_glm_image_prior
+    from omnistage.models.loader import load_hf_config, resolve_model
+
+    (entry,) = spec.entry_stages
+    files = resolve_model(entry.with_part_directory().model)
+    return (files.path / "config.json").is_file() and is_glm_image_prior(load_hf_config(files))
 
 
 def _chat_prompt(omni, content: str) -> str:

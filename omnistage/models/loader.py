@@ -120,11 +120,22 @@ def load_hf_config(files: ModelFiles) -> transformers.PretrainedConfig:
 
 
 def load_tokenizer(files: ModelFiles) -> transformers.PreTrainedTokenizerBase:
-    """The tokenizer of the checkpoint, with its chat template (local files only)."""
+    """The tokenizer of the checkpoint, with its chat template (local files only).
+
+    A part of a diffusers-layout checkpoint without tokenizer files of its own (GLM-Image's
+    `vision_language_encoder/`) uses its sibling `processor/` folder's."""
+    path = Path(files.path)
+    sibling = path.parent / "processor"
+    if (
+        not any(path.glob("tokenizer*"))
+        and (path.parent / "model_index.json").is_file()
+        and sibling.is_dir()
+    ):
+        path = sibling
     try:
-        return transformers.AutoTokenizer.from_pretrained(files.path, local_files_only=True)
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{files.path}: cannot load the tokenizer ({e})") from e
+        raise ValueError(f"{path}: cannot load the tokenizer ({e})") from e
 
 
 def safetensors_files(path: Path) -> list[Path]:

@@ -232,3 +232,20 @@ def save_tiny_glm_image_processor(path: Path | str) -> Path:
     (path / "processor_config.json").write_text(json.dumps(processor_config, indent=2) + "\n")
     (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
     return path
+
+
+def make_tiny_glm_image(
+    path: Path | str, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> Path:
+    """A whole tiny GLM-Image checkpoint in the real diffusers layout: the prior in
+    `vision_language_encoder/`, its tokenizer and processor in `processor/`, the decoder's
+    components (`transformer/`, `vae/`, `text_encoder/`, `tokenizer/`, `scheduler/`) and
+    `model_index.json` naming `GlmImagePipeline` with all seven."""
+    from omnistage.testing.tiny_glm_image_decoder import save_tiny_glm_image_decoder
+
+    path = Path(path)
+    save_tiny_glm_image_prior(
+        path / "vision_language_encoder", dtype, seed, processor_path=path / "processor"
+    )
+    save_tiny_glm_image_decoder(path, dtype, seed + 1, prior_vocab_size=NUM_IMAGE_CODES)
+    return path
