@@ -5,7 +5,8 @@ words, submitted at once through `AsyncOmni` to the packaged demo-image
 pipeline (a process per stage, random weights made locally once; nothing is
 downloaded). The thinker (tiny llama, temperature 1, seeded) writes a 24-token
 thought and a 32-token caption (its section budgets); the draw stage (T5 text
-encoder, PixArt DiT, VAE, flow-matching Euler) draws each caption at
+encoder, PixArt DiT with 4x4 patches, VAE, flow-matching Euler; 2 torch threads)
+draws each caption at
 `--size` x `--size` pixels in `--steps` steps with guidance 4 (a conditional and
 an unconditional row per image and step).
 
@@ -45,7 +46,7 @@ TARGET = 2.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--size", type=int, default=64, help="image height and width")
-    parser.add_argument("--steps", type=int, default=20, help="denoising steps")
+    parser.add_argument("--steps", type=int, default=50, help="denoising steps (diffusers' usual)")
     parser.add_argument("--repeat", type=int, default=2, help="interleaved runs; best reported")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -118,7 +119,8 @@ def main(args: argparse.Namespace) -> int:
         f"thinker, T5 + PixArt DiT + VAE, float32), {args.concurrency} concurrent chat prompts "
         "of 4-8 random words, thinker 24-token thought + 32-token caption (temperature 1, "
         f"seeded), {args.size}x{args.size} images, {args.steps} flow-matching steps, guidance 4, "
-        "a process per stage; batched: up to 8 requests per denoising step; one at a time: "
+        "a process per stage (draw: 2 torch threads); batched: up to 8 requests per "
+        "denoising step; one at a time: "
         "max_num_seqs 1 (a diffusers pipeline call per image)"
     )
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"

@@ -204,9 +204,11 @@ class TextDiT(DiffusionModel):
             return_dict=False,
         )[0]
         pred = out[: latents.shape[0]].clone()
-        for k, i in enumerate(guided):
-            uncond = out[latents.shape[0] + k]
-            pred[i] = uncond + guidance_scales[i] * (pred[i] - uncond)
+        if guided:
+            uncond = out[latents.shape[0] :]
+            scales = torch.tensor([guidance_scales[i] for i in guided], dtype=out.dtype)
+            scales = scales.to(out.device).view(-1, *[1] * (out.dim() - 1))
+            pred[guided] = uncond + scales * (pred[guided] - uncond)
         return pred
 
     @torch.inference_mode()

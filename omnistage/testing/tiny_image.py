@@ -90,7 +90,7 @@ def save_tiny_text_dit(path: Path, seed: int = 0, dtype: torch.dtype = torch.flo
         num_layers=2,
         cross_attention_dim=32,
         sample_size=DRAW_SETTINGS["default_size"] // 2,
-        patch_size=2,
+        patch_size=4,
         caption_channels=TEXT_WIDTH,
         use_additional_conditions=False,
     ).to(dtype)
