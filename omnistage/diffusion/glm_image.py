@@ -214,6 +214,7 @@ class GlmImageDecoder(DiffusionModel):
         self.transformer, self.vae = transformer, vae
         self.scheduler_config = scheduler_config
         self.vae_scale = 2 ** (len(vae.config.block_out_channels) - 1)
+        self.latent_channels = int(transformer.config.in_channels)
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale)
         for name in ("default_height", "default_width", "default_steps", "default_guidance"):
             setattr(self, name, getattr(limits, name))
@@ -329,13 +330,6 @@ class GlmImageDecoder(DiffusionModel):
         )
         retrieve_timesteps(scheduler, steps, self.device, timesteps, sigmas, mu=mu)
         return scheduler
-
-    def latent_shape(self, params: ResolvedDiffusionParams) -> tuple[int, ...]:
-        return (
-            int(self.transformer.config.in_channels),
-            params.height // self.vae_scale,
-            params.width // self.vae_scale,
-        )
 
     @torch.inference_mode()
     def predict(

@@ -128,6 +128,9 @@ class DiffusionModel(ABC):
     max_text_tokens: int = 512
     """The longest prompt (in text-encoder tokens) the text encoder takes."""
 
+    latent_channels: int = 4
+    vae_scale: int = 8
+    """How many pixels one latent covers in each direction."""
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
 
@@ -180,9 +183,14 @@ class DiffusionModel(ABC):
     def new_scheduler(self, params: ResolvedDiffusionParams) -> Any:
         """A fresh diffusers noise scheduler for one request, its timesteps set."""
 
-    @abstractmethod
     def latent_shape(self, params: ResolvedDiffusionParams) -> tuple[int, ...]:
-        """The shape of one request's latents, batch dimension excluded."""
+        """The shape of one request's latents, batch dimension excluded: `latent_channels`
+        planes at `1 / vae_scale` of the image's height and width."""
+        return (
+            self.latent_channels,
+            params.height // self.vae_scale,
+            params.width // self.vae_scale,
+        )
 
     def initial_latents(self, params: ResolvedDiffusionParams) -> torch.Tensor:
         """`[1, *latent_shape]` noise from a CPU generator seeded with the request's seed only

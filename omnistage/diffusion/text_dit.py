@@ -75,6 +75,7 @@ class TextDiT(DiffusionModel):
         self.transformer, self.vae = transformer, vae
         self.scheduler_config = scheduler_config
         self.vae_scale = 2 ** (len(vae.config.block_out_channels) - 1)
+        self.latent_channels = int(vae.config.latent_channels)
         self.size_multiple = self.vae_scale * transformer.config.patch_size
         self.default_height = self.default_width = int(settings["default_size"])
         self.default_steps = int(settings["default_steps"])
@@ -170,13 +171,6 @@ class TextDiT(DiffusionModel):
         scheduler = FlowMatchEulerDiscreteScheduler.from_config(self.scheduler_config)
         scheduler.set_timesteps(params.num_inference_steps, device=self.device)
         return scheduler
-
-    def latent_shape(self, params: ResolvedDiffusionParams) -> tuple[int, ...]:
-        return (
-            int(self.vae.config.latent_channels),
-            params.height // self.vae_scale,
-            params.width // self.vae_scale,
-        )
 
     @torch.inference_mode()
     def predict(
