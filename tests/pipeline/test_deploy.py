@@ -561,3 +561,38 @@ def test_unused_connector_allowed_and_implicit_ones_present(tmp_path):
     data["connectors"]["spare"] = {"kind": "inproc"}
     spec = load_deploy(_write(tmp_path, data))
     assert set(spec.connectors) == {"inproc", "shm", "remote", "spare"}
+
+
+def test_diffusion_stages_take_diffusion_parameters(tmp_path):
+    """A diffusion stage's default_sampling holds DiffusionParams fields, checked by value."""
+
+    def draw(sampling):
+        def edit(data):
+            data["stages"][2]["kind"] = "diffusion"
+            data["stages"][2]["final_output_type"] = "image"
+            data["stages"][2]["default_sampling"] = sampling
+            data["edges"][1].update(processor="prior_tokens", transfer="payload")
+            data["edges"][1].pop("chunk_size"), data["edges"][1].pop("first_chunk_size")
+            data["edges"][1].pop("left_context")
+
+        return edit
+
+    ok = copy.deepcopy(VALID)
+    draw({"num_inference_steps": 4, "guidance_scale": 2.0})(ok)
+    spec = load_deploy(_write(tmp_path, ok, "ok.yaml"))
+    assert spec.stage("vocoder").default_sampling == {
+        "num_inference_steps": 4,
+        "guidance_scale": 2.0,
+    }
+    _bad(tmp_path, draw({"temperature": 1.0}), "stages[2].default_sampling", "temperature")
+    _bad(tmp_path, draw({"num_inference_steps": 0}), "default_sampling.num_inference_steps")
+    _bad(tmp_path, draw({"guidance_scale": -1}), "default_sampling.guidance_scale")
+
+
+def test_packaged_image_deploys_load():
+    demo = load_deploy(packaged_deploy_path("demo-image"))
+    assert [(s.name, s.kind) for s in demo.stages] == [("thinker", "ar"), ("draw", "diffusion")]
+    assert demo.edges_into("draw")[0].processor == "recaption_to_prompt"
+    glm = load_deploy(packaged_deploy_path("glm-image"))
+    assert glm.stage("prior").model_part == "vision_language_encoder"
+    assert glm.edges_into("draw")[0].processor == "prior_tokens"
