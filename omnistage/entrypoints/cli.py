@@ -1,10 +1,11 @@
-"""The `omnistage` command line: generate, models, bench.
+"""The `omnistage` command line: generate, serve, models, bench.
 
 omnistage generate "PROMPT" [--model smollm2] [--chat] [--max-tokens N] [--temperature T] ...
 omnistage generate "PROMPT" --deploy FILE|NAME [--model PATH] [--modalities text,audio] [--out DIR]
 omnistage generate "PROMPT" --model demo-omni|OMNI_CHECKPOINT [--modalities text,audio] [--out DIR]
 omnistage generate "PROMPT" --model demo-image|GLM_IMAGE_CHECKPOINT [--height H --width W] [--out DIR]
     (omni checkpoints and demos run their packaged pipeline, with the chat template)
+omnistage serve [--model smollm2] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
 omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
@@ -243,9 +244,46 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from omnistage.benchmarks import image
 
         return image.main(args)
+    if args.bench == "serve":
+        from omnistage.benchmarks import serve
+
+        return serve.main(args)
     from omnistage.benchmarks import throughput
 
     return throughput.main(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from omnistage.entrypoints.openai.api_server import serve
+
+    return serve(
+        args.model or DEFAULT_MODEL,
+        _engine_kwargs(args),
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("OMNISTAGE_API_KEY") or None,
+        served_model_names=args.served_model_name,
+        log_level=args.log_level,
+    )
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (0.0.0.0: all)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument(
+        "--api-key", default=None, help="require Authorization: Bearer KEY (or $OMNISTAGE_API_KEY)"
+    )
+    srv.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="name(s) requests give as `model` (default: the --model argument)",
+    )
+    srv.add_argument("--seed", type=int, default=None, help="engine seed (unseeded requests)")
+    srv.add_argument("--log-level", default="info", help="uvicorn log level")
+    _add_engine_args(srv)
+    srv.set_defaults(func=cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_engine_args(gen)
     gen.set_defaults(func=cmd_generate)
 
+    _add_serve_parser(sub)
+
     models = sub.add_parser("models", help="list built-in models and supported architectures")
     models.set_defaults(func=cmd_models)
 
@@ -314,6 +354,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     image.add_arguments(im)
     im.set_defaults(func=cmd_bench)
+    sv = bench_sub.add_parser(
+        "serve", help="an OpenAI-compatible server over HTTP: TTFT, TPOT, ITL, throughput"
+    )
+    from omnistage.benchmarks import serve
+
+    serve.add_arguments(sv)
+    sv.set_defaults(func=cmd_bench)
     return parser
 
 

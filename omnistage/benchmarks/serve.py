@@ -1,0 +1,507 @@
+"""`omnistage bench serve`: a load generator over HTTP for any OpenAI-compatible server.
+
+It knows only the OpenAI HTTP API (`--base-url`, default `http://127.0.0.1:8000/v1`), so
+it measures `omnistage serve`, `vllm serve` or anything else that speaks it; `--launch`
+starts `omnistage serve` on the base URL's port first (waits for `/health`, stops it
+with SIGINT at the end).
+
+Workload (seeded): per measurement `--num-prompts` distinct prompts of `--input-words`
+random English words in sentences (chat: after "Continue this story at length: "), each
+asking for `--max-tokens` tokens at temperature 0. OpenAI has no `ignore_eos`, so outputs
+may end early: the output tokens reported are the server's `usage` (`--extra-body` adds
+fields such as a server's own `ignore_eos`). Requests stream: `chat` and `completions`
+send `stream: true` with `stream_options.include_usage`; `speech` posts the prompt to
+`/audio/speech` with `stream: true` and reads raw audio. One warm-up request first (not
+counted).
+
+Load, one measurement per level:
+
+- `--concurrency 1,16,64`: that many requests in flight, a new one as soon as one ends;
+- `--request-rate R`: Poisson arrivals at R requests/s (inter-arrival times drawn from
+  the seed), unbounded, or capped by each `--concurrency` level when given too.
+
+Per request (times from just before it is sent): TTFT (first content chunk), ITL (gaps
+between content chunks), TPOT ((e2e - TTFT) / (output tokens - 1)), e2e latency, output
+tokens; for audio (the speech endpoint, or chat deltas `choices[0].delta.audio.data`,
+base64) time to first audio packet (TTFA) and real-time factor (e2e / audio seconds,
+16-bit mono PCM at `--sample-rate`, a WAV header skipped). A request fails on an HTTP
+status other than 200, an `error` event, a transport error or a stream with no output.
+
+Reported per level: successes / total, requests/s and output tokens/s over the level's
+wall time, and mean, p50, p90, p99 of each latency. A table, then one JSON line. The exit
+status is 1 when any request failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:  # imported where used, so the CLI starts without httpx installed
+    import httpx
+
+# `--launch` runs this plus its flags; a module-level name so tests can stand in a fake.
+SERVE_COMMAND = [sys.executable, "-m", "omnistage.entrypoints.cli", "serve"]
+PERCENTILES = (50, 90, 99)
+ENDPOINTS = {"chat": "chat/completions", "completions": "completions", "speech": "audio/speech"}
+CHAT_ASK = "Continue this story at length: "
+WORDS = (
+    "the a of and to in is it that was for on are with as his they be at one have this "
+    "from by hot word but what some we can out other were all there when up use your how "
+    "said an each she which do their time if will way about many then them write would "
+    "like so these her long make thing see him two has look more day could go come did "
+    "number sound no most people my over know water than call first who may down side "
+    "been now find river garden music small city light story morning window quiet road"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", default=None, help="default: the first of GET /models")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="chat")
+    parser.add_argument(
+        "--concurrency", default=None, help="comma-separated levels (default 1,16,64)"
+    )
+    parser.add_argument("--request-rate", type=float, default=None, help="Poisson, requests/s")
+    parser.add_argument(
+        "--num-prompts", type=int, default=None, help="per level (default 2x level, >= 16)"
+    )
+    parser.add_argument("--input-words", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--modalities", default=None, help="chat: e.g. text,audio")
+    parser.add_argument("--voice", default=None, help="audio voice (sent only when given)")
+    parser.add_argument("--audio-format", choices=("pcm", "wav"), default="pcm")
+    parser.add_argument("--sample-rate", type=int, default=24000, help="of the audio, Hz")
+    parser.add_argument("--extra-body", default=None, help="JSON merged into every request")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per connect / read, s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--launch", action="store_true", help="start `omnistage serve` first")
+    parser.add_argument("--serve-args", default="", help="--launch: more `serve` flags")
+    parser.add_argument("--launch-timeout", type=float, default=600.0, help="for /health, s")
+
+
+@dataclasses.dataclass
+class Result:
+    """One request as the client saw it; times in seconds from just before it was sent."""
+
+    error: str | None = None
+    ttft: float | None = None
+    itl: list[float] = dataclasses.field(default_factory=list)
+    e2e: float = 0.0
+    output_tokens: int = 0
+    had_usage: bool = False
+    ttfa: float | None = None
+    audio_bytes: int = 0
+
+
+# -- requests ------------------------------------------------------------------------------
+def make_prompts(n: int, words: int, seed: str) -> list[str]:
+    """`n` prompts of `words` random English words in sentences of 5-12 words."""
+    rng, prompts, vocabulary = random.Random(seed), [], WORDS.split()
+    for _ in range(n):
+        out, left = [], words
+        while left:
+            k = min(left, rng.randint(5, 12))
+            sentence = rng.choices(vocabulary, k=k)
+            out.append(" ".join([sentence[0].capitalize(), *sentence[1:]]) + ".")
+            left -= k
+        prompts.append(" ".join(out))
+    return prompts
+
+
+def request_template(args: argparse.Namespace, extra: dict[str, Any]) -> dict[str, Any]:
+    """Every request's body but its prompt (`with_prompt` adds it)."""
+    voice = {"voice": args.voice} if args.voice else {}
+    if args.endpoint == "speech":
+        body = {"model": args.model, "response_format": args.audio_format, "stream": True}
+        return body | voice | extra
+    body = {"model": args.model, "max_tokens": args.max_tokens, "temperature": 0.0}
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    if args.modalities:
+        body["modalities"] = args.modalities.split(",")
+        if "audio" in body["modalities"]:
+            body["audio"] = {"format": "pcm16"} | voice
+    return body | extra
+
+
+def with_prompt(endpoint: str, template: dict[str, Any], prompt: str) -> dict[str, Any]:
+    if endpoint == "chat":  # a chat model answers bare random words briefly; ask for more
+        return template | {"messages": [{"role": "user", "content": CHAT_ASK + prompt}]}
+    return template | {"input" if endpoint == "speech" else "prompt": prompt}
+
+
+def _pick(chunk: dict) -> tuple[str | None, str | None]:
+    """A chat or completions chunk's new text and base64 audio."""
+    choice = (chunk.get("choices") or [{}])[0]
+    delta = choice.get("delta") or {}
+    audio = delta.get("audio") or {}  # with audio out, OpenAI sends the text as its transcript
+    text = choice.get("text") or delta.get("content") or delta.get("reasoning_content")
+    return text or audio.get("transcript"), audio.get("data")
+
+
+def wav_header_len(data: bytes) -> int:
+    """Bytes before the samples when `data` opens with a RIFF/WAVE header (all of it while
+    the `data` chunk has not arrived), else 0."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return 0
+    pos = 12
+    while pos + 8 <= len(data):
+        if data[pos : pos + 4] == b"data":
+            return pos + 8
+        pos += 8 + int.from_bytes(data[pos + 4 : pos + 8], "little")
+    return len(data)
+
+
+async def _read_sse(response: httpx.Response, r: Result, start: float) -> None:
+    last, chunks = None, 0
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):  # blank separators, comments, `event:` lines
+            continue
+        if (data := line[5:].strip()) == "[DONE]":
+            break
+        chunk, now = json.loads(data), time.perf_counter()
+        if "error" in chunk:
+            r.error = _message(chunk)
+            return
+        if usage := chunk.get("usage"):
+            r.output_tokens, r.had_usage = int(usage.get("completion_tokens") or 0), True
+        text, audio = _pick(chunk)
+        if audio and (n := _pcm_len(base64.b64decode(audio))):
+            r.ttfa = now - start if r.ttfa is None else r.ttfa
+            r.audio_bytes += n
+        if text:
+            if last is None:
+                r.ttft = now - start
+            else:
+                r.itl.append(now - last)
+            last, chunks = now, chunks + 1
+    if not r.had_usage:
+        r.output_tokens = chunks
+    if last is None and not r.audio_bytes:
+        r.error = "the stream ended without any output"
+
+
+def _pcm_len(data: bytes) -> int:
+    return len(data) - wav_header_len(data)
+
+
+async def _read_audio(response: httpx.Response, r: Result, start: float) -> None:
+    head, total = b"", 0
+    async for data in response.aiter_bytes():
+        total, head = total + len(data), head + data[: 4096 - len(head)]
+        r.audio_bytes = total - wav_header_len(head)
+        if r.audio_bytes > 0 and r.ttfa is None:
+            r.ttfa = time.perf_counter() - start
+    if r.audio_bytes <= 0:
+        r.error = "the response carried no audio"
+
+
+def _message(body: Any) -> str:
+    err = body.get("error", body) if isinstance(body, dict) else body
+    return str(err.get("message", err) if isinstance(err, dict) else err)[:200]
+
+
+async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]) -> Result:
+    """One streaming request; never raises (a failure is recorded in the result)."""
+    r, start = Result(), time.perf_counter()
+    try:
+        async with client.stream("POST", ENDPOINTS[endpoint], json=body) as resp:
+            if resp.status_code != 200:
+                raw = await resp.aread()
+                with contextlib.suppress(ValueError):
+                    raw = json.loads(raw)
+                r.error = f"HTTP {resp.status_code}: {_message(raw)}"
+            elif endpoint == "speech":
+                await _read_audio(resp, r, start)
+            else:
+                await _read_sse(resp, r, start)
+    except Exception as exc:  # one request's failure is a data point, never the run's end
+        r.error = f"{type(exc).__name__}: {exc}".removesuffix(": ")[:200]
+    r.e2e = time.perf_counter() - start
+    return r
+
+
+# -- load ----------------------------------------------------------------------------------
+async def run_level(
+    client: httpx.AsyncClient, args: argparse.Namespace, bodies: list[dict], cap: int | None
+) -> tuple[list[Result], float]:
+    """All requests, `cap` in flight at most, arriving at `--request-rate` (Poisson) or at
+    once; returns the results in prompt order and the wall time."""
+    rng, arrivals, t = random.Random(f"arrivals:{args.seed}"), [], 0.0
+    for _ in bodies:
+        arrivals.append(t)
+        t += rng.expovariate(args.request_rate) if args.request_rate else 0.0
+    slots = asyncio.Semaphore(cap or len(bodies))
+    start = time.perf_counter()
+
+    async def one(body: dict, at: float) -> Result:
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        async with slots:
+            return await send(client, args.endpoint, body)
+
+    results = await asyncio.gather(*(one(b, a) for b, a in zip(bodies, arrivals, strict=True)))
+    return list(results), time.perf_counter() - start
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (numpy's default)."""
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def summarize(results: list[Result], wall: float, sample_rate: int) -> dict[str, Any]:
+    ok = [r for r in results if r.error is None]
+    tokens = sum(r.output_tokens for r in ok)
+    samples = {
+        "ttft": [r.ttft for r in ok if r.ttft is not None],
+        "tpot": [
+            (r.e2e - r.ttft) / (r.output_tokens - 1)
+            for r in ok
+            if r.ttft is not None and r.output_tokens > 1
+        ],
+        "itl": [gap for r in ok for gap in r.itl],
+        "e2e": [r.e2e for r in ok],
+        "ttfa": [r.ttfa for r in ok if r.ttfa is not None],
+    }
+    out: dict[str, Any] = {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "wall_s": round(wall, 4),
+        "request_throughput": round(len(ok) / wall, 4),
+        "output_token_throughput": round(tokens / wall, 2),
+        "total_output_tokens": tokens,
+        "requests_without_usage": sum(not r.had_usage for r in ok if r.ttft is not None),
+    }
+    for name, xs in samples.items():
+        out[f"{name}_mean_ms"] = round(1000 * sum(xs) / len(xs), 3) if xs else None
+        for q in PERCENTILES:
+            out[f"{name}_p{q}_ms"] = round(1000 * percentile(xs, q), 3) if xs else None
+    audio = [(r.e2e, r.audio_bytes / 2 / sample_rate) for r in ok if r.audio_bytes]
+    if audio:
+        rtf = [e2e / seconds for e2e, seconds in audio]
+        out["audio_s"] = round(sum(s for _, s in audio), 4)
+        out["rtf_mean"] = round(sum(rtf) / len(rtf), 4)
+        out |= {f"rtf_p{q}": round(percentile(rtf, q), 4) for q in PERCENTILES}
+    errors = Counter(r.error for r in results if r.error is not None)
+    out["errors"] = dict(errors.most_common(5))
+    return out
+
+
+async def measure(
+    args: argparse.Namespace, levels: list[int | None], extra: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Find the model if not named, warm up, then one measurement per level."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    base = args.base_url.rstrip("/") + "/"
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # trust_env=False: no proxy from the environment between the client and the server.
+    async with httpx.AsyncClient(
+        base_url=base, headers=headers, timeout=args.timeout, limits=limits, trust_env=False
+    ) as client:
+        if args.model is None:
+            try:
+                args.model = (await client.get("models")).raise_for_status().json()["data"][0]["id"]
+            except (httpx.HTTPError, ValueError, LookupError) as exc:
+                raise ValueError(
+                    f"--model: not given, and GET {base}models failed: {exc}"
+                ) from None
+        template = request_template(args, extra)
+        warm = await send(client, args.endpoint, with_prompt(args.endpoint, template, "Hello."))
+        if warm.error is not None:
+            print(f"warm-up request failed: {warm.error}", file=sys.stderr)
+        rows = []
+        for cap in levels:
+            n = args.num_prompts or max(16, 2 * (cap or 0))
+            prompts = make_prompts(n, args.input_words, f"{args.seed}:{cap}:{args.request_rate}")
+            bodies = [with_prompt(args.endpoint, template, p) for p in prompts]
+            results, wall = await run_level(client, args, bodies, cap)
+            rows.append({"concurrency": cap, "request_rate": args.request_rate, "num_prompts": n})
+            rows[-1] |= summarize(results, wall, args.sample_rate)
+        return rows
+
+
+# -- the server, when launched -----------------------------------------------------------------
+@contextlib.contextmanager
+def launched(args: argparse.Namespace) -> Iterator[None]:
+    """With `--launch`: `omnistage serve` on the base URL's host and port until the block
+    ends (then SIGINT, as a person would stop it); without: nothing."""
+    if not args.launch:
+        yield
+        return
+    url = urlsplit(args.base_url)
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
+        raise ValueError(f"--launch: something already listens on {host}:{port}")
+    cmd = [*SERVE_COMMAND, "--host", host, "--port", str(port)]
+    cmd += ["--model", args.model] if args.model else []
+    cmd += ["--api-key", args.api_key] if args.api_key else []
+    cmd += shlex.split(args.serve_args)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            _wait_healthy(proc, args, log)
+            yield
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _wait_healthy(proc: subprocess.Popen, args: argparse.Namespace, log: Any) -> None:
+    import httpx
+
+    health = args.base_url.rstrip("/").removesuffix("/v1") + "/health"
+    deadline = time.monotonic() + args.launch_timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(health, timeout=2.0, trust_env=False).status_code == 200:
+                break
+        time.sleep(0.25)
+    if proc.poll() is None and time.monotonic() < deadline:
+        return
+    log.seek(0)
+    tail = log.read().decode(errors="replace")[-2000:]
+    if "invalid choice: 'serve'" in tail:
+        raise ValueError("--launch: this omnistage has no `serve` command (issue 7)")
+    if proc.poll() is None:
+        raise ValueError(f"--launch: {health} did not answer within {args.launch_timeout:g} s")
+    raise ValueError(
+        f"--launch: `{shlex.join(proc.args)}` exited with {proc.returncode} before {health} "
+        f"answered; its output ends:\n{tail}"
+    )
+
+
+# -- report --------------------------------------------------------------------------------
+def _machine(args: argparse.Namespace) -> str:
+    client = (
+        f"client {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, httpx {importlib.metadata.version('httpx')}"
+    )
+    if not args.launch:
+        return f"{client}; server {args.base_url} (not started here)"
+    gpu = "no GPU"
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+        run = subprocess.run(query, capture_output=True, text=True, check=False)
+        gpu = "; ".join(run.stdout.strip().splitlines()) or gpu
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+        gpu += f", torch {importlib.metadata.version('torch')}"
+    return f"{client}; server launched here ({gpu}): omnistage serve {args.serve_args}".strip()
+
+
+def _workload(args: argparse.Namespace, levels: list[int | None]) -> str:
+    load = (
+        f"Poisson arrivals at {args.request_rate:g} requests/s (seed {args.seed}), "
+        f"in flight at most {', '.join(str(c or 'unbounded') for c in levels)}"
+        if args.request_rate
+        else f"concurrency {', '.join(str(c) for c in levels)}"
+    )
+    count = args.num_prompts or "max(16, 2x level)"
+    out = f", max_tokens {args.max_tokens}, temperature 0" if args.endpoint != "speech" else ""
+    extra = f", extra body {args.extra_body}" if args.extra_body else ""
+    return (
+        f"{args.endpoint} streaming to {args.base_url}, model {args.model}, {count} prompts "
+        f"per level of {args.input_words} random English words (seed {args.seed}"
+        f"{'; chat: after ' + repr(CHAT_ASK) if args.endpoint == 'chat' else ''}){out}"
+        f"{', modalities ' + args.modalities if args.modalities else ''}{extra}; {load}; "
+        "1 warm-up request; output tokens from usage"
+    )
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'level':>9}{'ok/total':>10}{'req/s':>9}{'out tok/s':>11}{'wall s':>9}")
+    for row in rows:
+        done = f"{row['completed']}/{row['completed'] + row['failed']}"
+        print(
+            f"{row['concurrency'] or 'rate':>9}{done:>10}{row['request_throughput']:>9.2f}"
+            f"{row['output_token_throughput']:>11.1f}{row['wall_s']:>9.2f}"
+        )
+    print(f"{'ms':<5}{'level':>9}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
+    for name in ("ttft", "tpot", "itl", "e2e", "ttfa"):
+        for row in rows:
+            if row[f"{name}_mean_ms"] is None:
+                continue
+            cells = [row[f"{name}_{k}_ms"] for k in ("mean", "p50", "p90", "p99")]
+            print(
+                f"{name:<5}{row['concurrency'] or 'rate':>9}"
+                + "".join(f"{c:>10.1f}" for c in cells)
+            )
+    for row in rows:
+        if "rtf_mean" in row:
+            print(
+                f"RTF at {row['concurrency'] or 'rate'}: mean {row['rtf_mean']:.3f}, p50 "
+                f"{row['rtf_p50']:.3f}, p99 {row['rtf_p99']:.3f} ({row['audio_s']:.1f} audio s)"
+            )
+        for error, count in row["errors"].items():
+            print(f"failed at {row['concurrency'] or 'rate'}: {count} x {error}")
+
+
+def _levels(args: argparse.Namespace) -> list[int | None]:
+    if args.concurrency is None:
+        return [None] if args.request_rate else [1, 16, 64]
+    try:
+        levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    except ValueError:
+        levels = []
+    if not levels or min(levels) < 1:
+        raise ValueError("--concurrency: expected comma-separated levels >= 1")
+    return levels
+
+
+def main(args: argparse.Namespace) -> int:
+    levels = _levels(args)
+    for name in ("num_prompts", "input_words", "max_tokens", "sample_rate"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: must be at least 1")
+    if args.request_rate is not None and args.request_rate <= 0:
+        raise ValueError("--request-rate: must be positive")
+    try:
+        extra = json.loads(args.extra_body or "{}")
+    except ValueError as exc:
+        raise ValueError(f"--extra-body: not JSON ({exc})") from None
+    if not isinstance(extra, dict):
+        raise ValueError("--extra-body: expected a JSON object")
+    with launched(args):
+        rows = asyncio.run(measure(args, levels, extra))
+    workload, machine = _workload(args, levels), _machine(args)
+    print(f"workload: {workload}\nmachine: {machine}")
+    _print_table(rows)
+    failed = sum(row["failed"] for row in rows)
+    summary = {"benchmark": "serve", "workload": workload, "machine": machine, "levels": rows}
+    print(json.dumps(summary | {"all_succeeded": failed == 0}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(parser)
+    raise SystemExit(main(parser.parse_args()))

@@ -1,0 +1,172 @@
+"""The OpenAI-compatible HTTP server: `build_app` (FastAPI) and `serve` (uvicorn).
+
+    omnistage serve --model smollm2 --port 8000 [--api-key KEY] [--served-model-name NAME]
+
+Routes: the endpoints of each serving class (`DEFAULT_SERVINGS`: /v1/models,
+/v1/chat/completions, /v1/completions), plus GET /health and GET /metrics. With an
+API key, every /v1 route wants `Authorization: Bearer <key>` (401 otherwise);
+/health and /metrics stay open, as in vLLM.
+
+Lifecycle: the app's lifespan starts the engine thread and, at the end, aborts
+what is left and stops it. On SIGINT / SIGTERM `serve` first aborts every
+in-flight request (their streams end at once with an error event, whole
+responses with a 503), so uvicorn's graceful shutdown never waits on a long
+generation; then the connections close and the engine stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+import socket
+from collections.abc import AsyncIterator, Sequence
+from http import HTTPStatus
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from omnistage.config import EngineConfig
+from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
+from omnistage.entrypoints.openai.errors import error_response, install_error_handlers
+from omnistage.entrypoints.openai.metrics import HttpMetricsMiddleware, ServerMetrics
+from omnistage.entrypoints.openai.serving import OpenAIServing, ServingContext
+from omnistage.entrypoints.openai.serving_chat import ChatServing
+from omnistage.entrypoints.openai.serving_completion import CompletionServing
+from omnistage.entrypoints.openai.serving_models import ModelsServing
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (ModelsServing, ChatServing, CompletionServing)
+"""Endpoint families every app gets (each only where its `enabled` says so)."""
+
+
+def build_app(
+    client: AsyncEngineClient,
+    served_model_names: Sequence[str],
+    *,
+    model_path: str | None = None,
+    api_key: str | None = None,
+    servings: Sequence[type[OpenAIServing]] = DEFAULT_SERVINGS,
+    metrics: ServerMetrics | None = None,
+) -> FastAPI:
+    """The app serving `client`'s engine under `served_model_names`. The app owns the
+    client: its lifespan starts the engine thread and shuts it down."""
+    if not served_model_names:
+        raise ValueError("served_model_names: give at least one name")
+    metrics = metrics or ServerMetrics()
+    client.observer = metrics
+    metrics.track_stage(client.stage, client.stats)
+    ctx = ServingContext(client, list(served_model_names), model_path, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        client.start()
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(client.shutdown)
+
+    app = FastAPI(title="omnistage", summary="OpenAI-compatible server", lifespan=lifespan)
+    install_error_handlers(app)
+    router = APIRouter()
+    _add_core_routes(router, ctx)
+    for serving_class in servings:
+        if serving_class.enabled(ctx):
+            serving_class(ctx).register(router)
+    app.include_router(router)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts 401s too
+    app.state.serving = ctx
+    return app
+
+
+def _add_core_routes(router: APIRouter, ctx: ServingContext) -> None:
+    async def health() -> Response:
+        if not ctx.client.is_alive:
+            return error_response("the engine is not running", HTTPStatus.SERVICE_UNAVAILABLE)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=ctx.metrics.content_type)
+
+    router.add_api_route("/health", health, methods=["GET"])
+    router.add_api_route("/metrics", metrics, methods=["GET"])
+
+
+class ApiKeyMiddleware:
+    """401 in OpenAI's shape for /v1 requests without `Authorization: Bearer <key>`."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                response = error_response(
+                    "invalid or missing API key: send the header Authorization: Bearer <key>",
+                    HTTPStatus.UNAUTHORIZED,
+                    code="invalid_api_key",
+                )
+                response.headers["WWW-Authenticate"] = "Bearer"
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server, aborting every in-flight request when it is told to stop."""
+
+    def __init__(self, config: uvicorn.Config, client: AsyncEngineClient) -> None:
+        super().__init__(config)
+        self.client = client
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.client.begin_shutdown()
+        await super().shutdown(sockets)
+
+
+def serve(
+    model: str,
+    engine_args: dict[str, Any],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    served_model_names: Sequence[str] | None = None,
+    log_level: str = "info",
+) -> int:
+    """Load `model` and serve it until SIGINT / SIGTERM (what `omnistage serve` runs)."""
+    # The runner worker process inherits an ignored SIGINT, so Ctrl-C in a terminal (sent to
+    # the whole process group) reaches only this process, which then shuts the worker down.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        from omnistage.engine.llm_engine import LLMEngine
+
+        engine = LLMEngine(EngineConfig(model=model, **engine_args))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    client = AsyncEngineClient(engine, stage="llm")
+    app = build_app(client, list(served_model_names or [model]), model_path=model, api_key=api_key)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+    # uvicorn re-raises the signal that stopped it once it is done; by then the shutdown was
+    # graceful, so the handlers it restores just let `serve` return.
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous_handlers = {sig: signal.signal(sig, _after_shutdown) for sig in handled}
+    try:
+        Server(config, client).run()
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _after_shutdown(signum: int, frame: Any) -> None:
+    logger.info("stopped by signal %d", signum)

@@ -1,0 +1,161 @@
+"""Prometheus metrics of one server, in a registry of its own (one per app).
+
+Everything the engine reports carries a `stage` label ("llm" for a single model;
+a pipeline's stage names later), so one dashboard reads single models and
+pipelines alike:
+
+| metric | type | labels |
+| --- | --- | --- |
+| omnistage_http_requests_total | counter | method, route, status |
+| omnistage_requests_finished_total | counter | stage, reason (stop, length, abort) |
+| omnistage_prompt_tokens_total, omnistage_generation_tokens_total | counter | stage |
+| omnistage_num_requests_waiting, omnistage_num_requests_running | gauge | stage |
+| omnistage_kv_cache_usage_ratio | gauge (0..1) | stage |
+| omnistage_time_to_first_token_seconds | histogram | stage |
+| omnistage_inter_token_latency_seconds | histogram | stage |
+| omnistage_e2e_request_latency_seconds | histogram | stage |
+
+Stage-level histograms for other outputs (time to first audio packet) belong here
+too, added with the stage kinds that produce them, labelled the same way.
+`ServerMetrics` implements `engine_client.EngineObserver`; gauges read the
+stage's `EngineStats` snapshot when scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from omnistage.entrypoints.openai.engine_client import EngineStats
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class ServerMetrics:
+    """The metrics of one app; `render()` is the body of GET /metrics."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.http_requests = Counter(
+            "omnistage_http_requests",
+            "HTTP requests answered",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.requests_finished = Counter(
+            "omnistage_requests_finished",
+            "Requests ended, by reason",
+            ["stage", "reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "omnistage_prompt_tokens", "Prompt tokens of ended requests", ["stage"], registry=r
+        )
+        self.generation_tokens = Counter(
+            "omnistage_generation_tokens", "Tokens generated", ["stage"], registry=r
+        )
+        self.num_waiting = Gauge(
+            "omnistage_num_requests_waiting",
+            "Requests waiting to be scheduled",
+            ["stage"],
+            registry=r,
+        )
+        self.num_running = Gauge(
+            "omnistage_num_requests_running", "Requests being computed", ["stage"], registry=r
+        )
+        self.kv_cache_usage = Gauge(
+            "omnistage_kv_cache_usage_ratio",
+            "Fraction of KV cache blocks in use",
+            ["stage"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "omnistage_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "omnistage_inter_token_latency_seconds",
+            "Time between a request's token steps",
+            ["stage"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "omnistage_e2e_request_latency_seconds",
+            "Arrival to end of a request",
+            ["stage"],
+            buckets=E2E_BUCKETS,
+            registry=r,
+        )
+
+    def track_stage(self, stage: str, stats: Callable[[], EngineStats]) -> None:
+        """Read the stage's queue depth and KV cache usage from `stats` at each scrape."""
+        self.num_waiting.labels(stage).set_function(lambda: stats().num_waiting)
+        self.num_running.labels(stage).set_function(lambda: stats().num_running)
+        self.kv_cache_usage.labels(stage).set_function(lambda: stats().kv_cache_usage)
+
+    # -- EngineObserver (engine thread) ---------------------------------------------------------
+    def on_first_token(self, stage: str, seconds: float) -> None:
+        self.ttft.labels(stage).observe(seconds)
+
+    def on_inter_token(self, stage: str, seconds: float) -> None:
+        self.itl.labels(stage).observe(seconds)
+
+    def on_finished(
+        self, stage: str, reason: str, prompt_tokens: int, generated_tokens: int, seconds: float
+    ) -> None:
+        self.requests_finished.labels(stage, reason).inc()
+        self.prompt_tokens.labels(stage).inc(prompt_tokens)
+        self.generation_tokens.labels(stage).inc(generated_tokens)
+        self.e2e.labels(stage).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HttpMetricsMiddleware:
+    """Counts every HTTP response by method, route template and status (ASGI middleware,
+    so streamed responses count once, when they start)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        counted = False
+
+        async def counting_send(message: Message) -> None:
+            nonlocal counted
+            if message["type"] == "http.response.start" and not counted:
+                counted = True
+                route = scope.get("route")
+                path = getattr(route, "path", None) or "unmatched"  # no label per random URL
+                method = scope.get("method", "")
+                method = method if method in _METHODS else "other"
+                self.metrics.http_requests.labels(method, path, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+_METHODS = {"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"}

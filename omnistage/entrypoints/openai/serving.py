@@ -1,0 +1,213 @@
+"""The base of every endpoint ("serving" object), and what endpoints share.
+
+An endpoint family is a subclass of `OpenAIServing` that adds its routes to the
+app's router in `register`; `build_app` makes one of each class it is given.
+Adding an endpoint (e.g. `/v1/audio/speech`) is a new module with
+
+    class SpeechServing(OpenAIServing):
+        @classmethod
+        def enabled(cls, ctx: ServingContext) -> bool:   # only where the model speaks
+            return ...
+
+        def register(self, router: APIRouter) -> None:
+            router.add_api_route("/v1/audio/speech", self.create, methods=["POST"])
+
+        async def create(self, body: SpeechRequest, raw: Request) -> Response: ...
+
+and its class in `api_server.DEFAULT_SERVINGS` (or in `build_app(servings=...)`).
+Raise `OpenAIError` for anything the client got wrong; `add_request` turns the
+engine's `ValueError`s into 400s naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import APIRouter
+
+from omnistage.entrypoints.openai.deltas import RequestDelta
+from omnistage.entrypoints.openai.engine_client import (
+    AsyncEngineClient,
+    EngineDeadError,
+    RequestStream,
+)
+from omnistage.entrypoints.openai.errors import OpenAIError
+from omnistage.entrypoints.openai.metrics import ServerMetrics
+from omnistage.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
+from omnistage.entrypoints.openai.sse import sse
+from omnistage.sampling_params import SamplingParams
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 503)
+}
+"""OpenAPI documentation of the error answers of the generating endpoints."""
+MIN_LOGPROB = -9999.0  # JSON has no -inf
+
+
+@dataclass
+class ServingContext:
+    """What every endpoint of one app shares."""
+
+    client: AsyncEngineClient
+    served_model_names: list[str]
+    """Names a request's `model` may give (a response names the one its request gave)."""
+    model_path: str | None = None
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class OpenAIServing:
+    """One endpoint family: its routes, and how its requests become engine work."""
+
+    def __init__(self, ctx: ServingContext) -> None:
+        self.ctx = ctx
+
+    @classmethod
+    def enabled(cls, ctx: ServingContext) -> bool:
+        """Whether the served model can answer this endpoint at all (default: yes)."""
+        return True
+
+    def register(self, router: APIRouter) -> None:
+        """Add this endpoint's routes to `router`."""
+        raise NotImplementedError
+
+    # -- helpers for subclasses ----------------------------------------------------------------
+    def check_model(self, name: str) -> None:
+        if name not in self.ctx.served_model_names:
+            served = ", ".join(self.ctx.served_model_names)
+            raise OpenAIError(
+                f"model: the model `{name}` does not exist; this server serves: {served}",
+                HTTPStatus.NOT_FOUND,
+                param="model",
+                code="model_not_found",
+            )
+
+    @staticmethod
+    def check_stream_options(body: SamplingFields) -> None:
+        if body.stream_options is not None and not body.stream:
+            raise OpenAIError(
+                "stream_options: only allowed when stream is true", param="stream_options"
+            )
+
+    @staticmethod
+    def sampling_params(
+        body: SamplingFields,
+        max_tokens: int | None,
+        logprobs: int | None,
+        renames: Mapping[str, str] | None = None,
+    ) -> SamplingParams:
+        """SamplingParams of a request (OpenAI's defaults where it gives none)."""
+        try:
+            return SamplingParams(
+                n=body.n,
+                temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p,
+                top_k=0 if body.top_k is None else body.top_k,
+                min_p=0.0 if body.min_p is None else body.min_p,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                repetition_penalty=(
+                    1.0 if body.repetition_penalty is None else body.repetition_penalty
+                ),
+                seed=body.seed,
+                max_tokens=max_tokens,
+                min_tokens=body.min_tokens,
+                stop=body.stop,
+                stop_token_ids=body.stop_token_ids,
+                ignore_eos=body.ignore_eos,
+                logprobs=logprobs,
+                logit_bias=dict(body.logit_bias) if body.logit_bias is not None else None,
+                skip_special_tokens=body.skip_special_tokens,
+                include_stop_str_in_output=body.include_stop_str_in_output,
+            )
+        except ValueError as exc:
+            raise OpenAIError.from_value_error(exc, renames) from None
+
+    async def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str,
+        renames: Mapping[str, str] | None = None,
+        **kwargs: bool,
+    ) -> RequestStream:
+        """`client.add_request`, its errors as OpenAIErrors (400 naming the field, 503 when
+        the engine is not running)."""
+        try:
+            return await self.ctx.client.add_request(prompt, params, request_id, **kwargs)
+        except ValueError as exc:
+            raise OpenAIError.from_value_error(exc, renames) from None
+        except EngineDeadError as exc:
+            raise OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE) from None
+
+    async def add_requests(
+        self,
+        prompts: Sequence[str | list[int]],
+        params: SamplingParams,
+        request_id: str,
+        renames: Mapping[str, str] | None = None,
+        **kwargs: bool,
+    ) -> list[RequestStream]:
+        """One request per prompt (ids `{request_id}-{i}`); all or none are added."""
+        streams: list[RequestStream] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+                streams.append(await self.add_request(prompt, params, rid, renames, **kwargs))
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+        return streams
+
+
+def usage(num_prompt: int, num_generated: int, num_cached: int = 0) -> Usage:
+    return Usage(
+        prompt_tokens=num_prompt,
+        completion_tokens=num_generated,
+        total_tokens=num_prompt + num_generated,
+        prompt_tokens_details={"cached_tokens": num_cached},
+    )
+
+
+def check_not_aborted(delta: RequestDelta) -> None:
+    """A request the server aborted (it is shutting down) answers 503."""
+    if any(s.finish_reason == "abort" for s in delta.sequences):
+        raise OpenAIError(
+            "the request was aborted: the server is shutting down",
+            HTTPStatus.SERVICE_UNAVAILABLE,
+        )
+
+
+def stream_error(exc: Exception) -> str:
+    """An error in the middle of a stream, as an event of OpenAI's error shape."""
+    status = exc.status if isinstance(exc, OpenAIError) else HTTPStatus.SERVICE_UNAVAILABLE
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return sse(ErrorResponse(error=ErrorInfo(message=str(exc), type=kind)))
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestDelta]]:
+    """(stream index, delta) of several requests as they arrive; leaving early (or an
+    error) aborts every request not yet finished."""
+    pending: dict[asyncio.Future[RequestDelta], int] = {}
+    try:
+        for i, stream in enumerate(streams):
+            pending[asyncio.ensure_future(anext(stream))] = i
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                delta = task.result()
+                if not streams[i].finished:
+                    pending[asyncio.ensure_future(anext(streams[i]))] = i
+                yield i, delta
+    finally:
+        for task in pending:
+            task.cancel()
+        for stream in streams:
+            stream.abort()

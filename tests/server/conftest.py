@@ -1,0 +1,96 @@
+"""The real server (uvicorn on a loopback port, in a background thread) for the server tests.
+
+One session server on a tiny random llama serves most tests; `LiveServer` starts
+others (smollm2, the fuzz target). Tests talk to it with the `openai` client and,
+for raw bodies, httpx; they read the engine's counters through `server.client`.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from omnistage.config import EngineConfig
+from omnistage.engine.llm_engine import LLMEngine
+from omnistage.entrypoints.openai.api_server import Server, build_app
+from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
+
+TINY = "tiny"
+
+
+class LiveServer:
+    """`build_app` over a fresh engine, served by uvicorn on 127.0.0.1:<free port>."""
+
+    def __init__(self, model: str, name: str, api_key: str | None = None, **engine_args: Any):
+        engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        self.client = AsyncEngineClient(engine)
+        self.name = name
+        self.app = build_app(self.client, [name], model_path=model, api_key=api_key)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10)
+        self.server = Server(config, self.client)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(30)
+        self._sock.close()
+
+    def openai(self, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1",
+            api_key=kwargs.pop("api_key", "none"),
+            max_retries=0,
+            timeout=60,
+            **kwargs,
+        )
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        """Until the engine holds no request and no KV block (fails after `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            stats = self.client.fresh_stats()
+            if stats.num_unfinished == 0 and stats.kv_blocks_used == 0:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"the engine still holds requests: {stats}")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_llama) -> Iterator[LiveServer]:
+    with LiveServer(str(tiny_llama), TINY, max_model_len=256, max_num_seqs=32) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server: LiveServer) -> openai.OpenAI:
+    return server.openai()
+
+
+@pytest.fixture
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60) as session:
+        yield session
