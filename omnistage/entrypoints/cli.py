@@ -6,6 +6,7 @@ omnistage generate "PROMPT" --model demo-omni|OMNI_CHECKPOINT [--modalities text
 omnistage generate "PROMPT" --model demo-image|GLM_IMAGE_CHECKPOINT [--height H --width W] [--out DIR]
     (omni checkpoints and demos run their packaged pipeline, with the chat template)
 omnistage serve [--model smollm2] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
+omnistage serve --model demo-image|demo-omni|PIPELINE_CHECKPOINT | --deploy FILE|NAME [--in-process]
 omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
 omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
@@ -257,13 +258,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from omnistage.entrypoints.openai.api_server import serve
 
     return serve(
-        args.model or DEFAULT_MODEL,
+        args.model if args.deploy is not None else (args.model or DEFAULT_MODEL),
         _engine_kwargs(args),
         host=args.host,
         port=args.port,
         api_key=args.api_key or os.environ.get("OMNISTAGE_API_KEY") or None,
         served_model_names=args.served_model_name,
         log_level=args.log_level,
+        deploy=args.deploy,
+        in_process=args.in_process,
     )
 
 
@@ -282,6 +285,17 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     srv.add_argument("--seed", type=int, default=None, help="engine seed (unseeded requests)")
     srv.add_argument("--log-level", default="info", help="uvicorn log level")
+    srv.add_argument(
+        "--deploy",
+        default=None,
+        help="serve a multi-stage pipeline from a deploy file or packaged name (demo-image, "
+        "demo-omni, ...); demos and omni / image checkpoints given as --model get theirs",
+    )
+    srv.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run a pipeline's stages in the server process (no stage processes)",
+    )
     _add_engine_args(srv)
     srv.set_defaults(func=cmd_serve)
 

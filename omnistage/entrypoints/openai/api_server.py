@@ -1,11 +1,19 @@
 """The OpenAI-compatible HTTP server: `build_app` (FastAPI) and `serve` (uvicorn).
 
     omnistage serve --model smollm2 --port 8000 [--api-key KEY] [--served-model-name NAME]
+    omnistage serve --model demo-image|demo-omni|PIPELINE_CHECKPOINT  (or --deploy FILE|NAME)
 
 Routes: the endpoints of each serving class (`DEFAULT_SERVINGS`: /v1/models,
 /v1/chat/completions, /v1/completions), plus GET /health and GET /metrics. With an
 API key, every /v1 route wants `Authorization: Bearer <key>` (401 otherwise);
 /health and /metrics stay open, as in vLLM.
+
+Pipelines: a model whose deploy has more than one stage (or `--deploy`) is served
+through a `PipelineClient` (an `AsyncOmni`) with `PIPELINE_SERVINGS`: /v1/models,
+/v1/images/generations where a final stage draws, /v1/audio/speech where one speaks.
+/v1/chat/completions and /v1/completions answer a 400 for pipelines (not served
+yet: use `omnistage generate` or `AsyncOmni`); an endpoint whose modality the
+pipeline cannot produce is not registered (404).
 
 Lifecycle: the app's lifespan starts the engine thread and, at the end, aborts
 what is left and stops it. On SIGINT / SIGTERM `serve` first aborts every
@@ -31,14 +39,17 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from omnistage.config import EngineConfig
+from omnistage.config import DEFAULT_MODEL, EngineConfig
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
-from omnistage.entrypoints.openai.errors import error_response, install_error_handlers
+from omnistage.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
 from omnistage.entrypoints.openai.metrics import HttpMetricsMiddleware, ServerMetrics
+from omnistage.entrypoints.openai.pipeline_client import PipelineClient, pipeline_deploy
 from omnistage.entrypoints.openai.serving import OpenAIServing, ServingContext
 from omnistage.entrypoints.openai.serving_chat import ChatServing
 from omnistage.entrypoints.openai.serving_completion import CompletionServing
+from omnistage.entrypoints.openai.serving_images import ImagesServing
 from omnistage.entrypoints.openai.serving_models import ModelsServing
+from omnistage.entrypoints.openai.serving_speech import SpeechServing
 
 logger = logging.getLogger(__name__)
 
@@ -46,22 +57,66 @@ DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (ModelsServing, ChatServing,
 """Endpoint families every app gets (each only where its `enabled` says so)."""
 
 
+class PipelineTextServing(OpenAIServing):
+    """/v1/chat/completions and /v1/completions of a pipeline: a 400 saying so (text
+    generation over HTTP is served for single models only, for now)."""
+
+    @classmethod
+    def enabled(cls, ctx: ServingContext) -> bool:
+        return isinstance(ctx.client, PipelineClient)
+
+    def register(self, router: APIRouter) -> None:
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            router.add_api_route(path, self.refuse, methods=["POST"], include_in_schema=False)
+
+    async def refuse(self) -> Response:
+        client: PipelineClient = self.ctx.client  # type: ignore[assignment]
+        served = [
+            p
+            for p, ok in (
+                ("/v1/images/generations", client.draws),
+                ("/v1/audio/speech", client.speaks),
+            )
+            if ok
+        ]
+        raise OpenAIError(
+            "modalities: this server runs a multi-stage pipeline, whose text is not served over "
+            "chat/completions yet; it answers " + (", ".join(served) or "no generating endpoint"),
+            param="modalities",
+        )
+
+
+PIPELINE_SERVINGS: tuple[type[OpenAIServing], ...] = (
+    ModelsServing,
+    ImagesServing,
+    SpeechServing,
+    PipelineTextServing,
+)
+"""Endpoint families of an app serving a multi-stage pipeline (`PipelineClient`)."""
+
+
 def build_app(
-    client: AsyncEngineClient,
+    client: AsyncEngineClient | PipelineClient,
     served_model_names: Sequence[str],
     *,
     model_path: str | None = None,
     api_key: str | None = None,
-    servings: Sequence[type[OpenAIServing]] = DEFAULT_SERVINGS,
+    servings: Sequence[type[OpenAIServing]] | None = None,
     metrics: ServerMetrics | None = None,
 ) -> FastAPI:
-    """The app serving `client`'s engine under `served_model_names`. The app owns the
-    client: its lifespan starts the engine thread and shuts it down."""
+    """The app serving `client`'s engine (or pipeline) under `served_model_names`. The app
+    owns the client: its lifespan starts the engine thread and shuts it down (a pipeline's
+    stage processes included). `servings` default: `DEFAULT_SERVINGS`, or
+    `PIPELINE_SERVINGS` for a `PipelineClient`."""
     if not served_model_names:
         raise ValueError("served_model_names: give at least one name")
+    pipeline = isinstance(client, PipelineClient)
+    if servings is None:
+        servings = PIPELINE_SERVINGS if pipeline else DEFAULT_SERVINGS
     metrics = metrics or ServerMetrics()
     client.observer = metrics
-    metrics.track_stage(client.stage, client.stats)
+    if not pipeline:
+        metrics.track_stage(client.stage, client.stats)
     ctx = ServingContext(client, list(served_model_names), model_path, metrics)
 
     @contextlib.asynccontextmanager
@@ -125,7 +180,7 @@ class ApiKeyMiddleware:
 class Server(uvicorn.Server):
     """uvicorn's server, aborting every in-flight request when it is told to stop."""
 
-    def __init__(self, config: uvicorn.Config, client: AsyncEngineClient) -> None:
+    def __init__(self, config: uvicorn.Config, client: AsyncEngineClient | PipelineClient) -> None:
         super().__init__(config)
         self.client = client
 
@@ -135,26 +190,42 @@ class Server(uvicorn.Server):
 
 
 def serve(
-    model: str,
+    model: str | None,
     engine_args: dict[str, Any],
     host: str = "127.0.0.1",
     port: int = 8000,
     api_key: str | None = None,
     served_model_names: Sequence[str] | None = None,
     log_level: str = "info",
+    deploy: str | None = None,
+    in_process: bool = False,
 ) -> int:
-    """Load `model` and serve it until SIGINT / SIGTERM (what `omnistage serve` runs)."""
-    # The runner worker process inherits an ignored SIGINT, so Ctrl-C in a terminal (sent to
-    # the whole process group) reaches only this process, which then shuts the worker down.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        from omnistage.engine.llm_engine import LLMEngine
+    """Load `model` and serve it until SIGINT / SIGTERM (what `omnistage serve` runs).
+    A multi-stage deploy (`deploy`, or the packaged one of a demo / pipeline checkpoint
+    `model`) is served through an `AsyncOmni` (`in_process`: all stages in this process;
+    `engine_args` do not apply: each stage's come from the deploy); anything else (None:
+    the default model) as one `LLMEngine`."""
+    client: AsyncEngineClient | PipelineClient
+    spec = pipeline_deploy(model, deploy)
+    if spec is not None:
+        client = PipelineClient(spec, in_process=in_process)
+        default_name = model if model is not None else spec.name
+    else:
+        model = model or DEFAULT_MODEL
+        default_name = model
+        # The runner worker process inherits an ignored SIGINT, so Ctrl-C in a terminal (sent
+        # to the whole process group) reaches only this process, which then shuts it down.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            from omnistage.engine.llm_engine import LLMEngine
 
-        engine = LLMEngine(EngineConfig(model=model, **engine_args))
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    client = AsyncEngineClient(engine, stage="llm")
-    app = build_app(client, list(served_model_names or [model]), model_path=model, api_key=api_key)
+            engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        client = AsyncEngineClient(engine, stage="llm")
+    app = build_app(
+        client, list(served_model_names or [default_name]), model_path=model, api_key=api_key
+    )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
     # uvicorn re-raises the signal that stopped it once it is done; by then the shutdown was
     # graceful, so the handlers it restores just let `serve` return.

@@ -14,6 +14,7 @@ pipelines alike:
 | omnistage_time_to_first_token_seconds | histogram | stage |
 | omnistage_inter_token_latency_seconds | histogram | stage |
 | omnistage_e2e_request_latency_seconds | histogram | stage |
+| omnistage_time_to_first_audio_seconds | histogram | stage (the pipeline's audio stage) |
 
 Stage-level histograms for other outputs (time to first audio packet) belong here
 too, added with the stage kinds that produce them, labelled the same way.
@@ -105,6 +106,14 @@ class ServerMetrics:
             registry=r,
         )
 
+        self.ttfa = Histogram(
+            "omnistage_time_to_first_audio_seconds",
+            "Arrival to the first audio packet of a speaking pipeline",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
     def track_stage(self, stage: str, stats: Callable[[], EngineStats]) -> None:
         """Read the stage's queue depth and KV cache usage from `stats` at each scrape."""
         self.num_waiting.labels(stage).set_function(lambda: stats().num_waiting)
@@ -125,6 +134,9 @@ class ServerMetrics:
         self.prompt_tokens.labels(stage).inc(prompt_tokens)
         self.generation_tokens.labels(stage).inc(generated_tokens)
         self.e2e.labels(stage).observe(seconds)
+
+    def on_first_audio(self, stage: str, seconds: float) -> None:
+        self.ttfa.labels(stage).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -307,3 +307,46 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# -- images and speech (pipelines that draw / speak) ------------------------------------------
+class ImageGenerationRequest(RequestModel):
+    """POST /v1/images/generations. `num_inference_steps`, `guidance_scale`,
+    `negative_prompt` and `seed` are extensions (vLLM-Omni's), read by the draw stage."""
+
+    prompt: str = Field(min_length=1)
+    model: str | None = None
+    n: Int = Field(default=1, ge=1, le=10)
+    size: str | None = None
+    """"WxH" (e.g. "512x512"); None: the model's default size."""
+    response_format: Literal["b64_json", "url"] = "b64_json"
+    quality: str | None = None
+    style: str | None = None
+    user: str | None = None
+    num_inference_steps: Int | None = Field(default=None, ge=1, le=1000)
+    guidance_scale: float | None = Field(default=None, ge=0, le=100)
+    negative_prompt: str | None = None
+    seed: Int | None = Field(default=None, ge=0, le=INT64_MAX)
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    revised_prompt: str | None = None
+
+
+class ImageGenerationResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+
+
+class SpeechRequest(RequestModel):
+    """POST /v1/audio/speech."""
+
+    model: str
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str | None = None
+    response_format: Literal["wav", "pcm", "flac", "mp3", "opus", "aac"] = "wav"
+    speed: float | None = Field(default=None, gt=0, le=4)
+    instructions: str | None = None
+    stream: bool = False
+    stream_format: Literal["audio", "sse"] | None = None

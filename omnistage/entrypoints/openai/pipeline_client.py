@@ -1,0 +1,196 @@
+"""`PipelineClient`: a multi-stage pipeline (`AsyncOmni`) behind the OpenAI server.
+
+`omnistage serve` serves a model whose deploy has more than one stage (the
+built-in `demo-image` / `demo-omni`, an omni or image checkpoint, or `--deploy
+FILE|NAME`) through this client instead of `AsyncEngineClient`. It offers the
+part of `AsyncEngineClient`'s surface the app itself uses (`start`, `shutdown`,
+`begin_shutdown`, `is_alive`, `max_model_len`) plus `generate`, which streams a
+request's `OmniRequestOutput` updates and aborts the request in every stage when
+the caller stops listening (a client that disconnects, a shutdown).
+
+What the pipeline can answer follows from its deploy: `draws` (a final stage
+with `final_output_type: image`) enables POST /v1/images/generations, `speaks`
+(`final_output_type: audio`) POST /v1/audio/speech.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator, Mapping, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from omnistage.entrypoints.openai.errors import OpenAIError
+from omnistage.pipeline.deploy_spec import DeploySpec
+from omnistage.pipeline.omni import AsyncOmni
+from omnistage.pipeline.outputs import OmniRequestOutput
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_VOICES = {
+    "qwen3_omni_thinker_to_talker": "ethan",
+    "qwen25_omni_thinker_to_talker": "chelsie",
+}
+"""The voice a pipeline speaks with, by the processor of its edge into the talker (requests
+cannot pick another one yet)."""
+
+
+def pipeline_deploy(
+    model: str | None, deploy: str | os.PathLike | Mapping[str, Any] | DeploySpec | None
+) -> DeploySpec | None:
+    """The multi-stage deploy `omnistage serve` should run for `model` / `deploy`, or None
+    when it is one text model (served by `AsyncEngineClient` as before)."""
+    from omnistage.pipeline.deploy import deploy_for_model, load_deploy
+    from omnistage.pipeline.omni import _deploy_source
+
+    if deploy is not None:
+        spec = deploy if isinstance(deploy, DeploySpec) else load_deploy(_deploy_source(deploy))
+        return spec.with_model(model) if model is not None else spec
+    if model is None:
+        return None
+    spec = deploy_for_model(model)
+    return spec if len(spec.stages) > 1 else None
+
+
+class PipelineClient:
+    """An `AsyncOmni` driven by the server (the app starts nothing: the stages start here)."""
+
+    stage = "pipeline"
+
+    def __init__(
+        self,
+        deploy: DeploySpec | str | os.PathLike | Mapping[str, Any] | None = None,
+        model: str | None = None,
+        *,
+        in_process: bool = False,
+        omni: AsyncOmni | None = None,
+    ) -> None:
+        if omni is None:
+            # Stage processes inherit an ignored SIGINT: Ctrl-C reaches only the server,
+            # which then stops them.
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                omni = AsyncOmni(deploy, model=model, in_process=in_process)
+            finally:
+                signal.signal(signal.SIGINT, previous)
+        self.omni = omni
+        self.deploy: DeploySpec = omni.deploy
+        self.observer: Any = None
+        self.max_model_len: int | None = None
+        self._active: set[str] = set()
+        self._stopping = False
+        self._closed = False
+
+    # -- what the deploy can answer ---------------------------------------------------------------
+    def final_stage(self, modality: str):
+        return next((s for s in self.deploy.final_stages if s.final_output_type == modality), None)
+
+    @property
+    def draws(self) -> bool:
+        return self.final_stage("image") is not None
+
+    @property
+    def speaks(self) -> bool:
+        return self.final_stage("audio") is not None
+
+    @property
+    def diffusion_limits(self):
+        """The draw stage's `DiffusionLimits` (sizes it can draw), or None."""
+        stage = self.final_stage("image")
+        return None if stage is None else self.omni._params.limits.get(stage.name)
+
+    @property
+    def default_voice(self) -> str | None:
+        for edge in self.deploy.edges:
+            voice = DEFAULT_VOICES.get(edge.processor or "")
+            if voice is not None:
+                return voice
+        return "default" if self.speaks else None
+
+    @property
+    def entry_model(self) -> str | None:
+        (entry,) = self.deploy.entry_stages
+        return entry.with_part_directory().model
+
+    @functools.cached_property
+    def entry_builds_its_prompt(self) -> bool:
+        """Whether the entry stage renders its prompt itself (GLM-Image's prior states the
+        image size in its prompt): requests then pass the text as it is, not as a chat."""
+        from omnistage.entrypoints.cli import _entry_builds_its_prompt
+
+        return _entry_builds_its_prompt(self.deploy)
+
+    # -- lifecycle (the app's lifespan, `Server`) ----------------------------------------------
+    @property
+    def is_alive(self) -> bool:
+        orchestrator = self.omni.orchestrator
+        return (
+            not self._stopping
+            and not self._closed
+            and orchestrator._thread.is_alive()
+            and not orchestrator.dead
+        )
+
+    def start(self) -> None:
+        """Nothing to do: the stages started with the `AsyncOmni`."""
+
+    def begin_shutdown(self) -> None:
+        """Refuse new requests and abort every one in flight (their responses end now)."""
+        self._stopping = True
+        for request_id in list(self._active):
+            self.omni.orchestrator.abort(request_id)
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop every stage process (idempotent)."""
+        self._stopping = True
+        if not self._closed:
+            self._closed = True
+            self.omni.shutdown()
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Every stage's resource counters (blocks: not on the event loop)."""
+        return self.omni.stage_counters()
+
+    # -- requests ----------------------------------------------------------------------------
+    async def generate(
+        self,
+        prompt: Any,
+        sampling_params: Any,
+        modalities: Sequence[str] | None,
+        request_id: str,
+        renames: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[OmniRequestOutput]:
+        """The request's updates. Bad input is a 400 naming the field, raised at the first
+        `anext` (before any response starts); a failed request a 503 (aborted by a shutdown)
+        or 500 (a stage failed). Leaving early aborts the request in every stage."""
+        if not self.is_alive:
+            raise OpenAIError("the pipeline is not running", HTTPStatus.SERVICE_UNAVAILABLE)
+        updates = self.omni.generate(prompt, sampling_params, modalities, request_id)
+        self._active.add(request_id)
+        try:
+            try:
+                output = await anext(updates)  # validation runs here, before anything starts
+            except ValueError as exc:
+                raise OpenAIError.from_value_error(exc, renames) from None
+            while True:
+                if output.finished and (output.error or output.aborted):
+                    if output.aborted or self._stopping:
+                        raise OpenAIError(
+                            "the request was aborted: the server is shutting down",
+                            HTTPStatus.SERVICE_UNAVAILABLE,
+                        )
+                    raise OpenAIError(
+                        f"the pipeline failed: {output.error}", HTTPStatus.INTERNAL_SERVER_ERROR
+                    )
+                yield output
+                if output.finished:
+                    return
+                output = await anext(updates)
+        finally:
+            self._active.discard(request_id)
+            with contextlib.suppress(Exception):
+                await updates.aclose()  # aborts the request if it has not finished

@@ -1,0 +1,163 @@
+"""POST /v1/images/generations, for pipelines that draw (a final stage whose
+`final_output_type` is image, e.g. `demo-image`, GLM-Image).
+
+    {"model": "demo-image", "prompt": "a red fox", "n": 2, "size": "64x64",
+     "response_format": "b64_json", "seed": 7, "num_inference_steps": 4}
+    -> {"created": ..., "data": [{"b64_json": "<PNG>", "revised_prompt": "<caption>"}, ...]}
+
+Each of the `n` images is its own pipeline request, run concurrently; with a `seed`
+image i is drawn with seed `seed + i` (reproducible), without one with random seeds
+(n > 1) or the stage's default (n = 1). `size` is "WxH" and must be a size the draw
+stage's model can draw (400 naming `size` otherwise); None draws its default size.
+Only `response_format: b64_json` (PNG) is served; `url` is a 400 (the server keeps no
+files). `revised_prompt` is the caption the draw stage drew (a think -> recaption
+pipeline's caption; the prompt itself where no stage rewrites it). The prompt reaches
+the entry stage through its chat template (as `omnistage generate` does), unless the
+entry stage renders its prompt itself (GLM-Image's prior). Extensions read by the draw
+stage: `num_inference_steps`, `guidance_scale`, `negative_prompt`, `seed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import re
+import secrets
+import time
+import uuid
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from omnistage.entrypoints.openai.errors import OpenAIError
+from omnistage.entrypoints.openai.pipeline_client import PipelineClient
+from omnistage.entrypoints.openai.protocol import (
+    ImageData,
+    ImageGenerationRequest,
+    ImageGenerationResponse,
+)
+from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, OpenAIServing, ServingContext
+from omnistage.entrypoints.openai.sse import until_disconnect
+
+_SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
+
+
+class ImagesServing(OpenAIServing):
+    @classmethod
+    def enabled(cls, ctx: ServingContext) -> bool:
+        return isinstance(ctx.client, PipelineClient) and ctx.client.draws
+
+    @property
+    def client(self) -> PipelineClient:
+        return self.ctx.client  # type: ignore[return-value]
+
+    def register(self, router: APIRouter) -> None:
+        router.add_api_route(
+            "/v1/images/generations",
+            self.create,
+            methods=["POST"],
+            response_model=ImageGenerationResponse,
+            responses=ERROR_RESPONSES,
+        )
+
+    async def create(self, body: ImageGenerationRequest, raw: Request) -> JSONResponse:
+        if body.model is not None:
+            self.check_model(body.model)
+        if body.response_format != "b64_json":
+            raise OpenAIError(
+                "response_format: only b64_json is served (this server keeps no image files)",
+                param="response_format",
+            )
+        height, width = self.parse_size(body.size)
+        if body.seed is not None:
+            seeds: list[int | None] = [body.seed + i for i in range(body.n)]
+        elif body.n > 1:
+            seeds = [secrets.randbelow(2**62) for _ in range(body.n)]
+        else:
+            seeds = [None]
+        base_id = f"img-{uuid.uuid4().hex}"
+        draws = [
+            asyncio.ensure_future(self.draw(body, height, width, seed, f"{base_id}-{i}"))
+            for i, seed in enumerate(seeds)
+        ]
+
+        async def all_images() -> list[ImageData]:
+            try:
+                return await asyncio.gather(*draws)
+            finally:  # one failed (or the client left): stop the others
+                for task in draws:
+                    task.cancel()
+
+        images = await until_disconnect(raw, all_images())
+        response = ImageGenerationResponse(created=int(time.time()), data=images)
+        return JSONResponse(response.model_dump())
+
+    def parse_size(self, size: str | None) -> tuple[int | None, int | None]:
+        if size is None or size == "auto":
+            return None, None
+        match = _SIZE.match(size)
+        if match is None:
+            raise OpenAIError(
+                f"size: expected 'WIDTHxHEIGHT' (e.g. '512x512'), got {size!r}", param="size"
+            )
+        width, height = int(match.group(1)), int(match.group(2))
+        limits = self.client.diffusion_limits
+        if limits is not None:
+            try:
+                limits.check_size(height, width)
+            except ValueError as exc:
+                raise OpenAIError(f"size: {size} is not supported: {exc}", param="size") from None
+        return height, width
+
+    async def draw(
+        self,
+        body: ImageGenerationRequest,
+        height: int | None,
+        width: int | None,
+        seed: int | None,
+        request_id: str,
+    ) -> ImageData:
+        from omnistage.diffusion.params import DiffusionParams
+
+        stage = self.client.final_stage("image")
+        assert stage is not None
+        fields: dict[str, Any] = {
+            "height": height,
+            "width": width,
+            "num_inference_steps": body.num_inference_steps,
+            "guidance_scale": body.guidance_scale,
+            "seed": seed,
+        }
+        if body.negative_prompt:
+            fields["negative_prompt"] = body.negative_prompt
+        try:
+            params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
+        except ValueError as exc:
+            raise OpenAIError.from_value_error(exc) from None
+        renames = {"height": "size", "width": "size"}
+        image = caption = None
+        async for output in self.client.generate(
+            self.prompt(body.prompt), {stage.name: params}, ["image"], request_id, renames
+        ):
+            if output.finished:
+                image = output.image
+                result = output.outputs.get(stage.name)
+                caption = result.text if result is not None and result.text else body.prompt
+        if image is None:
+            raise OpenAIError("the pipeline drew no image", HTTPStatus.INTERNAL_SERVER_ERROR)
+        png = await asyncio.to_thread(_png, image)
+        return ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=caption)
+
+    def prompt(self, text: str) -> Any:
+        if self.client.entry_builds_its_prompt:
+            return text
+        return {"messages": [{"role": "user", "content": text}]}
+
+
+def _png(image: Any) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()

@@ -1,0 +1,215 @@
+"""POST /v1/audio/speech, for pipelines that speak (a final stage whose
+`final_output_type` is audio, e.g. `demo-omni`, Qwen3-Omni, Qwen2.5-Omni).
+
+    {"model": "demo-omni", "input": "Hello there", "voice": "ethan", "response_format": "wav"}
+    -> the audio file (16-bit mono at the model's rate: 24 kHz for Qwen3-Omni)
+
+The pipeline is asked to read the text: its entry stage gets the chat message
+"Read the following text aloud, word for word, and say nothing else:\\n<input>"
+through its chat template, and the audio of the reply is the answer (an omni model
+speaks its reply; a model that paraphrases reads it less faithfully than a TTS would).
+
+`voice`: voices are not selectable yet: the pipeline speaks with the model's default
+voice (Qwen3-Omni "ethan", Qwen2.5-Omni "chelsie"), and `voice` may only name that one
+(or be left out); any other is a 400 naming `voice`. `response_format`: wav, pcm
+(raw 16-bit little-endian mono samples at the model's rate) or flac; mp3 / opus / aac
+are a 400. `speed` other than 1 and `instructions` are a 400 (not honoured).
+`stream: true` (wav or pcm) sends the audio as the pipeline produces it: pcm chunks as
+they arrive, for wav first a WAV header whose lengths say "unknown" (0xFFFFFFFF, as
+streaming TTS servers send). A client that disconnects aborts the request in every
+stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from omnistage.entrypoints.openai.errors import OpenAIError
+from omnistage.entrypoints.openai.pipeline_client import PipelineClient
+from omnistage.entrypoints.openai.protocol import SpeechRequest
+from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, OpenAIServing, ServingContext
+from omnistage.entrypoints.openai.sse import EventStream, until_disconnect
+from omnistage.pipeline.outputs import OmniRequestOutput
+
+READ_ALOUD = "Read the following text aloud, word for word, and say nothing else:\n"
+MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
+UNKNOWN_LENGTH = 0xFFFFFFFF
+
+
+class AudioStream(EventStream):
+    """Audio bytes as they come, cancelled (the request aborted) when the client leaves."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], media_type: str) -> None:
+        self.media_type = media_type
+        super().__init__(chunks)  # type: ignore[arg-type]
+
+
+class SpeechServing(OpenAIServing):
+    @classmethod
+    def enabled(cls, ctx: ServingContext) -> bool:
+        return isinstance(ctx.client, PipelineClient) and ctx.client.speaks
+
+    @property
+    def client(self) -> PipelineClient:
+        return self.ctx.client  # type: ignore[return-value]
+
+    def register(self, router: APIRouter) -> None:
+        router.add_api_route(
+            "/v1/audio/speech",
+            self.create,
+            methods=["POST"],
+            response_class=Response,
+            responses={200: {"content": {t: {} for t in MEDIA_TYPES.values()}}, **ERROR_RESPONSES},
+        )
+
+    def check_supported(self, body: SpeechRequest) -> None:
+        self.check_model(body.model)
+        default = self.client.default_voice
+        if body.voice is not None and (default is None or body.voice.lower() != default.lower()):
+            raise OpenAIError(
+                f"voice: {body.voice!r} is not available; this model speaks with its default "
+                f"voice {default!r} (voices are not selectable yet)",
+                param="voice",
+            )
+        if body.response_format not in MEDIA_TYPES:
+            raise OpenAIError(
+                f"response_format: {body.response_format!r} is not served; use wav, pcm or flac",
+                param="response_format",
+            )
+        if body.speed is not None and body.speed != 1.0:
+            raise OpenAIError("speed: only 1.0 is supported", param="speed")
+        if body.instructions is not None:
+            raise OpenAIError("instructions: not supported by this model", param="instructions")
+        if body.stream_format == "sse":
+            raise OpenAIError("stream_format: only 'audio' is served", param="stream_format")
+        if body.stream and body.response_format == "flac":
+            raise OpenAIError(
+                "response_format: streaming serves wav or pcm, not flac", param="response_format"
+            )
+
+    async def create(self, body: SpeechRequest, raw: Request) -> Response:
+        self.check_supported(body)
+        stage = self.client.final_stage("audio")
+        assert stage is not None
+        prompt = {"messages": [{"role": "user", "content": READ_ALOUD + body.input}]}
+        request_id = f"speech-{uuid.uuid4().hex}"
+        arrival = time.monotonic()
+        updates = self.client.generate(prompt, None, ["audio"], request_id, {"prompt": "input"})
+        first = await anext(updates)  # 400s are raised here, before the response starts
+        if body.stream:
+            media = MEDIA_TYPES[body.response_format]
+            return AudioStream(self.stream(body, stage.name, first, updates, arrival), media)
+        audio = await until_disconnect(raw, self.collect(stage.name, first, updates, arrival))
+        samples, rate = audio
+        data = await asyncio.to_thread(encode, samples, rate, body.response_format)
+        return Response(data, media_type=MEDIA_TYPES[body.response_format])
+
+    def _observe_first(self, stage: str, arrival: float) -> None:
+        self.ctx.metrics.on_first_audio(stage, time.monotonic() - arrival)
+
+    async def collect(
+        self,
+        stage: str,
+        first: OmniRequestOutput,
+        updates: AsyncIterator[OmniRequestOutput],
+        arrival: float,
+    ) -> tuple[np.ndarray, int]:
+        output, seen_audio = first, False
+        try:
+            while True:
+                if not seen_audio and output.stage == stage and output.new_data is not None:
+                    seen_audio = True
+                    self._observe_first(stage, arrival)
+                if output.finished:
+                    break
+                output = await anext(updates)
+        finally:
+            await updates.aclose()  # type: ignore[attr-defined]
+        if output.audio is None or output.sample_rate is None:
+            raise OpenAIError("the pipeline produced no audio", HTTPStatus.INTERNAL_SERVER_ERROR)
+        if not seen_audio:
+            self._observe_first(stage, arrival)
+        return output.audio, output.sample_rate
+
+    async def stream(
+        self,
+        body: SpeechRequest,
+        stage: str,
+        first: OmniRequestOutput,
+        updates: AsyncIterator[OmniRequestOutput],
+        arrival: float,
+    ) -> AsyncIterator[bytes]:
+        output, header_sent = first, body.response_format != "wav"
+        try:
+            while True:
+                if output.stage == stage and output.new_data is not None:
+                    rate = output.sample_rate or 24000
+                    if not header_sent:
+                        self._observe_first(stage, arrival)
+                        yield wav_header(rate, UNKNOWN_LENGTH)
+                        header_sent = True
+                    yield to_pcm16(output.new_data.to(dtype=_float32()).numpy())
+                if output.finished:
+                    break
+                try:
+                    output = await anext(updates)
+                except OpenAIError:  # ended by a shutdown or a failed stage: end the audio
+                    break
+        finally:
+            await updates.aclose()  # type: ignore[attr-defined]
+        if not header_sent:  # no audio at all: still a valid (empty) WAV
+            yield wav_header(output.sample_rate or 24000, 0)
+
+
+def _float32() -> Any:
+    import torch
+
+    return torch.float32
+
+
+def to_pcm16(samples: np.ndarray) -> bytes:
+    """Float samples in [-1, 1] as 16-bit little-endian PCM."""
+    return (np.clip(samples.reshape(-1), -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+def wav_header(sample_rate: int, data_bytes: int) -> bytes:
+    """A 44-byte PCM WAV header (16-bit mono); `data_bytes` 0xFFFFFFFF: length unknown."""
+    riff = UNKNOWN_LENGTH if data_bytes == UNKNOWN_LENGTH else 36 + data_bytes
+    return struct.pack(
+        "<4sI4s4sIHHIIHH4sI",
+        b"RIFF",
+        riff,
+        b"WAVE",
+        b"fmt ",
+        16,
+        1,  # PCM
+        1,  # mono
+        sample_rate,
+        sample_rate * 2,
+        2,
+        16,
+        b"data",
+        data_bytes,
+    )
+
+
+def encode(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes:
+    if response_format == "pcm":
+        return to_pcm16(samples)
+    import soundfile
+
+    buffer = io.BytesIO()
+    data = np.clip(samples.reshape(-1), -1.0, 1.0)
+    soundfile.write(buffer, data, sample_rate, format=response_format.upper(), subtype="PCM_16")
+    return buffer.getvalue()

@@ -1,0 +1,242 @@
+"""The OpenAI server over multi-stage pipelines: /v1/images/generations (demo-image) and
+/v1/audio/speech (demo-omni), with the real server on a loopback port and the real
+`openai` client. Stages run in the server process (`in_process=True`) for speed."""
+
+from __future__ import annotations
+
+import base64
+import io
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+import uvicorn
+from PIL import Image
+
+from omnistage.entrypoints.openai.api_server import Server, build_app
+from omnistage.entrypoints.openai.pipeline_client import PipelineClient, pipeline_deploy
+
+
+class PipelineServer:
+    """`build_app` over a `PipelineClient` of `model`, served on 127.0.0.1:<free port>."""
+
+    def __init__(self, model: str) -> None:
+        spec = pipeline_deploy(model, None)
+        assert spec is not None and len(spec.stages) > 1
+        self.client = PipelineClient(spec, in_process=True)
+        self.name = model
+        self.app = build_app(self.client, [model], model_path=model)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10)
+        self.server = Server(config, self.client)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> PipelineServer:
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(30)
+        self._sock.close()
+        assert self.client._closed  # the lifespan stopped the pipeline
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until the pipeline tracks no request and every stage's counters are zero."""
+        deadline = time.monotonic() + timeout
+        counters: Any = None
+        while time.monotonic() < deadline:
+            if self.client.omni.orchestrator.num_tracked() == 0:
+                counters = self.client.stats()
+                if all(v == 0 for stage in counters.values() for v in stage.values()):
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"the pipeline still holds requests: {counters}")
+
+
+@pytest.fixture(scope="module")
+def image_server() -> Iterator[PipelineServer]:
+    with PipelineServer("demo-image") as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def speech_server() -> Iterator[PipelineServer]:
+    with PipelineServer("demo-omni") as live:
+        yield live
+
+
+def _error(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict[str, Any]:
+    return exc.value.response.json()["error"]
+
+
+# -- images -----------------------------------------------------------------------------------
+def test_image_generation_decodes_to_png(image_server: PipelineServer) -> None:
+    client = image_server.openai()
+    result = client.images.generate(
+        model="demo-image",
+        prompt="a red fox in the snow",
+        size="64x64",
+        response_format="b64_json",
+        n=2,
+        extra_body={"seed": 3, "num_inference_steps": 2},
+    )
+    assert len(result.data) == 2
+    arrays = []
+    for item in result.data:
+        image = Image.open(io.BytesIO(base64.b64decode(item.b64_json)))
+        assert image.format == "PNG" and image.size == (64, 64)
+        arrays.append(np.asarray(image))
+        assert isinstance(item.revised_prompt, str) and item.revised_prompt
+    assert not np.array_equal(arrays[0], arrays[1])  # seeds 3 and 4
+    again = client.images.generate(
+        model="demo-image",
+        prompt="a red fox in the snow",
+        size="64x64",
+        extra_body={"seed": 3, "num_inference_steps": 2},
+    )
+    image = np.asarray(Image.open(io.BytesIO(base64.b64decode(again.data[0].b64_json))))
+    assert np.array_equal(image, arrays[0])
+    image_server.wait_idle()
+
+
+@pytest.mark.parametrize("size", ["65x64", "64", "0x64", "100000x64"])
+def test_image_bad_size_is_400_naming_size(image_server: PipelineServer, size: str) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        image_server.openai().images.generate(model="demo-image", prompt="x", size=size)  # type: ignore[arg-type]
+    error = _error(exc)
+    assert error["param"] == "size" and "size" in error["message"]
+
+
+def test_image_errors(image_server: PipelineServer) -> None:
+    client = image_server.openai()
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.images.generate(model="demo-image", prompt="x", response_format="url")
+    assert _error(exc)["param"] == "response_format"
+    with pytest.raises(openai.NotFoundError):
+        client.images.generate(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.images.generate(model="demo-image", prompt="x", extra_body={"steps": 2})
+    assert "steps" in _error(exc)["message"]
+    # what the pipeline cannot produce: no speech route; chat is a 400 saying so
+    with httpx.Client(base_url=image_server.url, timeout=30) as http:
+        speech = {"model": "demo-image", "input": "hi", "voice": "ethan"}
+        assert http.post("/v1/audio/speech", json=speech).status_code == 404
+        chat = {"model": "demo-image", "messages": [{"role": "user", "content": "hi"}]}
+        answer = http.post("/v1/chat/completions", json=chat)
+        assert answer.status_code == 400 and "pipeline" in answer.json()["error"]["message"]
+        assert http.get("/health").status_code == 200
+        assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["demo-image"]
+
+
+# -- speech -----------------------------------------------------------------------------------
+def _speech(server: PipelineServer, response_format: str, stream: bool = False) -> bytes:
+    client = server.openai()
+    kwargs: dict[str, Any] = dict(
+        model="demo-omni", input="Hello there.", voice="ethan", response_format=response_format
+    )
+    if not stream:
+        return client.audio.speech.create(**kwargs).content
+    with client.audio.speech.with_streaming_response.create(
+        **kwargs, extra_body={"stream": True}
+    ) as response:
+        assert response.status_code == 200
+        return b"".join(response.iter_bytes())
+
+
+def test_speech_formats_decode(speech_server: PipelineServer) -> None:
+    jobs = [("wav", False), ("pcm", False), ("flac", False), ("wav", True), ("pcm", True)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        wav, pcm, flac, wav_stream, pcm_stream = pool.map(
+            lambda job: _speech(speech_server, *job), jobs
+        )
+    samples, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24000 and samples.ndim == 1 and len(samples) > 0
+    assert len(wav) == 44 + 2 * len(samples)  # the header's length is the data's
+    assert len(pcm) % 2 == 0 and len(pcm) > 0
+    flac_samples, flac_rate = soundfile.read(io.BytesIO(flac), dtype="int16")
+    assert flac_rate == 24000 and len(flac_samples) > 0
+    # streamed: a WAV header of unknown length, then 16-bit samples
+    riff, _, wave, _, _, fmt, channels, stream_rate, _, _, bits, data, size = struct.unpack(
+        "<4sI4s4sIHHIIHH4sI", wav_stream[:44]
+    )
+    assert (riff, wave, data, fmt, channels, stream_rate, bits) == (
+        b"RIFF",
+        b"WAVE",
+        b"data",
+        1,
+        1,
+        24000,
+        16,
+    )
+    assert size == 0xFFFFFFFF and len(wav_stream) > 44 and (len(wav_stream) - 44) % 2 == 0
+    assert len(pcm_stream) > 0 and len(pcm_stream) % 2 == 0
+    speech_server.wait_idle()
+    metrics = httpx.get(f"{speech_server.url}/metrics").text
+    assert 'omnistage_time_to_first_audio_seconds_count{stage="code2wav"}' in metrics
+
+
+def test_speech_errors(speech_server: PipelineServer) -> None:
+    client = speech_server.openai()
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.audio.speech.create(model="demo-omni", input="hi", voice="alloy")
+    assert _error(exc)["param"] == "voice"
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.audio.speech.create(
+            model="demo-omni", input="hi", voice="ethan", response_format="mp3"
+        )
+    assert _error(exc)["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.audio.speech.create(model="demo-omni", input="", voice="ethan")
+    assert _error(exc)["param"] == "input"
+    with pytest.raises(openai.NotFoundError):
+        client.audio.speech.create(model="nope", input="hi", voice="ethan")
+    with httpx.Client(base_url=speech_server.url, timeout=30) as http:
+        body = {"model": "demo-omni", "prompt": "hi"}
+        assert http.post("/v1/images/generations", json=body).status_code == 404
+
+
+def test_speech_stream_disconnect_aborts(
+    speech_server: PipelineServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orchestrator = speech_server.client.omni.orchestrator
+    aborted: list[str] = []
+    abort = orchestrator.abort
+
+    def recording_abort(request_id: str) -> None:
+        aborted.append(request_id)
+        abort(request_id)
+
+    monkeypatch.setattr(orchestrator, "abort", recording_abort)
+    body = {"model": "demo-omni", "input": "Hello there.", "response_format": "pcm", "stream": True}
+    with (
+        httpx.Client(base_url=speech_server.url, timeout=60) as http,
+        http.stream("POST", "/v1/audio/speech", json=body) as response,
+    ):
+        assert response.status_code == 200  # the stream started: hang up mid-request
+    speech_server.wait_idle()  # nothing left in any stage
+    # A warm demo-omni may finish the whole (short) reply before the hang-up is seen; when
+    # it did not, the request was aborted rather than left running.
+    assert all(rid.startswith("speech-") for rid in aborted)
