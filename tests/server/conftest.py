@@ -1,7 +1,8 @@
 """The real server (uvicorn on a loopback port, in a background thread) for the server tests.
 
 One session server on a tiny random llama serves most tests; `LiveServer` starts
-others (smollm2, the fuzz target). Tests talk to it with the `openai` client and,
+others (smollm2, the fuzz target). `PipelineServer` serves a multi-stage pipeline
+(`speech_server`: demo-omni, in process). Tests talk to it with the `openai` client and,
 for raw bodies, httpx; they read the engine's counters through `server.client`.
 """
 
@@ -22,6 +23,7 @@ from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.entrypoints.openai.api_server import Server, build_app
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
+from omnistage.entrypoints.openai.pipeline_client import PipelineClient, pipeline_deploy
 
 TINY = "tiny"
 
@@ -77,6 +79,63 @@ class LiveServer:
                 return
             time.sleep(0.05)
         raise AssertionError(f"the engine still holds requests: {stats}")
+
+
+class PipelineServer:
+    """`build_app` over a `PipelineClient` of `model`, served on 127.0.0.1:<free port>."""
+
+    def __init__(self, model: str) -> None:
+        spec = pipeline_deploy(model, None)
+        assert spec is not None and len(spec.stages) > 1
+        self.client = PipelineClient(spec, in_process=True)
+        self.name = model
+        self.app = build_app(self.client, [model], model_path=model)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10)
+        self.server = Server(config, self.client)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> PipelineServer:
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(30)
+        self._sock.close()
+        assert self.client._closed  # the lifespan stopped the pipeline
+
+    def openai(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until the pipeline tracks no request and every stage's counters are zero."""
+        deadline = time.monotonic() + timeout
+        counters: Any = None
+        while time.monotonic() < deadline:
+            if self.client.omni.orchestrator.num_tracked() == 0:
+                counters = self.client.stats()
+                if all(v == 0 for stage in counters.values() for v in stage.values()):
+                    return
+            time.sleep(0.1)
+        raise AssertionError(f"the pipeline still holds requests: {counters}")
+
+
+@pytest.fixture(scope="session")
+def speech_server() -> Iterator[PipelineServer]:
+    """demo-omni (thinker -> talker -> code2wav), shared by the pipeline test modules."""
+    with PipelineServer("demo-omni") as live:
+        yield live
 
 
 @pytest.fixture(scope="session")

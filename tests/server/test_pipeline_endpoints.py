@@ -1,15 +1,13 @@
 """The OpenAI server over multi-stage pipelines: /v1/images/generations (demo-image) and
 /v1/audio/speech (demo-omni), with the real server on a loopback port and the real
-`openai` client. Stages run in the server process (`in_process=True`) for speed."""
+`openai` client. Stages run in the server process (`in_process=True`) for speed; the
+demo-omni server (`speech_server`) is conftest's, shared with test_pipeline_chat."""
 
 from __future__ import annotations
 
 import base64
 import io
-import socket
 import struct
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,72 +17,14 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-import uvicorn
 from PIL import Image
 
-from omnistage.entrypoints.openai.api_server import Server, build_app
-from omnistage.entrypoints.openai.pipeline_client import PipelineClient, pipeline_deploy
-
-
-class PipelineServer:
-    """`build_app` over a `PipelineClient` of `model`, served on 127.0.0.1:<free port>."""
-
-    def __init__(self, model: str) -> None:
-        spec = pipeline_deploy(model, None)
-        assert spec is not None and len(spec.stages) > 1
-        self.client = PipelineClient(spec, in_process=True)
-        self.name = model
-        self.app = build_app(self.client, [model], model_path=model)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10)
-        self.server = Server(config, self.client)
-        self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    def __enter__(self) -> PipelineServer:
-        self._thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self._thread.join(30)
-        self._sock.close()
-        assert self.client._closed  # the lifespan stopped the pipeline
-
-    def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0, timeout=120)
-
-    def wait_idle(self, timeout: float = 30.0) -> None:
-        """Until the pipeline tracks no request and every stage's counters are zero."""
-        deadline = time.monotonic() + timeout
-        counters: Any = None
-        while time.monotonic() < deadline:
-            if self.client.omni.orchestrator.num_tracked() == 0:
-                counters = self.client.stats()
-                if all(v == 0 for stage in counters.values() for v in stage.values()):
-                    return
-            time.sleep(0.1)
-        raise AssertionError(f"the pipeline still holds requests: {counters}")
+from tests.server.conftest import PipelineServer
 
 
 @pytest.fixture(scope="module")
 def image_server() -> Iterator[PipelineServer]:
     with PipelineServer("demo-image") as live:
-        yield live
-
-
-@pytest.fixture(scope="module")
-def speech_server() -> Iterator[PipelineServer]:
-    with PipelineServer("demo-omni") as live:
         yield live
 
 
@@ -140,13 +80,17 @@ def test_image_errors(image_server: PipelineServer) -> None:
     with pytest.raises(openai.BadRequestError) as exc:
         client.images.generate(model="demo-image", prompt="x", extra_body={"steps": 2})
     assert "steps" in _error(exc)["message"]
-    # what the pipeline cannot produce: no speech route; chat is a 400 saying so
+    # what the pipeline cannot produce: no speech route; chat answers its thinker's text,
+    # and audio out is a 400 naming modalities
     with httpx.Client(base_url=image_server.url, timeout=30) as http:
         speech = {"model": "demo-image", "input": "hi", "voice": "ethan"}
         assert http.post("/v1/audio/speech", json=speech).status_code == 404
         chat = {"model": "demo-image", "messages": [{"role": "user", "content": "hi"}]}
-        answer = http.post("/v1/chat/completions", json=chat)
-        assert answer.status_code == 400 and "pipeline" in answer.json()["error"]["message"]
+        answer = http.post("/v1/chat/completions", json={**chat, "max_tokens": 4})
+        assert answer.status_code == 200
+        assert isinstance(answer.json()["choices"][0]["message"]["content"], str)
+        answer = http.post("/v1/chat/completions", json={**chat, "modalities": ["text", "audio"]})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "modalities"
         assert http.get("/health").status_code == 200
         assert [m["id"] for m in http.get("/v1/models").json()["data"]] == ["demo-image"]
 

@@ -10,10 +10,11 @@ API key, every /v1 route wants `Authorization: Bearer <key>` (401 otherwise);
 
 Pipelines: a model whose deploy has more than one stage (or `--deploy`) is served
 through a `PipelineClient` (an `AsyncOmni`) with `PIPELINE_SERVINGS`: /v1/models,
-/v1/images/generations where a final stage draws, /v1/audio/speech where one speaks.
-/v1/chat/completions and /v1/completions answer a 400 for pipelines (not served
-yet: use `omnistage generate` or `AsyncOmni`); an endpoint whose modality the
-pipeline cannot produce is not registered (404).
+/v1/chat/completions (text, and audio where a final stage speaks; see
+`serving_pipeline_chat`), /v1/images/generations where a final stage draws,
+/v1/audio/speech where one speaks. /v1/completions answers a 400 for pipelines, and
+chat a 400 naming `modalities` on a pipeline that produces no text; an endpoint whose
+modality the pipeline cannot produce is not registered (404).
 
 Lifecycle: the app's lifespan starts the engine thread and, at the end, aborts
 what is left and stops it. On SIGINT / SIGTERM `serve` first aborts every
@@ -49,6 +50,7 @@ from omnistage.entrypoints.openai.serving_chat import ChatServing
 from omnistage.entrypoints.openai.serving_completion import CompletionServing
 from omnistage.entrypoints.openai.serving_images import ImagesServing
 from omnistage.entrypoints.openai.serving_models import ModelsServing
+from omnistage.entrypoints.openai.serving_pipeline_chat import PipelineChatServing
 from omnistage.entrypoints.openai.serving_speech import SpeechServing
 
 logger = logging.getLogger(__name__)
@@ -58,22 +60,23 @@ DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (ModelsServing, ChatServing,
 
 
 class PipelineTextServing(OpenAIServing):
-    """/v1/chat/completions and /v1/completions of a pipeline: a 400 saying so (text
-    generation over HTTP is served for single models only, for now)."""
+    """/v1/completions of a pipeline: a 400 saying so (pipelines answer chat)."""
 
     @classmethod
     def enabled(cls, ctx: ServingContext) -> bool:
         return isinstance(ctx.client, PipelineClient)
 
     def register(self, router: APIRouter) -> None:
-        for path in ("/v1/chat/completions", "/v1/completions"):
-            router.add_api_route(path, self.refuse, methods=["POST"], include_in_schema=False)
+        router.add_api_route(
+            "/v1/completions", self.refuse, methods=["POST"], include_in_schema=False
+        )
 
     async def refuse(self) -> Response:
         client: PipelineClient = self.ctx.client  # type: ignore[assignment]
         served = [
             p
             for p, ok in (
+                ("/v1/chat/completions", client.final_stage("text") is not None),
                 ("/v1/images/generations", client.draws),
                 ("/v1/audio/speech", client.speaks),
             )
@@ -81,7 +84,7 @@ class PipelineTextServing(OpenAIServing):
         ]
         raise OpenAIError(
             "modalities: this server runs a multi-stage pipeline, whose text is not served over "
-            "chat/completions yet; it answers " + (", ".join(served) or "no generating endpoint"),
+            "/v1/completions; it answers " + (", ".join(served) or "no generating endpoint"),
             param="modalities",
         )
 
@@ -90,6 +93,7 @@ PIPELINE_SERVINGS: tuple[type[OpenAIServing], ...] = (
     ModelsServing,
     ImagesServing,
     SpeechServing,
+    PipelineChatServing,
     PipelineTextServing,
 )
 """Endpoint families of an app serving a multi-stage pipeline (`PipelineClient`)."""

@@ -162,7 +162,9 @@ class ResponseFormat(RequestModel):
 
 
 class AudioOutput(RequestModel):
-    format: Literal["wav", "mp3", "flac", "opus", "pcm16", "aac"]
+    format: Literal["wav", "mp3", "flac", "opus", "pcm16", "pcm", "aac"]
+    """Pipelines that speak serve wav and pcm16 (raw 16-bit little-endian mono; "pcm" is
+    taken as its alias); streamed audio deltas are always pcm16."""
     voice: str
 
 
@@ -224,9 +226,28 @@ class ChatChoiceLogprobs(BaseModel):
     content: list[TokenLogprobInfo] | None = None
 
 
+class ChatAudio(BaseModel):
+    """A spoken reply (pipelines that speak): the whole audio file, base64."""
+
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class ChatAudioDelta(BaseModel):
+    """A piece of a streamed spoken reply: base64 pcm16 samples (`id` on the first)."""
+
+    id: str | None = None
+    data: str | None = None
+    transcript: str | None = None
+    expires_at: int | None = None
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    audio: ChatAudio | None = None
 
 
 class ChatChoice(BaseModel):
@@ -251,6 +272,7 @@ class ChatCompletionResponse(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    audio: ChatAudioDelta | None = None
 
 
 class ChatChunkChoice(BaseModel):

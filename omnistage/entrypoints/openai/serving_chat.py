@@ -85,20 +85,7 @@ class ChatServing(OpenAIServing):
             )
         if body.audio is not None:
             raise OpenAIError("audio: this model does not produce audio", param="audio")
-        if body.response_format is not None and body.response_format.type != "text":
-            raise OpenAIError(
-                f"response_format: {body.response_format.type} is not supported (only text)",
-                param="response_format",
-            )
-        if body.tools:
-            raise OpenAIError("tools: tool calling is not supported", param="tools")
-        if body.tool_choice not in (None, "none", "auto"):
-            raise OpenAIError(
-                "tool_choice: tool calling is not supported (use none or auto)",
-                param="tool_choice",
-            )
-        if body.store:
-            raise OpenAIError("store: storing completions is not supported", param="store")
+        check_chat_extras(body)
 
     def render(self, messages: list[ChatMessage]) -> str:
         """The prompt text: messages through the model's chat template."""
@@ -217,6 +204,24 @@ class ChatServing(OpenAIServing):
         if body.stream_options is not None and body.stream_options.include_usage:
             yield chunk([], usage=usage(len(stream.prompt_token_ids), generated, cached))
         yield DONE
+
+
+def check_chat_extras(body: ChatCompletionRequest) -> None:
+    """400 for the chat fields no model here honours (structured output, tools, store)."""
+    if body.response_format is not None and body.response_format.type != "text":
+        raise OpenAIError(
+            f"response_format: {body.response_format.type} is not supported (only text)",
+            param="response_format",
+        )
+    if body.tools:
+        raise OpenAIError("tools: tool calling is not supported", param="tools")
+    if body.tool_choice not in (None, "none", "auto"):
+        raise OpenAIError(
+            "tool_choice: tool calling is not supported (use none or auto)",
+            param="tool_choice",
+        )
+    if body.store:
+        raise OpenAIError("store: storing completions is not supported", param="store")
 
 
 def _logprob_infos(entries: list[TokenLogprob]) -> list[TokenLogprobInfo]:

@@ -1,0 +1,195 @@
+"""POST /v1/chat/completions over a multi-stage pipeline (demo-omni: thinker -> talker ->
+code2wav), with the real server on a loopback port and the real `openai` client: text,
+text + audio (whole and streamed), an audio input part, errors, and a disconnect."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from tests.server.conftest import PipelineServer
+
+MODEL = "demo-omni"
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def _error(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict[str, Any]:
+    return exc.value.response.json()["error"]
+
+
+def test_text_only_chat(speech_server: PipelineServer) -> None:
+    reply = speech_server.openai().chat.completions.create(
+        model=MODEL, messages=HELLO, modalities=["text"], max_tokens=8, temperature=0
+    )
+    choice = reply.choices[0]
+    assert isinstance(choice.message.content, str) and choice.message.content
+    assert choice.message.audio is None
+    assert choice.finish_reason in ("stop", "length")
+    assert reply.usage is not None
+    assert 0 < reply.usage.completion_tokens <= 8 and reply.usage.prompt_tokens > 0
+    speech_server.wait_idle()
+
+
+def _audio_request(**kwargs: Any) -> dict[str, Any]:
+    return dict(
+        model=MODEL,
+        messages=HELLO,
+        modalities=["text", "audio"],
+        audio={"format": "wav", "voice": "ethan"},
+        max_tokens=6,
+        temperature=0,
+        seed=7,
+        **kwargs,
+    )
+
+
+def test_text_and_audio_whole_and_streamed(speech_server: PipelineServer) -> None:
+    client = speech_server.openai()
+    reply = client.chat.completions.create(**_audio_request())
+    message = reply.choices[0].message
+    assert message.audio is not None and message.audio.id
+    assert message.audio.transcript == message.content and message.content
+    wav = base64.b64decode(message.audio.data)
+    samples, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24000 and samples.ndim == 1 and len(samples) > 0
+    assert len(wav) == 44 + 2 * len(samples)
+    assert struct.unpack("<4sI4s", wav[:12])[::2] == (b"RIFF", b"WAVE")
+
+    texts, audio, ids, finish, usage = [], [], [], None, None
+    stream = client.chat.completions.create(
+        **_audio_request(), stream=True, stream_options={"include_usage": True}
+    )
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                texts.append(delta.content)
+            sound = getattr(delta, "audio", None)
+            if sound is not None:
+                sound = sound if isinstance(sound, dict) else sound.model_dump()
+                if sound.get("data"):
+                    audio.append(base64.b64decode(sound["data"]))
+                if sound.get("id"):
+                    ids.append(sound["id"])
+            finish = choice.finish_reason or finish
+    assert "".join(texts) == message.content  # same seed, greedy: the same reply
+    assert len(audio) >= 1 and ids
+    assert sum(len(a) for a in audio) == len(wav) - 44  # the same samples, as pcm16
+    assert finish in ("stop", "length")
+    assert usage is not None and usage.completion_tokens == reply.usage.completion_tokens  # type: ignore[union-attr]
+    speech_server.wait_idle()
+    metrics = httpx.get(f"{speech_server.url}/metrics").text
+    assert 'omnistage_time_to_first_audio_seconds_count{stage="code2wav"}' in metrics
+
+
+def _sine_wav(seconds: float = 0.5, rate: int = 16000) -> str:
+    t = np.arange(int(seconds * rate)) / rate
+    buffer = io.BytesIO()
+    soundfile.write(buffer, 0.3 * np.sin(2 * np.pi * 440 * t), rate, format="WAV")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_audio_input_part(speech_server: PipelineServer) -> None:
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_audio", "input_audio": {"data": _sine_wav(), "format": "wav"}},
+                {"type": "text", "text": "What do you hear?"},
+            ],
+        }
+    ]
+    reply = speech_server.openai().chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        modalities=["text"],
+        max_tokens=4,  # type: ignore[arg-type]
+    )
+    assert reply.choices[0].message.content
+    speech_server.wait_idle()
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"modalities": ["audio"]}, "modalities"),
+        (
+            {"modalities": ["text", "audio"], "audio": {"format": "wav", "voice": "alloy"}},
+            "audio.voice",
+        ),
+        (
+            {"modalities": ["text", "audio"], "audio": {"format": "mp3", "voice": "ethan"}},
+            "audio.format",
+        ),
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"audio": {"format": "wav", "voice": "ethan"}, "modalities": ["text"]}, "audio"),
+    ],
+)
+def test_bad_requests_name_the_field(
+    speech_server: PipelineServer, extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        speech_server.openai().chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=2, **extra
+        )
+    error = _error(exc)
+    assert error["param"] == param and param in error["message"]
+
+
+def test_bad_parts_and_fields(speech_server: PipelineServer) -> None:
+    with httpx.Client(base_url=speech_server.url, timeout=30) as http:
+        remote = {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": [remote]}]}
+        answer = http.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 400 and "messages[0].content[0]" in answer.text
+        body = {"model": MODEL, "prompt": "hi"}
+        assert http.post("/v1/completions", json=body).status_code == 400
+    speech_server.wait_idle()
+
+
+def test_stream_disconnect_aborts(
+    speech_server: PipelineServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    orchestrator = speech_server.client.omni.orchestrator
+    aborted: list[str] = []
+    abort = orchestrator.abort
+
+    def recording_abort(request_id: str) -> None:
+        aborted.append(request_id)
+        abort(request_id)
+
+    monkeypatch.setattr(orchestrator, "abort", recording_abort)
+    body = {
+        "model": MODEL,
+        "messages": HELLO,
+        "modalities": ["text", "audio"],
+        "audio": {"format": "pcm16", "voice": "ethan"},
+        "max_tokens": 2000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with (
+        httpx.Client(base_url=speech_server.url, timeout=60) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        seen = 0
+        for line in lines:
+            if line.startswith("data: ") and '"content"' in line:
+                seen += 1
+                if seen >= 3:
+                    break  # the thinker is writing: hang up mid-request
+    speech_server.wait_idle()
+    assert any(rid.startswith("chatcmpl-") for rid in aborted)
