@@ -28,26 +28,23 @@ from omnistage.entrypoints.openai.pipeline_client import PipelineClient, pipelin
 TINY = "tiny"
 
 
-class LiveServer:
-    """`build_app` over a fresh engine, served by uvicorn on 127.0.0.1:<free port>."""
+class _ThreadedServer:
+    """`app` served by uvicorn on 127.0.0.1:<free port> in a background thread."""
 
-    def __init__(self, model: str, name: str, api_key: str | None = None, **engine_args: Any):
-        engine = LLMEngine(EngineConfig(model=model, **engine_args))
-        self.client = AsyncEngineClient(engine)
-        self.name = name
-        self.app = build_app(self.client, [name], model_path=model, api_key=api_key)
+    def __init__(self, app: Any, client: Any) -> None:
+        self.app, self.client = app, client
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10)
-        self.server = Server(config, self.client)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10)
+        self.server = Server(config, client)
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
 
-    def __enter__(self) -> LiveServer:
+    def __enter__(self):
         self._thread.start()
         deadline = time.monotonic() + 60
         while not self.server.started:
@@ -60,6 +57,16 @@ class LiveServer:
         self.server.should_exit = True
         self._thread.join(30)
         self._sock.close()
+
+
+class LiveServer(_ThreadedServer):
+    """`build_app` over a fresh engine."""
+
+    def __init__(self, model: str, name: str, api_key: str | None = None, **engine_args: Any):
+        engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        client = AsyncEngineClient(engine)
+        self.name = name
+        super().__init__(build_app(client, [name], model_path=model, api_key=api_key), client)
 
     def openai(self, **kwargs: Any) -> openai.OpenAI:
         return openai.OpenAI(
@@ -81,38 +88,18 @@ class LiveServer:
         raise AssertionError(f"the engine still holds requests: {stats}")
 
 
-class PipelineServer:
-    """`build_app` over a `PipelineClient` of `model`, served on 127.0.0.1:<free port>."""
+class PipelineServer(_ThreadedServer):
+    """`build_app` over a `PipelineClient` of `model` (its stages in this process)."""
 
     def __init__(self, model: str) -> None:
         spec = pipeline_deploy(model, None)
         assert spec is not None and len(spec.stages) > 1
-        self.client = PipelineClient(spec, in_process=True)
+        client = PipelineClient(spec, in_process=True)
         self.name = model
-        self.app = build_app(self.client, [model], model_path=model)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=10)
-        self.server = Server(config, self.client)
-        self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
-        )
-
-    def __enter__(self) -> PipelineServer:
-        self._thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the test server did not start")
-            time.sleep(0.02)
-        return self
+        super().__init__(build_app(client, [model], model_path=model), client)
 
     def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self._thread.join(30)
-        self._sock.close()
+        super().__exit__(*exc)
         assert self.client._closed  # the lifespan stopped the pipeline
 
     def openai(self) -> openai.OpenAI:
