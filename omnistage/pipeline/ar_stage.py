@@ -85,7 +85,7 @@ class ARStageCore(StageCore):
             raise ValueError("n: a pipeline stage generates one sequence per request")
         if payloads:
             ((edge, payload),) = payloads.items()
-            inputs = self.incoming[edge][1].to_input(payload)
+            inputs = self.incoming[edge][1].to_input(payload, voice=msg.voice)
         elif self.glm_image_prior:
             inputs, params = self._glm_image_input(msg, params)
         elif msg.audios or msg.images:

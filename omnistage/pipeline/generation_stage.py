@@ -20,8 +20,9 @@ SamplingParams(seed=...)}`, else the stage's `default_sampling`), or, when
 neither gives one, a seed derived from the stage's engine seed and the
 request's first input rows (its codes; for a stream, its first chunk's): the
 same codes give the same output in any batch, order or run, so a request whose
-producer is seeded (or greedy) is reproducible end to end. The speaker is the
-model's default (requests cannot choose one yet).
+producer is seeded (or greedy) is reproducible end to end. Their speaker is the
+request's voice (`SubmitRequest.voice`, validated by the frontend), else the
+model's default.
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class _Stream:
     """Rows held back (right context of the last item), own rows of the next one."""
     position: int = 0
     """Index of `held[0]` in the request's whole input."""
+    speaker: str | None = None
+    """For models that take speakers: the request's voice (None: the model's default)."""
 
 
 class GenerationStageCore(StageCore):
@@ -111,7 +114,8 @@ class GenerationStageCore(StageCore):
                 seed = sampling.get("seed")
                 if seed is None:
                     seed = derived_seed(self.engine_seed, rows)
-            stream = _Stream(seed, rows[:0], rows[:0])
+            speaker = entry.submit.voice if self.model.takes_seeds_and_speakers else None
+            stream = _Stream(seed, rows[:0], rows[:0], speaker=speaker)
         rows = torch.cat([stream.held, rows])
         held = 0 if msg.last else min(self.edge.right_context, rows.shape[0])
         own = rows.shape[0] - held
@@ -123,6 +127,7 @@ class GenerationStageCore(StageCore):
                 lookahead_len=held,
                 offset=stream.position - before.shape[0],
                 seed=stream.seed,
+                speaker=stream.speaker,
             )
             self.queue.append(_WorkItem(rid, msg.chunk_index, item, msg.last))
         if msg.last:

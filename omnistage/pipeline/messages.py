@@ -44,6 +44,10 @@ class SubmitRequest(_Msg):
     """`[height, width]` of the image the pipeline will draw (resolved by the frontend from
     its diffusion stage's parameters), for stages whose prompt depends on it (GLM-Image's
     prior states the size in its prompt); None when the pipeline draws nothing."""
+    voice: str | None = None
+    """The speaker the pipeline's talker speaks with (validated by the frontend against the
+    checkpoint's speakers, sent to every stage of the request; processors that build a
+    talker's input and speaker-conditioned vocoders use it); None: the model's default."""
 
 
 class DeliverPayload(_Msg):

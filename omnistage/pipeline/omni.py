@@ -34,6 +34,7 @@ from omnistage.pipeline.orchestrator import Orchestrator, PipelineRequest
 from omnistage.pipeline.outputs import OmniRequestOutput
 from omnistage.pipeline.prompt_inputs import PromptReader
 from omnistage.pipeline.stage_params import SamplingArg, StageParamsReader
+from omnistage.pipeline.voices import resolve_voice
 
 PipelinePrompt = str | Mapping[str, Any]
 
@@ -77,8 +78,11 @@ class _PipelineFrontend:
         sampling_params: SamplingArg,
         modalities: Sequence[str] | None,
         request_id: str | None,
+        voice: str | None = None,
     ) -> PipelineRequest:
-        """Validate one request up front (decoding its media); ValueError naming the field."""
+        """Validate one request up front (decoding its media); ValueError naming the field.
+        `voice`: one of the talker checkpoint's speakers, any case (`voices.resolve_voice`)."""
+        voice = resolve_voice(self.deploy, voice)
         inputs = self._prompts.read(prompt)
         wanted = list(modalities) if modalities is not None else self.modalities
         unknown = [m for m in wanted if m not in self.modalities]
@@ -98,6 +102,7 @@ class _PipelineFrontend:
             images=[tensor_to_blob(torch.from_numpy(i)) for i in inputs.images],
             sampling=params.per_stage,
             image_size=params.image_size,
+            voice=voice,
             final_stages=[
                 s.name for s in self.deploy.final_stages if s.final_output_type in wanted
             ],
@@ -127,9 +132,12 @@ class Omni(_PipelineFrontend):
         prompts: PipelinePrompt | Sequence[PipelinePrompt],
         sampling_params: SamplingArg | list[SamplingArg] = None,
         modalities: Sequence[str] | None = None,
+        voice: str | None = None,
     ) -> list[OmniRequestOutput]:
         """Final outputs in prompt order; a request that failed has `error` set.
-        `sampling_params` may be a list, one entry per prompt."""
+        `sampling_params` may be a list, one entry per prompt. `voice`: the speaker of a
+        speaking pipeline (one of its talker checkpoint's, any case; None: the default),
+        checked before any stage runs (ValueError naming `voice` with the choices)."""
         single = isinstance(prompts, str | Mapping)
         batch = [prompts] if single else list(prompts)
         if isinstance(sampling_params, list):  # one per prompt, as vLLM's LLM takes them
@@ -141,7 +149,7 @@ class Omni(_PipelineFrontend):
         else:
             per_prompt = [sampling_params] * len(batch)
         requests = [
-            self._request(p, params, modalities, None)
+            self._request(p, params, modalities, None, voice)
             for p, params in zip(batch, per_prompt, strict=True)
         ]
         finished: queue.SimpleQueue[OmniRequestOutput] = queue.SimpleQueue()
@@ -167,8 +175,10 @@ class AsyncOmni(_PipelineFrontend):
         sampling_params: SamplingArg = None,
         modalities: Sequence[str] | None = None,
         request_id: str | None = None,
+        voice: str | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
-        request = self._request(prompt, sampling_params, modalities, request_id)
+        """`voice`: as `Omni.generate`'s."""
+        request = self._request(prompt, sampling_params, modalities, request_id, voice)
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[OmniRequestOutput] = asyncio.Queue()
 

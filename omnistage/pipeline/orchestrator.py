@@ -65,6 +65,8 @@ class PipelineRequest:
     """Decoded images of the prompt."""
     image_size: list[int] | None = None
     """`[height, width]` of the image a diffusion stage will draw (see `SubmitRequest`)."""
+    voice: str | None = None
+    """The speaker a speaking pipeline's talker speaks with (see `SubmitRequest`)."""
 
 
 @dataclass
@@ -276,6 +278,7 @@ class Orchestrator:
 
     def _submit(self, tracked: _Tracked, stage: str, msg: SubmitRequest) -> None:
         msg.sampling = tracked.request.sampling.get(stage)
+        msg.voice = tracked.request.voice
         msg.send_to = [
             edge_name(e)
             for e in self.deploy.edges_from(stage)

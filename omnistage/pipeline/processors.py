@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.pipeline.payload import Payload
+from omnistage.pipeline.voices import QWEN3_OMNI_DEFAULT_VOICE, QWEN25_OMNI_DEFAULT_VOICE
 
 CODES_KEY = "codes.output"
 IMAGE_GRID_KEY = "mm.image_grid_thw"
@@ -82,7 +83,10 @@ class EdgeProcessor:
     def to_prompt(self, upstream: UpstreamResult) -> StageInput:
         raise ValueError(f"edge processor {self.name!r} does not support transfer: prompt")
 
-    def to_input(self, payload: Payload) -> StageInput:
+    def to_input(self, payload: Payload, voice: str | None = None) -> StageInput:
+        """Into an AR stage: its input from the producer's payload. `voice`: the request's
+        speaker (`SubmitRequest.voice`, already validated), for processors that build a
+        talker's input; others ignore it (None: the model's default)."""
         raise ValueError(f"edge processor {self.name!r} does not build AR inputs from payloads")
 
     def to_conditioning(
@@ -118,7 +122,7 @@ class IdsToPrompt(EdgeProcessor):
     def to_prompt(self, upstream: UpstreamResult) -> StageInput:
         return StageInput(prompt_token_ids=list(upstream.output_token_ids))
 
-    def to_input(self, payload: Payload) -> StageInput:
+    def to_input(self, payload: Payload, voice: str | None = None) -> StageInput:
         ids = payload["ids.output"]
         if ids.numel() == 0:
             raise ValueError("ids_to_prompt: the producer generated no tokens")
@@ -143,7 +147,7 @@ class HiddenToEmbeds(EdgeProcessor):
     }
     stream_key = "ids.output"
 
-    def to_input(self, payload: Payload) -> StageInput:
+    def to_input(self, payload: Payload, voice: str | None = None) -> StageInput:
         hidden = payload["hidden_states.output"]
         ids = torch.cat([payload["ids.prompt"], payload["ids.output"]])[: hidden.shape[0]]
         if hidden.shape[0] == 0:
@@ -187,7 +191,10 @@ class Qwen3OmniThinkerToTalker(_ThinkerToTalker):
 
     For a prompt with images the thinker also sends their patch grids (`IMAGE_GRID_KEY`):
     the talker then rotates its prompt with 3-D positions (`get_rope_index` over its own
-    input ids, as transformers' talker does)."""
+    input ids, as transformers' talker does).
+
+    The speaker is the request's voice (`SubmitRequest.voice`, one of the checkpoint's
+    `talker_config.speaker_id` keys), else the model's default ("ethan")."""
 
     name = "qwen3_omni_thinker_to_talker"
 
@@ -201,13 +208,14 @@ class Qwen3OmniThinkerToTalker(_ThinkerToTalker):
             engine.model_files.path, engine.config.torch_dtype
         )
 
-    def to_input(self, payload: Payload) -> StageInput:
+    def to_input(self, payload: Payload, voice: str | None = None) -> StageInput:
         if self.prompter is None:
             raise ValueError(f"edge processor {self.name!r} feeds only an ar stage")
         talker = self.prompter.build(
             payload["ids.prompt"].tolist(),
             payload["ids.output"].tolist(),
             payload["hidden_states.output"],
+            speaker=voice or QWEN3_OMNI_DEFAULT_VOICE,
             finished=bool(payload.get("meta.finished", True)),
             image_grid_thw=payload.get(IMAGE_GRID_KEY),
         )
@@ -234,7 +242,8 @@ class Qwen25OmniThinkerToTalker(_ThinkerToTalker):
     the talker then rotates its prompt with 3-D positions (`get_rope_index` over its own
     input ids, as transformers' talker does given a mask).
 
-    The speaker is the model's default ("Chelsie"); requests cannot pick one yet."""
+    The speaker is the request's voice (`SubmitRequest.voice`, spelled as in `spk_dict.pt`),
+    else the model's default ("Chelsie")."""
 
     name = "qwen25_omni_thinker_to_talker"
 
@@ -248,7 +257,7 @@ class Qwen25OmniThinkerToTalker(_ThinkerToTalker):
             engine.model_files.path, engine.config.torch_dtype
         )
 
-    def to_input(self, payload: Payload) -> StageInput:
+    def to_input(self, payload: Payload, voice: str | None = None) -> StageInput:
         from omnistage.models.qwen25_omni_talker import qwen25_talker_inputs
 
         if self.specials is None:
@@ -266,6 +275,7 @@ class Qwen25OmniThinkerToTalker(_ThinkerToTalker):
             payload["ids.prompt"].tolist(),
             payload["ids.output"].tolist(),
             self.specials,
+            speaker=voice or QWEN25_OMNI_DEFAULT_VOICE,
             image_grid_thw=payload.get(IMAGE_GRID_KEY),
         )
         return _talker_stage_input(talker)

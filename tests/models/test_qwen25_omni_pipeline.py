@@ -302,6 +302,27 @@ def test_talker_codes_equal_transformers_and_sync_equals_async(
     torch.testing.assert_close(torch.from_numpy(a.audio), expected, rtol=0, atol=1e-12)
 
 
+def test_a_request_s_voice_reaches_the_talker_and_token2wav(ckpt, reference, omni_sync):
+    """`voice` (any case; `spk_dict.pt` spells it "Ethan") is the talker's speaker bos row
+    and token2wav's conditioning; an unknown one is refused before any stage runs."""
+    import omnistage.models.qwen25_omni_talker as talker_inputs
+
+    build = talker_inputs.qwen25_talker_inputs
+    with mock.patch.object(talker_inputs, "qwen25_talker_inputs", wraps=build) as spy:
+        (ethan,) = omni_sync.generate([reference["prompt"]], SEEDED, voice="ETHAN")
+    assert ethan.error is None
+    assert spy.call_args.kwargs["speaker"] == "Ethan"
+    assert ethan.token_ids == reference["output_ids"]  # the thinker does not hear the voice
+    # (the tiny talker's greedy codes happen not to change with its speaker row)
+    codes = torch.tensor(ethan.outputs["talker"].token_ids)
+    vocoder = load_generation_model(ckpt, torch.float64, part="token2wav")
+    expected = vocoder.decode(codes, seed=SEED, speaker="Ethan")
+    torch.testing.assert_close(torch.from_numpy(ethan.audio), expected, rtol=0, atol=1e-12)
+    assert not torch.allclose(expected, vocoder.decode(codes, seed=SEED))  # Chelsie's
+    with pytest.raises(ValueError, match="voice: 'alloy' is not one of chelsie, ethan"):
+        omni_sync.generate([reference["prompt"]], voice="alloy")
+
+
 LONG_TALKER_TOKENS = 60
 TINY_STREAM = {"first_chunk_size": 28, "chunk_size": 8, "left_context": 24, "right_context": 24}
 """The tiny DiT's blocks are 4 codes: 6 blocks of context either side, a first chunk of one

@@ -54,9 +54,9 @@ def hf_model(ckpt):
     ).eval()
 
 
-def _hf_generate(model, inputs: dict) -> dict:
-    """transformers' greedy generate on processed `inputs`, with what it handed the talker
-    and code2wav."""
+def _hf_generate(model, inputs: dict, **extra) -> dict:
+    """transformers' greedy generate on processed `inputs` (`extra`: more `generate`
+    arguments, e.g. `speaker`), with what it handed the talker and code2wav."""
     seen: dict = {}
     thinker_generate, talker_generate = model.thinker.generate, model.talker.generate
     decode = model.code2wav.chunked_decode
@@ -84,6 +84,7 @@ def _hf_generate(model, inputs: dict) -> dict:
                 thinker_do_sample=False,
                 talker_do_sample=False,
                 thinker_eos_token_id=IM_END_ID,
+                **extra,
             )
     finally:
         del model.thinker.generate, model.talker.generate, model.code2wav.chunked_decode
@@ -180,6 +181,26 @@ def test_pipeline_text_and_audio_equal_transformers(ckpt, reference):
     with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
         (out,) = omni.generate([reference["prompt"]], GREEDY)
     _check_against(out, reference)
+
+
+def test_a_request_s_voice_equals_transformers_speaker_and_changes_the_audio(
+    ckpt, hf_model, reference
+):
+    """`voice` (any case) is the talker's speaker: the pipeline's audio with "AIDEN" is
+    transformers' `generate(speaker="Aiden")`, and differs from the default voice's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    ids = tok(reference["prompt"], return_tensors="pt").input_ids
+    aiden = _hf_generate(hf_model, {"input_ids": ids}, speaker="Aiden")
+    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
+        (out,) = omni.generate([reference["prompt"]], GREEDY, voice="AIDEN")
+        (default,) = omni.generate([reference["prompt"]], GREEDY)
+    _check_against(out, aiden)
+    _check_against(default, reference)
+    assert not torch.equal(aiden["codes"], reference["codes"])
+    n = min(out.audio.size, default.audio.size)
+    assert not np.allclose(out.audio[:n], default.audio[:n])
 
 
 def _check_against(out, ref) -> None:

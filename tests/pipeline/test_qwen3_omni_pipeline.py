@@ -157,6 +157,8 @@ def test_bad_input_is_refused_before_any_stage_runs(ckpt, tmp_path):
                 omni.generate([bad])
         with pytest.raises(ValueError, match="modalities: 'image' cannot be produced"):
             omni.generate([prompt], modalities=["image"])
+        with pytest.raises(ValueError, match=r"voice: 'alloy' is not one of aiden, chelsie, ethan"):
+            omni.generate([prompt], voice="alloy")
         assert stage_requests() == 0
         (out,) = omni.generate([prompt], PARAMS, ["text"])  # and it still serves
         assert out.error is None and out.token_ids

@@ -145,6 +145,34 @@ def test_bad_requests_name_the_field(
         )
     error = _error(exc)
     assert error["param"] == param and param in error["message"]
+    if param == "audio.voice":
+        assert "not one of aiden, chelsie, ethan" in error["message"]
+
+
+def test_audio_voice_picks_the_talker_s_speaker(
+    speech_server: PipelineServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`audio.voice` is any of the model's speakers, any case, and reaches the pipeline as
+    the checkpoint spells it; with the same seed another voice speaks differently."""
+    orchestrator = speech_server.client.omni.orchestrator
+    voices: list[str | None] = []
+    submit = orchestrator.submit
+
+    def recording_submit(request, sink) -> None:
+        voices.append(request.voice)
+        submit(request, sink)
+
+    monkeypatch.setattr(orchestrator, "submit", recording_submit)
+    client = speech_server.openai()
+    audio = {}
+    for voice in ("ethan", "Chelsie"):
+        body = _audio_request()
+        body["audio"] = {"format": "wav", "voice": voice}
+        reply = client.chat.completions.create(**body)
+        audio[voice] = base64.b64decode(reply.choices[0].message.audio.data)
+    assert voices == ["ethan", "chelsie"]
+    assert audio["ethan"] != audio["Chelsie"]
+    speech_server.wait_idle()
 
 
 def test_bad_parts_and_fields(speech_server: PipelineServer) -> None:

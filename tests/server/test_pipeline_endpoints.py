@@ -142,11 +142,36 @@ def test_speech_formats_decode(speech_server: PipelineServer) -> None:
     assert 'omnistage_time_to_first_audio_seconds_count{stage="code2wav"}' in metrics
 
 
+def test_speech_with_another_voice(
+    speech_server: PipelineServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`voice` may be any of the model's speakers (any case); the pipeline speaks with it."""
+    orchestrator = speech_server.client.omni.orchestrator
+    voices: list[str | None] = []
+    submit = orchestrator.submit
+
+    def recording_submit(request, sink) -> None:
+        voices.append(request.voice)
+        submit(request, sink)
+
+    monkeypatch.setattr(orchestrator, "submit", recording_submit)
+    wav = (
+        speech_server.openai()
+        .audio.speech.create(model="demo-omni", input="Hello there.", voice="AIDEN")
+        .content
+    )
+    samples, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24000 and len(samples) > 0
+    assert voices == ["aiden"]
+    speech_server.wait_idle()
+
+
 def test_speech_errors(speech_server: PipelineServer) -> None:
     client = speech_server.openai()
     with pytest.raises(openai.BadRequestError) as exc:
         client.audio.speech.create(model="demo-omni", input="hi", voice="alloy")
     assert _error(exc)["param"] == "voice"
+    assert "not one of aiden, chelsie, ethan" in _error(exc)["message"]
     with pytest.raises(openai.BadRequestError) as exc:
         client.audio.speech.create(
             model="demo-omni", input="hi", voice="ethan", response_format="mp3"

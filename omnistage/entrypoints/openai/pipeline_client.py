@@ -31,13 +31,6 @@ from omnistage.pipeline.outputs import OmniRequestOutput
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_VOICES = {
-    "qwen3_omni_thinker_to_talker": "ethan",
-    "qwen25_omni_thinker_to_talker": "chelsie",
-}
-"""The voice a pipeline speaks with, by the processor of its edge into the talker (requests
-cannot pick another one yet)."""
-
 
 def pipeline_deploy(
     model: str | None, deploy: str | os.PathLike | Mapping[str, Any] | DeploySpec | None
@@ -103,13 +96,45 @@ class PipelineClient:
         stage = self.final_stage("image")
         return None if stage is None else self.omni._params.limits.get(stage.name)
 
+    @functools.cached_property
+    def voices(self) -> list[str] | None:
+        """The speakers of the pipeline's talker checkpoint (`voices.speakers_of`), or None
+        when it has no talker to choose a speaker of."""
+        from omnistage.pipeline.voices import speakers_of
+
+        return speakers_of(self.deploy)
+
     @property
     def default_voice(self) -> str | None:
-        for edge in self.deploy.edges:
-            voice = DEFAULT_VOICES.get(edge.processor or "")
-            if voice is not None:
-                return voice
+        from omnistage.pipeline.voices import default_voice
+
+        voice = default_voice(self.deploy)
+        if voice is not None:
+            return voice
         return "default" if self.speaks else None
+
+    def check_voice(self, voice: str | None, param: str) -> str | None:
+        """The request's `voice` as the pipeline takes it (`generate(voice=...)`): one of
+        `voices` (any case), None for None or a pipeline without voices to choose from
+        given its default; any other is a 400 naming `param` with the choices."""
+        if voice is None:
+            return None
+        choices = self.voices
+        if choices is None:
+            default = self.default_voice
+            if default is not None and voice.lower() == default.lower():
+                return None
+            raise OpenAIError(
+                f"{param}: {voice!r} is not available; this model speaks only with its "
+                f"default voice {default!r}",
+                param=param,
+            )
+        by_lower = {c.lower(): c for c in choices}
+        if voice.lower() not in by_lower:
+            raise OpenAIError(
+                f"{param}: {voice!r} is not one of {', '.join(sorted(by_lower))}", param=param
+            )
+        return by_lower[voice.lower()]
 
     @property
     def entry_model(self) -> str | None:
@@ -163,13 +188,15 @@ class PipelineClient:
         modalities: Sequence[str] | None,
         request_id: str,
         renames: Mapping[str, str] | None = None,
+        voice: str | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         """The request's updates. Bad input is a 400 naming the field, raised at the first
         `anext` (before any response starts); a failed request a 503 (aborted by a shutdown)
-        or 500 (a stage failed). Leaving early aborts the request in every stage."""
+        or 500 (a stage failed). Leaving early aborts the request in every stage. `voice`:
+        the talker's speaker (see `check_voice`; None: the model's default)."""
         if not self.is_alive:
             raise OpenAIError("the pipeline is not running", HTTPStatus.SERVICE_UNAVAILABLE)
-        updates = self.omni.generate(prompt, sampling_params, modalities, request_id)
+        updates = self.omni.generate(prompt, sampling_params, modalities, request_id, voice=voice)
         self._active.add(request_id)
         try:
             try:

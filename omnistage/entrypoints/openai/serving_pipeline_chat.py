@@ -12,7 +12,8 @@ by the pipeline's prompt reader.
 `modalities`: `["text"]` (the default without `audio`; only the stages the text needs
 run) or `["text", "audio"]` (the default with `audio`) where the pipeline speaks; what it
 cannot produce is a 400 naming `modalities`. `audio.format`: wav or pcm16 ("pcm" too);
-`audio.voice`: the model's default voice only (as POST /v1/audio/speech).
+`audio.voice`: one of the model's voices, any case (as POST /v1/audio/speech; a 400
+naming `audio.voice` with the choices otherwise); the talker speaks with it.
 
 Sampling fields go to the entry (thinker) stage as `SamplingParams`, over the stage's
 `default_sampling` (fields the request leaves out keep the deploy's defaults, e.g.
@@ -106,6 +107,8 @@ class _Plan:
     text_stage: str
     audio_stage: str | None
     audio_format: str | None
+    voice: str | None = None
+    """The talker's speaker (`PipelineClient.check_voice`; None: the model's default)."""
     arrival: float = field(default_factory=time.monotonic)
 
 
@@ -145,7 +148,7 @@ class PipelineChatServing(OpenAIServing):
             "max_tokens": explicit or "max_tokens",
         }
         updates = self.client.generate(
-            {"messages": messages}, params, plan.modalities, request_id, renames
+            {"messages": messages}, params, plan.modalities, request_id, renames, plan.voice
         )
         if body.stream:
             try:
@@ -204,7 +207,7 @@ class PipelineChatServing(OpenAIServing):
                 f"modalities: must include 'text' (this pipeline produces {produces})",
                 param="modalities",
             )
-        audio_format = None
+        audio_format = voice = None
         if "audio" in modalities:
             if body.audio is not None:
                 fmt = AUDIO_FORMATS.get(body.audio.format)
@@ -213,7 +216,7 @@ class PipelineChatServing(OpenAIServing):
                         f"audio.format: {body.audio.format!r} is not served; use wav or pcm16",
                         param="audio.format",
                     )
-                self.check_voice(body.audio.voice)
+                voice = self.client.check_voice(body.audio.voice, "audio.voice")
                 audio_format = fmt
             else:
                 audio_format = "wav"
@@ -223,16 +226,7 @@ class PipelineChatServing(OpenAIServing):
                 param="audio",
             )
         audio = self.client.final_stage("audio") if audio_format is not None else None
-        return _Plan(modalities, text.name, audio and audio.name, audio_format)
-
-    def check_voice(self, voice: str) -> None:
-        default = self.client.default_voice
-        if default is None or voice.lower() != default.lower():
-            raise OpenAIError(
-                f"audio.voice: {voice!r} is not available; this model speaks with its default "
-                f"voice {default!r} (voices are not selectable yet)",
-                param="audio.voice",
-            )
+        return _Plan(modalities, text.name, audio and audio.name, audio_format, voice)
 
     def stage_params(self, body: ChatCompletionRequest) -> dict[str, SamplingParams]:
         """The entry stage's SamplingParams (the request's fields over its defaults), and

@@ -9,9 +9,9 @@ The pipeline is asked to read the text: its entry stage gets the chat message
 through its chat template, and the audio of the reply is the answer (an omni model
 speaks its reply; a model that paraphrases reads it less faithfully than a TTS would).
 
-`voice`: voices are not selectable yet: the pipeline speaks with the model's default
-voice (Qwen3-Omni "ethan", Qwen2.5-Omni "chelsie"), and `voice` may only name that one
-(or be left out); any other is a 400 naming `voice`. `response_format`: wav, pcm
+`voice`: one of the model's speakers (its talker checkpoint's, any case: Qwen3-Omni
+"ethan" (default), "chelsie", "aiden"; Qwen2.5-Omni "Chelsie" (default), "Ethan"), or
+left out for the default; any other is a 400 naming `voice` with the choices. `response_format`: wav, pcm
 (raw 16-bit little-endian mono samples at the model's rate) or flac; mp3 / opus / aac
 are a 400. `speed` other than 1 and `instructions` are a 400 (not honoured).
 `stream: true` (wav or pcm) sends the audio as the pipeline produces it: pcm chunks as
@@ -73,15 +73,11 @@ class SpeechServing(OpenAIServing):
             responses={200: {"content": {t: {} for t in MEDIA_TYPES.values()}}, **ERROR_RESPONSES},
         )
 
-    def check_supported(self, body: SpeechRequest) -> None:
+    def check_supported(self, body: SpeechRequest) -> str | None:
+        """The request's voice as the checkpoint spells it; OpenAIError for what cannot be
+        served."""
         self.check_model(body.model)
-        default = self.client.default_voice
-        if body.voice is not None and (default is None or body.voice.lower() != default.lower()):
-            raise OpenAIError(
-                f"voice: {body.voice!r} is not available; this model speaks with its default "
-                f"voice {default!r} (voices are not selectable yet)",
-                param="voice",
-            )
+        voice = self.client.check_voice(body.voice, "voice")
         if body.response_format not in MEDIA_TYPES:
             raise OpenAIError(
                 f"response_format: {body.response_format!r} is not served; use wav, pcm or flac",
@@ -97,15 +93,18 @@ class SpeechServing(OpenAIServing):
             raise OpenAIError(
                 "response_format: streaming serves wav or pcm, not flac", param="response_format"
             )
+        return voice
 
     async def create(self, body: SpeechRequest, raw: Request) -> Response:
-        self.check_supported(body)
+        voice = self.check_supported(body)
         stage = self.client.final_stage("audio")
         assert stage is not None
         prompt = {"messages": [{"role": "user", "content": READ_ALOUD + body.input}]}
         request_id = f"speech-{uuid.uuid4().hex}"
         arrival = time.monotonic()
-        updates = self.client.generate(prompt, None, ["audio"], request_id, {"prompt": "input"})
+        updates = self.client.generate(
+            prompt, None, ["audio"], request_id, {"prompt": "input"}, voice=voice
+        )
         first = await anext(updates)  # 400s are raised here, before the response starts
         if body.stream:
             media = MEDIA_TYPES[body.response_format]
