@@ -118,6 +118,20 @@ class PipelineServer(_ThreadedServer):
         raise AssertionError(f"the pipeline still holds requests: {counters}")
 
 
+def record_voices(server: PipelineServer, monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
+    """The voice of every request the server's pipeline receives from now on, in order."""
+    orchestrator = server.client.omni.orchestrator
+    voices: list[str | None] = []
+    submit = orchestrator.submit
+
+    def recording_submit(request, sink) -> None:
+        voices.append(request.voice)
+        submit(request, sink)
+
+    monkeypatch.setattr(orchestrator, "submit", recording_submit)
+    return voices
+
+
 @pytest.fixture(scope="session")
 def speech_server() -> Iterator[PipelineServer]:
     """demo-omni (thinker -> talker -> code2wav), shared by the pipeline test modules."""

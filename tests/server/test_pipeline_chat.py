@@ -15,7 +15,7 @@ import openai
 import pytest
 import soundfile
 
-from tests.server.conftest import PipelineServer
+from tests.server.conftest import PipelineServer, record_voices
 
 MODEL = "demo-omni"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -154,15 +154,7 @@ def test_audio_voice_picks_the_talker_s_speaker(
 ) -> None:
     """`audio.voice` is any of the model's speakers, any case, and reaches the pipeline as
     the checkpoint spells it; with the same seed another voice speaks differently."""
-    orchestrator = speech_server.client.omni.orchestrator
-    voices: list[str | None] = []
-    submit = orchestrator.submit
-
-    def recording_submit(request, sink) -> None:
-        voices.append(request.voice)
-        submit(request, sink)
-
-    monkeypatch.setattr(orchestrator, "submit", recording_submit)
+    voices = record_voices(speech_server, monkeypatch)
     client = speech_server.openai()
     audio = {}
     for voice in ("ethan", "Chelsie"):

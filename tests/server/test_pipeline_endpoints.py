@@ -19,7 +19,7 @@ import pytest
 import soundfile
 from PIL import Image
 
-from tests.server.conftest import PipelineServer
+from tests.server.conftest import PipelineServer, record_voices
 
 
 @pytest.fixture(scope="module")
@@ -146,15 +146,7 @@ def test_speech_with_another_voice(
     speech_server: PipelineServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`voice` may be any of the model's speakers (any case); the pipeline speaks with it."""
-    orchestrator = speech_server.client.omni.orchestrator
-    voices: list[str | None] = []
-    submit = orchestrator.submit
-
-    def recording_submit(request, sink) -> None:
-        voices.append(request.voice)
-        submit(request, sink)
-
-    monkeypatch.setattr(orchestrator, "submit", recording_submit)
+    voices = record_voices(speech_server, monkeypatch)
     wav = (
         speech_server.openai()
         .audio.speech.create(model="demo-omni", input="Hello there.", voice="AIDEN")
