@@ -118,18 +118,30 @@ class PipelineServer(_ThreadedServer):
         raise AssertionError(f"the pipeline still holds requests: {counters}")
 
 
+def record_calls(
+    server: PipelineServer, monkeypatch: pytest.MonkeyPatch, method: str, pick: Any
+) -> list[Any]:
+    """`pick(*args)` of every call of the server's orchestrator `method` from now on."""
+    orchestrator = server.client.omni.orchestrator
+    calls: list[Any] = []
+    original = getattr(orchestrator, method)
+
+    def recording(*args: Any) -> Any:
+        calls.append(pick(*args))
+        return original(*args)
+
+    monkeypatch.setattr(orchestrator, method, recording)
+    return calls
+
+
 def record_voices(server: PipelineServer, monkeypatch: pytest.MonkeyPatch) -> list[str | None]:
     """The voice of every request the server's pipeline receives from now on, in order."""
-    orchestrator = server.client.omni.orchestrator
-    voices: list[str | None] = []
-    submit = orchestrator.submit
+    return record_calls(server, monkeypatch, "submit", lambda request, sink: request.voice)
 
-    def recording_submit(request, sink) -> None:
-        voices.append(request.voice)
-        submit(request, sink)
 
-    monkeypatch.setattr(orchestrator, "submit", recording_submit)
-    return voices
+def record_aborts(server: PipelineServer, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The id of every request the server's pipeline is asked to abort from now on."""
+    return record_calls(server, monkeypatch, "abort", lambda request_id: request_id)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ import openai
 import pytest
 import soundfile
 
-from tests.server.conftest import PipelineServer, record_voices
+from tests.server.conftest import PipelineServer, record_aborts, record_voices
 
 MODEL = "demo-omni"
 HELLO = [{"role": "user", "content": "Say hello."}]
@@ -181,15 +181,7 @@ def test_bad_parts_and_fields(speech_server: PipelineServer) -> None:
 def test_stream_disconnect_aborts(
     speech_server: PipelineServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    orchestrator = speech_server.client.omni.orchestrator
-    aborted: list[str] = []
-    abort = orchestrator.abort
-
-    def recording_abort(request_id: str) -> None:
-        aborted.append(request_id)
-        abort(request_id)
-
-    monkeypatch.setattr(orchestrator, "abort", recording_abort)
+    aborted = record_aborts(speech_server, monkeypatch)
     body = {
         "model": MODEL,
         "messages": HELLO,

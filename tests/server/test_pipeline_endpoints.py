@@ -19,7 +19,7 @@ import pytest
 import soundfile
 from PIL import Image
 
-from tests.server.conftest import PipelineServer, record_voices
+from tests.server.conftest import PipelineServer, record_aborts, record_voices
 
 
 @pytest.fixture(scope="module")
@@ -182,15 +182,7 @@ def test_speech_errors(speech_server: PipelineServer) -> None:
 def test_speech_stream_disconnect_aborts(
     speech_server: PipelineServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    orchestrator = speech_server.client.omni.orchestrator
-    aborted: list[str] = []
-    abort = orchestrator.abort
-
-    def recording_abort(request_id: str) -> None:
-        aborted.append(request_id)
-        abort(request_id)
-
-    monkeypatch.setattr(orchestrator, "abort", recording_abort)
+    aborted = record_aborts(speech_server, monkeypatch)
     body = {"model": "demo-omni", "input": "Hello there.", "response_format": "pcm", "stream": True}
     with (
         httpx.Client(base_url=speech_server.url, timeout=60) as http,

@@ -45,15 +45,20 @@ from omnistage.entrypoints.openai.serving import (
 from omnistage.entrypoints.openai.sse import DONE, EventStream, sse, until_disconnect
 
 
+def add_chat_route(router: APIRouter, endpoint: Any) -> None:
+    """`POST /v1/chat/completions` answered by `endpoint` (text models and pipelines)."""
+    router.add_api_route(
+        "/v1/chat/completions",
+        endpoint,
+        methods=["POST"],
+        response_model=None,
+        responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES},
+    )
+
+
 class ChatServing(OpenAIServing):
     def register(self, router: APIRouter) -> None:
-        router.add_api_route(
-            "/v1/chat/completions",
-            self.create,
-            methods=["POST"],
-            response_model=None,
-            responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES},
-        )
+        add_chat_route(router, self.create)
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)

@@ -64,13 +64,12 @@ from omnistage.entrypoints.openai.protocol import (
     TextPart,
 )
 from omnistage.entrypoints.openai.serving import (
-    ERROR_RESPONSES,
     OpenAIServing,
     ServingContext,
     stream_error,
     usage,
 )
-from omnistage.entrypoints.openai.serving_chat import check_chat_extras
+from omnistage.entrypoints.openai.serving_chat import add_chat_route, check_chat_extras
 from omnistage.entrypoints.openai.serving_speech import _float32, encode, to_pcm16
 from omnistage.entrypoints.openai.sse import DONE, EventStream, sse, until_disconnect
 from omnistage.pipeline.outputs import OmniRequestOutput
@@ -122,13 +121,7 @@ class PipelineChatServing(OpenAIServing):
         return self.ctx.client  # type: ignore[return-value]
 
     def register(self, router: APIRouter) -> None:
-        router.add_api_route(
-            "/v1/chat/completions",
-            self.create,
-            methods=["POST"],
-            response_model=None,
-            responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES},
-        )
+        add_chat_route(router, self.create)
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
