@@ -273,6 +273,16 @@ class ARStageCore(StageCore):
             "accumulator_entries": len(self.accumulators),
         }
 
+    def gauges(self) -> dict[str, float]:
+        scheduler = self.engine.core.scheduler
+        kv = self.engine.kv_cache_manager
+        total = kv.pool.num_usable_blocks
+        return {
+            "num_waiting": float(len(scheduler.waiting) + self.coordinator.num_entries),
+            "num_running": float(len(scheduler.running)),
+            "kv_cache_usage": (total - kv.num_free_blocks) / total if total else 0.0,
+        }
+
     def shutdown(self) -> None:
         self.engine.shutdown()
         super().shutdown()

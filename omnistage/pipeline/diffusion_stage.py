@@ -110,6 +110,13 @@ class DiffusionStageCore(StageCore):
     def counters(self) -> dict[str, Any]:
         return super().counters() | self.engine.counters()
 
+    def gauges(self) -> dict[str, float]:
+        engine = self.engine.counters()
+        return super().gauges() | {
+            "num_waiting": float(engine["waiting_requests"] + self.coordinator.num_entries),
+            "num_running": float(engine["running_requests"]),
+        }
+
 
 def derived_text_seed(base: int, text: str) -> int:
     """A request's seed when it gives none: a hash of the stage's engine seed and the text

@@ -170,6 +170,14 @@ class GenerationStageCore(StageCore):
             "stream_entries": len(self.streams),
         }
 
+    def gauges(self) -> dict[str, float]:
+        running = {item.request_id for item in self.queue}
+        waiting = set(self.coordinator.entries) - running
+        return super().gauges() | {
+            "num_waiting": float(len(waiting)),
+            "num_running": float(len(running)),
+        }
+
 
 def derived_seed(base: int, rows: torch.Tensor) -> int:
     """A request's seed when it gives none: a hash of the stage's engine seed and the

@@ -126,6 +126,10 @@ class RequestFailed(_Msg):
 class StageStats(_Msg):
     stage: str
     counters: dict[str, int]
+    """Resources held (all zero when nothing runs: the leak checks read them)."""
+    gauges: dict[str, float] = msgspec.field(default_factory=dict)
+    """Scheduler state for metrics (`StageCore.gauges`): `num_waiting`, `num_running`,
+    `kv_cache_usage` (0..1)."""
 
 
 FromStage = StageReady | StageFatal | StageOutput | PayloadReady | RequestFailed | StageStats

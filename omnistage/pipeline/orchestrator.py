@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ logger = logging.getLogger(__name__)
 Sink = Callable[[OmniRequestOutput], None]
 IDLE_POLL_MS = 100
 """Longest sleep of an idle loop: stage deaths are noticed within this."""
+STATS_ROUND_S = 5.0
+"""A stats round unanswered this long (a stage died meanwhile) is asked again."""
 
 
 @dataclass
@@ -93,7 +96,8 @@ class Orchestrator:
         self.dead: dict[str, str] = {}
         self.tracked: dict[str, _Tracked] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._stats: tuple[Future, dict[str, dict[str, int]]] | None = None
+        self._stats: tuple[list[Future], dict[str, StageStats], float] | None = None
+        """The stats round in flight: its waiters, the replies so far, when it began."""
         self._stopping = False
         try:
             self.stages = StageSet(deploy, namespace, self.context, in_process, startup_timeout_s)
@@ -148,6 +152,11 @@ class Orchestrator:
 
     def stats(self, timeout: float = 30.0) -> dict[str, dict[str, int]]:
         """Every stage's resource counters (for leak checks and metrics)."""
+        return {name: s.counters for name, s in self.stage_stats(timeout).items()}
+
+    def stage_stats(self, timeout: float = 30.0) -> dict[str, StageStats]:
+        """Every live stage's `StageStats` (counters and scheduler gauges); blocks. Callers
+        asking while a round is in flight share its answer."""
         future: Future = Future()
         self._command(lambda: self._ask_stats(future))
         return future.result(timeout)
@@ -399,21 +408,27 @@ class Orchestrator:
 
     # -- stats --------------------------------------------------------------------------------------
     def _ask_stats(self, future: Future) -> None:
+        if self._stats is not None and time.monotonic() - self._stats[2] < STATS_ROUND_S:
+            self._stats[0].append(future)  # a round is in flight: its answer serves both
+            return
         live = [n for n in self.clients if n not in self.dead]
-        self._stats = (future, {})
         if not live:
+            self._stats = None
             future.set_result({})
+            return
+        self._stats = ([future], {}, time.monotonic())
         for name in live:
             self.stages.send(name, GetStats())
 
     def _on_stats(self, event: StageStats) -> None:
         if self._stats is None:
             return
-        future, collected = self._stats
-        collected[event.stage] = event.counters
+        futures, collected, _ = self._stats
+        collected[event.stage] = event
         if len(collected) == len([n for n in self.clients if n not in self.dead]):
             self._stats = None
-            future.set_result(collected)
+            for future in futures:
+                future.set_result(dict(collected))
 
 
 def _snapshot(tracked: _Tracked, stages: list[str]) -> dict[str, StageResult]:

@@ -84,7 +84,7 @@ class StageCore(ABC):
                 self.abort(msg.request_id)
                 return []
             if isinstance(msg, GetStats):
-                return [StageStats(stage=self.name, counters=self.counters())]
+                return [StageStats(stage=self.name, counters=self.counters(), gauges=self.gauges())]
         except (ValueError, TimeoutError) as exc:  # one request's input is bad or lost: fail it
             request_id = getattr(msg, "request_id", "")
             self.abort(request_id)
@@ -181,6 +181,15 @@ class StageCore(ABC):
         return {
             "coordinator_entries": self.coordinator.num_entries,
             "connector_pending": sum(c.num_pending() for c in self.connectors.values()),
+        }
+
+    def gauges(self) -> dict[str, float]:
+        """Queue depth and KV cache use for metrics: requests waiting (for input, or to be
+        scheduled), requests running, fraction of KV blocks in use (0 without a KV cache)."""
+        return {
+            "num_waiting": float(self.coordinator.num_entries),
+            "num_running": 0.0,
+            "kv_cache_usage": 0.0,
         }
 
     def shutdown(self) -> None:

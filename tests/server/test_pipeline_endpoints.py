@@ -89,6 +89,9 @@ def test_image_errors(image_server: PipelineServer) -> None:
         answer = http.post("/v1/chat/completions", json={**chat, "max_tokens": 4})
         assert answer.status_code == 200
         assert isinstance(answer.json()["choices"][0]["message"]["content"], str)
+        prompt = {"model": "demo-image", "prompt": "hi", "max_tokens": 2}
+        answer = http.post("/v1/completions", json=prompt)  # the thinker's text, raw prompt
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] <= 2
         answer = http.post("/v1/chat/completions", json={**chat, "modalities": ["text", "audio"]})
         assert answer.status_code == 400 and answer.json()["error"]["param"] == "modalities"
         assert http.get("/health").status_code == 200

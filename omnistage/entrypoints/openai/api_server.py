@@ -11,10 +11,12 @@ API key, every /v1 route wants `Authorization: Bearer <key>` (401 otherwise);
 Pipelines: a model whose deploy has more than one stage (or `--deploy`) is served
 through a `PipelineClient` (an `AsyncOmni`) with `PIPELINE_SERVINGS`: /v1/models,
 /v1/chat/completions (text, and audio where a final stage speaks; see
-`serving_pipeline_chat`), /v1/images/generations where a final stage draws,
-/v1/audio/speech where one speaks. /v1/completions answers a 400 for pipelines, and
-chat a 400 naming `modalities` on a pipeline that produces no text; an endpoint whose
-modality the pipeline cannot produce is not registered (404).
+`serving_pipeline_chat`), /v1/completions (the thinker's text for raw prompts, as
+vLLM-Omni serves it; `serving_pipeline_completion`), /v1/images/generations where a
+final stage draws, /v1/audio/speech where one speaks. On a pipeline that produces no
+text, chat and completions answer a 400 saying so; an endpoint whose modality the
+pipeline cannot produce is not registered (404). /metrics asks every stage for its
+queue depth and KV cache use at each scrape (gauges labelled by stage name).
 
 Lifecycle: the app's lifespan starts the engine thread and, at the end, aborts
 what is left and stops it. On SIGINT / SIGTERM `serve` first aborts every
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import signal
@@ -42,7 +45,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from omnistage.config import DEFAULT_MODEL, EngineConfig
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
-from omnistage.entrypoints.openai.errors import OpenAIError, error_response, install_error_handlers
+from omnistage.entrypoints.openai.errors import error_response, install_error_handlers
 from omnistage.entrypoints.openai.metrics import HttpMetricsMiddleware, ServerMetrics
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient, pipeline_deploy
 from omnistage.entrypoints.openai.serving import OpenAIServing, ServingContext
@@ -51,6 +54,7 @@ from omnistage.entrypoints.openai.serving_completion import CompletionServing
 from omnistage.entrypoints.openai.serving_images import ImagesServing
 from omnistage.entrypoints.openai.serving_models import ModelsServing
 from omnistage.entrypoints.openai.serving_pipeline_chat import PipelineChatServing
+from omnistage.entrypoints.openai.serving_pipeline_completion import PipelineCompletionServing
 from omnistage.entrypoints.openai.serving_speech import SpeechServing
 
 logger = logging.getLogger(__name__)
@@ -59,42 +63,12 @@ DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (ModelsServing, ChatServing,
 """Endpoint families every app gets (each only where its `enabled` says so)."""
 
 
-class PipelineTextServing(OpenAIServing):
-    """/v1/completions of a pipeline: a 400 saying so (pipelines answer chat)."""
-
-    @classmethod
-    def enabled(cls, ctx: ServingContext) -> bool:
-        return isinstance(ctx.client, PipelineClient)
-
-    def register(self, router: APIRouter) -> None:
-        router.add_api_route(
-            "/v1/completions", self.refuse, methods=["POST"], include_in_schema=False
-        )
-
-    async def refuse(self) -> Response:
-        client: PipelineClient = self.ctx.client  # type: ignore[assignment]
-        served = [
-            p
-            for p, ok in (
-                ("/v1/chat/completions", client.final_stage("text") is not None),
-                ("/v1/images/generations", client.draws),
-                ("/v1/audio/speech", client.speaks),
-            )
-            if ok
-        ]
-        raise OpenAIError(
-            "modalities: this server runs a multi-stage pipeline, whose text is not served over "
-            "/v1/completions; it answers " + (", ".join(served) or "no generating endpoint"),
-            param="modalities",
-        )
-
-
 PIPELINE_SERVINGS: tuple[type[OpenAIServing], ...] = (
     ModelsServing,
     ImagesServing,
     SpeechServing,
     PipelineChatServing,
-    PipelineTextServing,
+    PipelineCompletionServing,
 )
 """Endpoint families of an app serving a multi-stage pipeline (`PipelineClient`)."""
 
@@ -119,7 +93,10 @@ def build_app(
         servings = PIPELINE_SERVINGS if pipeline else DEFAULT_SERVINGS
     metrics = metrics or ServerMetrics()
     client.observer = metrics
-    if not pipeline:
+    if pipeline:
+        for stage in client.stage_names:
+            metrics.track_stage(stage, functools.partial(client.stage_stats, stage))
+    else:
         metrics.track_stage(client.stage, client.stats)
     ctx = ServingContext(client, list(served_model_names), model_path, metrics)
 
@@ -153,6 +130,8 @@ def _add_core_routes(router: APIRouter, ctx: ServingContext) -> None:
         return JSONResponse({"status": "ok"})
 
     async def metrics() -> Response:
+        if isinstance(ctx.client, PipelineClient):  # the stages answer between their steps
+            await asyncio.to_thread(ctx.client.refresh_stage_stats)
         return Response(ctx.metrics.render(), media_type=ctx.metrics.content_type)
 
     router.add_api_route("/health", health, methods=["GET"])

@@ -1,8 +1,8 @@
 """Prometheus metrics of one server, in a registry of its own (one per app).
 
 Everything the engine reports carries a `stage` label ("llm" for a single model;
-a pipeline's stage names later), so one dashboard reads single models and
-pipelines alike:
+a pipeline's stage names, e.g. thinker / talker / code2wav), so one dashboard reads
+single models and pipelines alike:
 
 | metric | type | labels |
 | --- | --- | --- |
@@ -19,7 +19,10 @@ pipelines alike:
 Stage-level histograms for other outputs (time to first audio packet) belong here
 too, added with the stage kinds that produce them, labelled the same way.
 `ServerMetrics` implements `engine_client.EngineObserver`; gauges read the
-stage's `EngineStats` snapshot when scraped.
+stage's `EngineStats` snapshot when scraped (a pipeline's: each stage's
+`StageGauges`, asked of the stages at each scrape). Pipelines do not feed the
+per-token series (TTFT, ITL, tokens, e2e) yet; they report TTFA of their audio
+stage and the gauges of every stage.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from prometheus_client import (
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnistage.entrypoints.openai.engine_client import EngineStats
+from omnistage.entrypoints.openai.pipeline_client import StageGauges
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -114,8 +118,10 @@ class ServerMetrics:
             registry=r,
         )
 
-    def track_stage(self, stage: str, stats: Callable[[], EngineStats]) -> None:
-        """Read the stage's queue depth and KV cache usage from `stats` at each scrape."""
+    def track_stage(self, stage: str, stats: Callable[[], EngineStats | StageGauges]) -> None:
+        """Read the stage's queue depth and KV cache usage from `stats` at each scrape (a
+        pipeline's stages: from the snapshot `PipelineClient.refresh_stage_stats` took
+        just before)."""
         self.num_waiting.labels(stage).set_function(lambda: stats().num_waiting)
         self.num_running.labels(stage).set_function(lambda: stats().num_running)
         self.kv_cache_usage.labels(stage).set_function(lambda: stats().kv_cache_usage)

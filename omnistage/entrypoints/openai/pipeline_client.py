@@ -11,6 +11,13 @@ the caller stops listening (a client that disconnects, a shutdown).
 What the pipeline can answer follows from its deploy: `draws` (a final stage
 with `final_output_type: image`) enables POST /v1/images/generations, `speaks`
 (`final_output_type: audio`) POST /v1/audio/speech.
+
+`max_model_len` is the entry (thinker) stage's context length, resolved from the
+deploy as its engine will resolve it (the stage's `engine_args.max_model_len`, else
+the model part's own), without asking the stage processes; `count_prompt_tokens`
+counts a prompt as the thinker's tokenizer will. `refresh_stage_stats` asks every
+stage for its scheduler gauges (queue depth, KV cache use); `stage_stats` reads the
+last answer (what /metrics exports per stage).
 """
 
 from __future__ import annotations
@@ -21,15 +28,28 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 from omnistage.entrypoints.openai.errors import OpenAIError
-from omnistage.pipeline.deploy_spec import DeploySpec
+from omnistage.pipeline.deploy_spec import DeploySpec, StageSpec
 from omnistage.pipeline.omni import AsyncOmni
 from omnistage.pipeline.outputs import OmniRequestOutput
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageGauges:
+    """One stage's scheduler state as its last stats reply gave it (metrics read it)."""
+
+    num_waiting: int = 0
+    """Requests waiting for input or to be scheduled."""
+    num_running: int = 0
+    """Requests being computed."""
+    kv_cache_usage: float = 0.0
+    """Fraction of the stage's KV cache blocks in use (0 for stages without one)."""
 
 
 def pipeline_deploy(
@@ -73,7 +93,10 @@ class PipelineClient:
         self.omni = omni
         self.deploy: DeploySpec = omni.deploy
         self.observer: Any = None
-        self.max_model_len: int | None = None
+        (entry,) = self.deploy.entry_stages
+        self.max_model_len: int | None = entry_max_model_len(entry)
+        """The thinker's context length (None: the entry stage is not autoregressive)."""
+        self._stage_stats: dict[str, StageGauges] = {}
         self._active: set[str] = set()
         self._stopping = False
         self._closed = False
@@ -180,6 +203,45 @@ class PipelineClient:
         """Every stage's resource counters (blocks: not on the event loop)."""
         return self.omni.stage_counters()
 
+    @property
+    def stage_names(self) -> list[str]:
+        return [s.name for s in self.deploy.stages]
+
+    def refresh_stage_stats(self, timeout: float = 5.0) -> None:
+        """Ask every stage for its scheduler gauges (blocks: not on the event loop). A stage
+        that does not answer (dead, or the pipeline stopped) keeps its last snapshot."""
+        if self._closed:
+            return
+        try:
+            replies = self.omni.orchestrator.stage_stats(timeout)
+        except Exception:  # a stopped or stuck pipeline: the last snapshot stands
+            logger.warning("the pipeline's stages did not report their stats", exc_info=True)
+            return
+        for name, reply in replies.items():
+            gauges = reply.gauges
+            self._stage_stats[name] = StageGauges(
+                num_waiting=int(gauges.get("num_waiting", 0)),
+                num_running=int(gauges.get("num_running", 0)),
+                kv_cache_usage=float(gauges.get("kv_cache_usage", 0.0)),
+            )
+
+    def stage_stats(self, stage: str) -> StageGauges:
+        """The stage's gauges as of the last `refresh_stage_stats` (zeros before)."""
+        return self._stage_stats.get(stage, StageGauges())
+
+    @functools.cached_property
+    def tokenizer(self) -> Any:
+        """The entry stage's tokenizer (and chat template)."""
+        from omnistage.models.loader import load_tokenizer, resolve_model
+
+        return load_tokenizer(resolve_model(self.entry_model))
+
+    def count_prompt_tokens(self, prompt: str, has_media: bool = False) -> int:
+        """The tokens the thinker receives for a rendered `prompt`, as its engine tokenizes
+        it; with media, as the encoder does (no special tokens added), each placeholder
+        counting as its marker tokens (the encoders' expansion happens in the stage)."""
+        return len(self.tokenizer.encode(prompt, add_special_tokens=not has_media))
+
     # -- requests ----------------------------------------------------------------------------
     async def generate(
         self,
@@ -221,3 +283,25 @@ class PipelineClient:
             self._active.discard(request_id)
             with contextlib.suppress(Exception):
                 await updates.aclose()  # aborts the request if it has not finished
+
+
+def entry_max_model_len(entry: StageSpec) -> int | None:
+    """The context length an `ar` stage's engine will have (`EngineConfig.resolve_for_model`
+    over its checkpoint part's config), read from configuration only; None for other kinds
+    or a stage without a model."""
+    if entry.kind != "ar" or entry.model is None:
+        return None
+    from omnistage.config import EngineConfig
+    from omnistage.engine.builder import model_max_len
+    from omnistage.models.loader import load_hf_config, resolve_model
+    from omnistage.models.parts import select_part
+    from omnistage.models.registry import engine_config
+
+    spec = entry.with_part_directory()
+    hf_config = load_hf_config(resolve_model(spec.model))
+    if spec.model_part is not None:
+        hf_config = select_part(hf_config, spec.model_part)
+    hf_config = engine_config(hf_config)
+    configured = spec.engine_args.get("max_model_len")
+    config = EngineConfig(model=spec.model, max_model_len=configured)
+    return config.resolve_for_model(model_max_len(hf_config)).max_model_len

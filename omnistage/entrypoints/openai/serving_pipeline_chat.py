@@ -21,10 +21,16 @@ greedy with 32 tokens on demo-omni); `seed` seeds every sampling stage (the talk
 too), so a seeded request is reproducible end to end. `n` > 1 and `logprobs` are 400s
 (a pipeline generates one sequence and reports no logprobs).
 
+Context: the thinker's prompt (the rendered chat, counted with its tokenizer) must
+leave room for at least one token, and for `max_tokens` / `max_completion_tokens` when
+given, within its `max_model_len`; else a 400 naming `messages` or that field.
+
 Answers: `message.content` is the thinker's text; with audio, `message.audio` = {id,
-data: base64 of the whole file, expires_at, transcript: the text}. `usage`: prompt
-tokens of the rendered chat (an audio / image part counts as its placeholder tokens:
-the encoders' expansion happens in the stage), completion tokens the thinker's. With
+data: base64 of the whole file, expires_at, transcript: the text}. `usage`:
+`prompt_tokens` are the tokens the thinker receives for a text chat, exactly (its
+tokenizer over the rendered chat); an audio / image part counts as its placeholder's
+marker tokens only (the encoders expand it into many in the stage, which the frontend
+does not run), so media prompts are undercounted. Completion tokens are the thinker's. With
 `stream`: the text as `delta.content` as the thinker writes it, the audio as
 `delta.audio.data` (base64 pcm16 chunks, `id` on the first) as the vocoder's chunks
 arrive, the finish reason, the usage (`stream_options.include_usage`), `[DONE]`. A
@@ -35,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -45,6 +50,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from jinja2 import TemplateError
 
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient
@@ -61,6 +67,7 @@ from omnistage.entrypoints.openai.protocol import (
     ChatMessage,
     ChatResponseMessage,
     ImagePart,
+    SamplingFields,
     TextPart,
 )
 from omnistage.entrypoints.openai.serving import (
@@ -130,7 +137,6 @@ class PipelineChatServing(OpenAIServing):
         params = self.stage_params(body)
         messages = self.messages(body.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        prompt_tokens = asyncio.ensure_future(asyncio.to_thread(self.count_prompt, messages))
         explicit = "max_completion_tokens" if body.max_completion_tokens is not None else None
         renames = {
             "prompt": "messages",
@@ -140,22 +146,23 @@ class PipelineChatServing(OpenAIServing):
             "image_url": "messages",
             "max_tokens": explicit or "max_tokens",
         }
+        prompt, num_prompt = await asyncio.to_thread(self.render, messages, renames)
+        check_context(
+            self.client,
+            num_prompt,
+            body.max_completion_tokens or body.max_tokens,
+            explicit or "max_tokens",
+            "messages",
+        )
         updates = self.client.generate(
-            {"messages": messages}, params, plan.modalities, request_id, renames, plan.voice
+            prompt, params, plan.modalities, request_id, renames, plan.voice
         )
         if body.stream:
-            try:
-                first = await anext(updates)  # 400s are raised here, before the response starts
-            except BaseException:
-                prompt_tokens.cancel()
-                raise
-            return EventStream(self.events(body, plan, request_id, first, updates, prompt_tokens))
-        try:
-            response = await until_disconnect(
-                raw, self.collect(body, plan, request_id, updates, prompt_tokens)
-            )
-        finally:
-            prompt_tokens.cancel()
+            first = await anext(updates)  # 400s are raised here, before the response starts
+            return EventStream(self.events(body, plan, request_id, first, updates, num_prompt))
+        response = await until_disconnect(
+            raw, self.collect(body, plan, request_id, updates, num_prompt)
+        )
         return JSONResponse(response.model_dump())
 
     # -- checks ----------------------------------------------------------------------------
@@ -222,30 +229,9 @@ class PipelineChatServing(OpenAIServing):
         return _Plan(modalities, text.name, audio and audio.name, audio_format, voice)
 
     def stage_params(self, body: ChatCompletionRequest) -> dict[str, SamplingParams]:
-        """The entry stage's SamplingParams (the request's fields over its defaults), and
-        with a seed, every other sampling stage's (its defaults, seeded)."""
-        (entry,) = self.client.deploy.entry_stages
-        given = body.model_fields_set
-        fields = {f: getattr(body, f) for f in ENTRY_FIELDS if f in given}
-        fields = {k: v for k, v in fields.items() if v is not None}
-        if fields.get("logit_bias") is not None:
-            fields["logit_bias"] = dict(fields["logit_bias"])
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        if max_tokens is not None:
-            fields["max_tokens"] = max_tokens
         explicit = "max_completion_tokens" if body.max_completion_tokens is not None else None
-        renames = {"max_tokens": explicit or "max_tokens"}
-        params: dict[str, SamplingParams] = {}
-        try:
-            params[entry.name] = SamplingParams(**{**entry.default_sampling, **fields})
-            if body.seed is not None:
-                for stage in self.client.deploy.stages:
-                    if stage.name != entry.name and stage.kind != "diffusion":
-                        seeded = {**stage.default_sampling, "seed": body.seed}
-                        params[stage.name] = SamplingParams(**seeded)
-        except (ValueError, TypeError) as exc:
-            raise OpenAIError.from_value_error(ValueError(str(exc)), renames) from None
-        return params
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return stage_params(self.client, body, max_tokens, explicit or "max_tokens")
 
     def messages(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
         """The messages as the prompt reader takes them; 400 naming a part the entry stage
@@ -289,31 +275,30 @@ class PipelineChatServing(OpenAIServing):
             out.append({"role": role, "content": content})
         return out
 
-    @functools.cached_property
-    def _tokenizer(self) -> Any:
-        from omnistage.models.loader import load_tokenizer, resolve_model
+    def render(
+        self, messages: list[dict[str, Any]], renames: dict[str, str]
+    ) -> tuple[dict[str, Any], int]:
+        """The pipeline prompt of `messages` (rendered with the entry model's chat template,
+        as the prompt reader would: the text and its media in placeholder order) and the
+        number of tokens the thinker receives for it (see `count_prompt_tokens`). Blocks."""
+        from omnistage.multimodal.registry import render_model_chat
 
-        return load_tokenizer(resolve_model(self.client.entry_model))
-
-    def count_prompt(self, messages: list[dict[str, Any]]) -> int:
-        """Tokens of the rendered chat (media parts as their placeholders); 0 if unknown."""
+        reader = self.client.omni._prompts
         try:
-            tokenizer = self._tokenizer
-            text_only = [
-                {
-                    "role": m["role"],
-                    "content": m["content"]
-                    if isinstance(m["content"], str)
-                    else "".join(p.get("text", "") for p in m["content"]),
-                }
-                for m in messages
-            ]
-            rendered = tokenizer.apply_chat_template(
-                text_only, tokenize=False, add_generation_prompt=True
+            chat = render_model_chat(
+                reader._path, self.client.tokenizer, messages, supported=reader.input_modalities
             )
-            return len(tokenizer.encode(rendered, add_special_tokens=False))
-        except Exception:
-            return 0
+        except ValueError as exc:
+            raise OpenAIError.from_value_error(exc, renames) from None
+        except TemplateError as exc:
+            raise OpenAIError(
+                f"messages: the chat template refused them: {exc}", param="messages"
+            ) from None
+        has_media = bool(chat.audios or chat.images)
+        prompt: dict[str, Any] = {"prompt": chat.prompt}
+        if has_media:
+            prompt["multi_modal_data"] = {"audio": chat.audios, "image": chat.images}
+        return prompt, self.client.count_prompt_tokens(chat.prompt, has_media)
 
     # -- answers ---------------------------------------------------------------------------
     def _first_audio(self, plan: _Plan) -> None:
@@ -326,7 +311,7 @@ class PipelineChatServing(OpenAIServing):
         plan: _Plan,
         request_id: str,
         updates: AsyncIterator[OmniRequestOutput],
-        prompt_tokens: asyncio.Future[int],
+        num_prompt: int,
     ) -> ChatCompletionResponse:
         generated, seen_audio = 0, False
         try:
@@ -377,7 +362,7 @@ class PipelineChatServing(OpenAIServing):
                     finish_reason=result.finish_reason if result is not None else None,
                 )
             ],
-            usage=usage(await prompt_tokens, generated),
+            usage=usage(num_prompt, generated),
         )
 
     async def events(
@@ -387,7 +372,7 @@ class PipelineChatServing(OpenAIServing):
         request_id: str,
         first: OmniRequestOutput,
         updates: AsyncIterator[OmniRequestOutput],
-        prompt_tokens: asyncio.Future[int],
+        num_prompt: int,
     ) -> AsyncIterator[str]:
         created = int(time.time())
 
@@ -424,13 +409,9 @@ class PipelineChatServing(OpenAIServing):
                 try:
                     output = await anext(updates)
                 except OpenAIError as exc:  # a shutdown or a failed stage
-                    prompt_tokens.cancel()
                     yield stream_error(exc)
                     yield DONE
                     return
-        except BaseException:
-            prompt_tokens.cancel()
-            raise
         finally:
             await updates.aclose()  # type: ignore[attr-defined]
         result = output.outputs.get(plan.text_stage)
@@ -444,5 +425,56 @@ class PipelineChatServing(OpenAIServing):
         reason = result.finish_reason if result is not None else "stop"
         yield chunk([ChatChunkChoice(index=0, delta=final, finish_reason=reason)])
         if body.stream_options is not None and body.stream_options.include_usage:
-            yield chunk([], usage=usage(await prompt_tokens, generated))
+            yield chunk([], usage=usage(num_prompt, generated))
         yield DONE
+
+
+def check_context(
+    client: PipelineClient, num_prompt: int, max_tokens: int | None, param: str, prompt_param: str
+) -> None:
+    """400 when the thinker's prompt of `num_prompt` tokens leaves no room in its context,
+    or less than `max_tokens` (the request's field `param`) when given."""
+    limit = client.max_model_len
+    if limit is None:
+        return
+    if num_prompt >= limit:
+        raise OpenAIError(
+            f"{prompt_param}: the prompt ({num_prompt} tokens) leaves no room to generate "
+            f"within the context length of {limit} tokens",
+            param=prompt_param,
+        )
+    room = limit - num_prompt
+    if max_tokens is not None and max_tokens > room:
+        raise OpenAIError(
+            f"{param}: the prompt ({num_prompt} tokens) plus {param} ({max_tokens}) exceeds "
+            f"the context length of {limit} tokens; at most {room} tokens can be generated",
+            param=param,
+        )
+
+
+def stage_params(
+    client: PipelineClient, body: SamplingFields, max_tokens: int | None, max_tokens_param: str
+) -> dict[str, SamplingParams]:
+    """The entry stage's SamplingParams (the request's fields over its defaults; `max_tokens`
+    when not None), and with a seed, every other sampling stage's (its defaults, seeded).
+    A bad value is a 400 naming the field (`max_tokens_param` for max_tokens)."""
+    (entry,) = client.deploy.entry_stages
+    given = body.model_fields_set
+    fields = {f: getattr(body, f) for f in ENTRY_FIELDS if f in given}
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if fields.get("logit_bias") is not None:
+        fields["logit_bias"] = dict(fields["logit_bias"])
+    if max_tokens is not None:
+        fields["max_tokens"] = max_tokens
+    params: dict[str, SamplingParams] = {}
+    try:
+        params[entry.name] = SamplingParams(**{**entry.default_sampling, **fields})
+        if body.seed is not None:
+            for stage in client.deploy.stages:
+                if stage.name != entry.name and stage.kind != "diffusion":
+                    seeded = {**stage.default_sampling, "seed": body.seed}
+                    params[stage.name] = SamplingParams(**seeded)
+    except (ValueError, TypeError) as exc:
+        renames = {"max_tokens": max_tokens_param}
+        raise OpenAIError.from_value_error(ValueError(str(exc)), renames) from None
+    return params
