@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from omnistage.spec_decode.config import SpeculativeConfig
+
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float": torch.float32,
@@ -115,8 +117,21 @@ class EngineConfig:
     device: str = "cpu"
     """Device the stage runs on: cpu or cuda."""
 
+    speculative_config: dict | None = None
+    """Speculative decoding, as vLLM's: {"method": "ngram" | "draft_model" | "mtp",
+    "num_speculative_tokens": k, ...} (a JSON string is accepted too); see
+    `omnistage.spec_decode.config`. Outputs are the same as without it."""
+
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
+        spec = SpeculativeConfig.parse(self.speculative_config)
+        if spec is not None:
+            object.__setattr__(self, "speculative_config", dataclasses.asdict(spec))
+            if self.output_hidden_states:
+                raise ValueError(
+                    "speculative_config: not available on a stage that sends its hidden states "
+                    "downstream (output_hidden_states)"
+                )
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model: must be a non-empty string (a built-in name or a path)")
         _positive("max_num_seqs", self.max_num_seqs)
@@ -154,6 +169,11 @@ class EngineConfig:
         if self.executor_backend != "auto":
             return self.executor_backend
         return "process" if self.async_scheduling else "inline"
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The parsed `speculative_config` (None: no speculation)."""
+        return SpeculativeConfig.parse(self.speculative_config)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -31,6 +31,10 @@ class CompletionOutput:
     """The stop token id or stop string that ended it, if any."""
     logprobs: SampleLogprobs | None = None
     cumulative_logprob: float | None = None
+    num_draft_tokens: int = 0
+    """Speculative decoding: drafts verified for this sample."""
+    num_accepted_tokens: int = 0
+    """Speculative decoding: drafts accepted (acceptance rate: accepted / drafts)."""
 
     @property
     def finished(self) -> bool:

@@ -45,3 +45,33 @@ def tiny_llama_f64(tmp_path_factory):
     return make_checkpoint(
         tmp_path_factory.mktemp("tiny-llama-f64"), "llama", seed=1, dtype=torch.float64
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_mamba2(tmp_path_factory):
+    """A float64-saved Mamba2 (recurrent state, no attention) for exact parity tests."""
+    import torch
+
+    return make_checkpoint(
+        tmp_path_factory.mktemp("tiny-mamba2"), "mamba2", seed=1, dtype=torch.float64
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_next(tmp_path_factory):
+    """A float64-saved Qwen3-Next (gated delta-net + gated attention + MoE)."""
+    import torch
+
+    return make_checkpoint(
+        tmp_path_factory.mktemp("tiny-qwen3-next"), "qwen3_next", seed=1, dtype=torch.float64
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5(tmp_path_factory):
+    """A float64-saved Qwen3.5 text model (gated delta-net + gated attention, dense MLP)."""
+    import torch
+
+    return make_checkpoint(
+        tmp_path_factory.mktemp("tiny-qwen3-5"), "qwen3_5", seed=1, dtype=torch.float64
+    )

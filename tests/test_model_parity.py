@@ -22,9 +22,9 @@ def capture_logits(llm: LLM) -> list[torch.Tensor]:
     seen: list[torch.Tensor] = []
     original = runner._sample
 
-    def recording(logits, rows):
+    def recording(logits, rows, *args):
         seen.append(logits.clone())
-        return original(logits, rows)
+        return original(logits, rows, *args)
 
     runner._sample = recording
     return seen

@@ -10,6 +10,12 @@ anything of step N+1 reads it.
 
 Requests that finish at step N while already scheduled at N+1 are released at
 N's update; N+1's results for them are dropped by `update_from_output`.
+
+With speculation, step N+1 offers a request the most draft slots (step N's
+drafts are not known yet) and counts one placeholder per slot plus one; when
+step N's tokens arrive its placeholders go and its rejected positions are
+taken back. The runner never reads these counts: it verifies the drafts it
+holds at the positions it knows (DESIGN.md invariant 5).
 """
 
 from __future__ import annotations
@@ -25,11 +31,17 @@ class AsyncScheduler(Scheduler):
             return 0
         return super()._tokens_to_compute(request)
 
-    def _on_scheduled(self, request: Request, num_new_tokens: int) -> None:
-        super()._on_scheduled(request, num_new_tokens)
-        if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
-            request.num_output_placeholders += 1  # this step samples a token for it
+    def _num_draft_slots(self, request: Request) -> int:
+        # The drafts of the step in flight are not known yet: offer the most; the runner
+        # verifies as many as it has.
+        return self._draft_limit(request)
 
-    def _on_sampled(self, request: Request, num_tokens: int) -> None:
+    def _on_scheduled(self, request: Request, num_new_tokens: int, num_spec: int) -> None:
+        super()._on_scheduled(request, num_new_tokens, num_spec)
+        if request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders:
+            # This step samples for it: one token, and one per draft slot at most.
+            request.num_output_placeholders += 1 + num_spec
+
+    def _on_sampled(self, request: Request, num_spec: int) -> None:
         # A request preempted while its token was in flight had its placeholders reset.
-        request.num_output_placeholders = max(0, request.num_output_placeholders - num_tokens)
+        request.num_output_placeholders = max(0, request.num_output_placeholders - 1 - num_spec)

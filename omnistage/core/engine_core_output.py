@@ -21,6 +21,10 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True):
     hidden_start: int = 0
     new_codes: list[list[int]] | None = None
     """Models with `num_token_codes`: the extra codes of each new token."""
+    num_draft_tokens: int = 0
+    """Speculation: drafts verified for the request so far (a running total)."""
+    num_accepted_tokens: int = 0
+    """Speculation: drafts accepted for the request so far (a running total)."""
 
     @property
     def finished(self) -> bool:

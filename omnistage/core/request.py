@@ -90,6 +90,13 @@ class Request:
     conditioning_fill: torch.Tensor | None = None
     """[hidden]: the row every position past the last conditioning row gets, once finished."""
 
+    num_proposed_drafts: int = 0
+    """Speculation: drafts the runner holds for the request's next step (as last reported)."""
+    num_draft_tokens: int = 0
+    """Speculation: drafts verified for this request so far."""
+    num_accepted_tokens: int = 0
+    """Speculation: drafts accepted so far (acceptance rate = accepted / drafts)."""
+
     output_codes: list[list[int]] = field(default_factory=list)
     """Per confirmed output token, the extra codes its model sampled with it (models with
     `num_token_codes`, e.g. the residual codebooks of a speech-codec talker); else empty."""

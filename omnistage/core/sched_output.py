@@ -67,6 +67,9 @@ class SchedulerOutput(msgspec.Struct, kw_only=True):
     """Conditioning rows that arrived since a known request was last scheduled."""
     new_conditioning_fill: dict[str, TensorBlob] = msgspec.field(default_factory=dict)
     """The fill rows of known requests whose conditioning finished since last scheduled."""
+    scheduled_spec_tokens: dict[str, int] = msgspec.field(default_factory=dict)
+    """Speculation: how many of a request's scheduled tokens are draft slots (requests with
+    none are absent). The runner fills up to that many with the drafts it holds."""
 
     @property
     def is_empty(self) -> bool:
@@ -86,6 +89,11 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     [total_num_scheduled_tokens, hidden], requests in `req_ids` order."""
     hidden_starts: list[int] | None = None
     """Per request: the position of its first hidden-state row this step."""
+    verified_drafts: list[int] | None = None
+    """Speculation: per request, the drafts verified this step (accepted ones are the
+    sampled tokens but the last)."""
+    proposed_drafts: list[int] | None = None
+    """Speculation: per request, how many drafts the runner holds for its next step."""
     sampled_codes: list[list[int]] | None = None
     """Models with `num_token_codes`: per request, the codes sampled with this step's token
     (empty when it sampled none)."""

@@ -12,6 +12,12 @@ FCFS, taking prefix-cache hits.
 After scheduling, `num_computed_tokens` is advanced as if the step had run;
 `_on_scheduled` is the hook where the async subclass counts placeholders.
 `update_from_output` appends the sampled tokens and applies the stop rules.
+
+Speculative decoding: a decoding request also gets draft slots (up to
+`num_speculative_tokens`; synchronously, as many as the runner proposed for it).
+The runner fills them with its own drafts and verifies them; a step that
+accepts `a` of `k` drafts computed `k - a` positions in vain, so
+`num_computed_tokens` goes back by that much when its tokens arrive.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from omnistage.core.sched_output import (
     SchedulerOutput,
 )
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
+from omnistage.spec_decode.stats import SpecDecodeStats
 
 
 class Scheduler:
@@ -52,6 +59,13 @@ class Scheduler:
         """Preemptions since start (for stats and tests)."""
         self._fill_unsent: set[str] = set()
         """Requests whose conditioning fill row the runner has not been sent yet."""
+        spec = config.speculative
+        self.num_spec_tokens = 0 if spec is None else spec.num_speculative_tokens
+        """Draft slots a decoding request may get per step (0: no speculation)."""
+        self.num_lookahead_slots = 0 if spec is None else spec.num_lookahead_slots
+        """KV slots allocated past a step's tokens (a draft model writes its drafts there)."""
+        self.spec_stats = SpecDecodeStats(self.num_spec_tokens)
+        """Speculation totals since start (drafts, accepted, per draft position)."""
 
     # -- request lifecycle -----------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -109,7 +123,8 @@ class Scheduler:
         )
         self._finished_since_last_step = set()
         for req_id, n in budget.scheduled.items():
-            self._on_scheduled(self.requests[req_id], n)
+            self._on_scheduled(self.requests[req_id], n, budget.spec.get(req_id, 0))
+        out.scheduled_spec_tokens = budget.spec
         return out
 
     def _tokens_to_compute(self, request: Request) -> int:
@@ -173,16 +188,19 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            if not self._make_room(request, n, preempted):
+            spec = 0
+            if n == 1 and self.num_spec_tokens and self._is_decoding(request):
+                spec = min(self._num_draft_slots(request), budget.left - 1)
+            if not self._make_room(request, n + spec + self.num_lookahead_slots, preempted):
                 break  # the request itself was preempted
             held_before = self.kv.num_blocks(request.request_id)
-            self.kv.allocate_slots(request, n)
+            self.kv.allocate_slots(request, n + spec + self.num_lookahead_slots)
             cached_reqs.add(
                 request.request_id,
                 self.kv.block_ids(request.request_id, held_before),
                 request.num_computed_tokens,
             )
-            budget.take(request.request_id, n)
+            budget.take(request.request_id, n + spec, spec)
             if (rows := self._unsent_conditioning(request)) is not None:
                 new_conditioning[request.request_id] = rows
             if request.request_id in self._fill_unsent and (
@@ -190,6 +208,28 @@ class Scheduler:
             ):
                 new_fill[request.request_id] = fill
             i += 1
+
+    @staticmethod
+    def _is_decoding(request: Request) -> bool:
+        """Past its prompt, with only its newest token to compute: drafts may follow it."""
+        return request.num_computed_tokens >= request.num_prompt_tokens
+
+    def _draft_limit(self, request: Request) -> int:
+        """Most drafts worth verifying: every one accepted (plus the bonus token) must stay
+        within max_tokens and max_model_len."""
+        in_flight = request.num_output_placeholders
+        return max(
+            0,
+            min(
+                self.num_spec_tokens,
+                request.max_tokens - request.num_output_tokens - in_flight - 1,
+                self.max_model_len - request.num_tokens - in_flight - 1,
+            ),
+        )
+
+    def _num_draft_slots(self, request: Request) -> int:
+        """Draft slots for this step: as many as the runner proposed (known synchronously)."""
+        return min(request.num_proposed_drafts, self._draft_limit(request))
 
     def _make_room(self, request: Request, n: int, preempted: set[str]) -> bool:
         """Preempt from the tail of `running` until `request` fits; False if it was preempted."""
@@ -220,7 +260,7 @@ class Scheduler:
             if not self.config.enable_chunked_prefill and n > budget.left:
                 break
             n = min(n, budget.left)
-            if not self.kv.can_allocate(request, n, computed):
+            if not self.kv.can_allocate(request, n + self.num_lookahead_slots, computed):
                 break
             self._admit(request, n, computed, num_hit)
             new_reqs.append(
@@ -249,7 +289,7 @@ class Scheduler:
             budget.take(request.request_id, n)
 
     def _admit(self, request: Request, n: int, computed: KVCacheBlocks, num_hit: int) -> None:
-        self.kv.allocate_slots(request, n, computed)
+        self.kv.allocate_slots(request, n + self.num_lookahead_slots, computed)
         self.waiting.popleft()
         self.running.append(request)
         request.status = RequestStatus.RUNNING
@@ -257,12 +297,14 @@ class Scheduler:
         if request.num_cached_tokens < 0:
             request.num_cached_tokens = num_hit
 
-    def _on_scheduled(self, request: Request, num_new_tokens: int) -> None:
-        """Advance progress as if the step had run (the async subclass adds placeholders)."""
+    def _on_scheduled(self, request: Request, num_new_tokens: int, num_spec: int) -> None:
+        """Advance progress as if the step had run, every draft accepted (the async
+        subclass adds placeholders)."""
         request.num_computed_tokens += num_new_tokens
 
-    def _on_sampled(self, request: Request, num_tokens: int) -> None:
-        """Tokens of a step arrived for `request` (the async subclass drops placeholders)."""
+    def _on_sampled(self, request: Request, num_spec: int) -> None:
+        """A step's tokens arrived for `request`, which had `num_spec` draft slots in it
+        (the async subclass drops that step's placeholders)."""
 
     # -- results -------------------------------------------------------------------------
     def update_from_output(
@@ -292,7 +334,12 @@ class Scheduler:
             logprobs = runner_output.logprobs[i] if runner_output.logprobs else None
             # Async: a request preempted while its token was in flight waits, yet may stop now.
             queue = self.running if request.status == RequestStatus.RUNNING else self.waiting
-            self._on_sampled(request, len(sampled))
+            num_spec = scheduler_output.scheduled_spec_tokens.get(req_id, 0)
+            self._on_sampled(request, num_spec)
+            if num_spec:
+                self._on_verified(request, runner_output, i, num_spec, len(sampled) - 1)
+            if runner_output.proposed_drafts is not None:
+                request.num_proposed_drafts = runner_output.proposed_drafts[i]
             new_tokens = self._append_and_check_stop(request, sampled)
             codes = runner_output.sampled_codes[i] if runner_output.sampled_codes else None
             if codes:
@@ -308,12 +355,32 @@ class Scheduler:
                     hidden_states=None if hidden is None else hidden[i],
                     hidden_start=0 if hidden is None else runner_output.hidden_starts[i],
                     new_codes=[codes] if codes else None,
+                    num_draft_tokens=request.num_draft_tokens,
+                    num_accepted_tokens=request.num_accepted_tokens,
                 )
             )
             if request.is_finished:
                 queue.remove(request)
                 self._release(request)
         return outputs
+
+    def _on_verified(
+        self,
+        request: Request,
+        runner_output: ModelRunnerOutput,
+        index: int,
+        num_spec: int,
+        num_accepted: int,
+    ) -> None:
+        """Count the step's drafts, and take back the positions of the rejected ones (a
+        request preempted meanwhile recomputes from scratch: nothing to take back)."""
+        if request.status == RequestStatus.RUNNING:
+            request.num_computed_tokens -= num_spec - num_accepted
+        verified = runner_output.verified_drafts
+        num_drafts = verified[index] if verified is not None else num_spec
+        request.num_draft_tokens += num_drafts
+        request.num_accepted_tokens += num_accepted
+        self.spec_stats.record(num_drafts, num_accepted)
 
     def _append_and_check_stop(self, request: Request, sampled: list[int]) -> list[int]:
         new_tokens: list[int] = []
@@ -349,11 +416,15 @@ class _Budget:
         self.left = total
         self.used = 0
         self.scheduled: dict[str, int] = {}
+        self.spec: dict[str, int] = {}
+        """Draft slots among the scheduled tokens, for requests that have any."""
 
-    def take(self, req_id: str, n: int) -> None:
+    def take(self, req_id: str, n: int, num_spec: int = 0) -> None:
         self.scheduled[req_id] = n
         self.left -= n
         self.used += n
+        if num_spec:
+            self.spec[req_id] = num_spec
 
 
 def _split_hidden_states(

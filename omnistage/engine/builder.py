@@ -8,6 +8,7 @@ tokens, so a lone request can always finish.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omnistage.config import EngineConfig
+from omnistage.config import EngineConfig, parse_dtype
 from omnistage.core.async_scheduler import AsyncScheduler
 from omnistage.core.engine_core import EngineCore
 from omnistage.core.executor import InlineExecutor, ThreadExecutor
@@ -36,8 +37,11 @@ from omnistage.models.parts import part_weights, select_part
 from omnistage.models.registry import engine_config, model_class_for
 from omnistage.platforms import platform_for
 from omnistage.sample.stage_transitions import StageTransitions
+from omnistage.spec_decode.draft_model import DraftModelProposer
+from omnistage.spec_decode.ngram import NgramProposer
 from omnistage.worker.attention import allocate_kv_cache
 from omnistage.worker.model_runner import ModelRunner
+from omnistage.worker.recurrent import allocate_recurrent_state
 
 logger = logging.getLogger("omnistage")
 
@@ -88,8 +92,13 @@ def model_max_len(hf_config: Any) -> int:
 
 
 def kv_block_bytes(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one KV block over the model's attention layers. A model without attention
+    layers (Mamba2) still has blocks for the scheduler's accounting: one element per token."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_dim * elem
+    layers = model.num_attention_layers
+    if layers == 0:
+        return block_size * elem
+    return 2 * layers * block_size * model.num_kv_heads * model.head_dim * elem
 
 
 def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
@@ -122,14 +131,29 @@ def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> Mod
     dtype = config.torch_dtype
     model = build_model(files, hf_config, dtype, config.max_model_len).to(platform.device)
     model = platform.prepare_model(model)
+    draft = _load_draft_model(config, hf_config, platform)
     block_bytes = kv_block_bytes(model, config.block_size, dtype)
+    if draft is not None:  # its keys use the same blocks: a block costs both models' bytes
+        block_bytes += kv_block_bytes(draft, config.block_size, draft.dtype)
     blocks = num_kv_blocks(config, block_bytes)
     kv_caches = [
         allocate_kv_cache(
             blocks, config.block_size, model.num_kv_heads, model.head_dim, dtype, platform.device
         )
-        for _ in range(model.num_layers)
+        for _ in range(model.num_attention_layers)
     ]
+    states = None
+    if model.has_recurrent_state:
+        # With speculation, a scratch state per position of a verification row (k + 1 tokens).
+        spec = config.speculative
+        states = allocate_recurrent_state(
+            model.recurrent_state_shapes(),
+            config.max_num_seqs,
+            dtype,
+            platform.device,
+            spec_positions=0 if spec is None else spec.num_speculative_tokens + 1,
+        )
+        model.bind_recurrent_state(states)
     logger.info(
         "KV cache: %d blocks x %d tokens (%.1f MiB)",
         blocks - 1,
@@ -146,9 +170,62 @@ def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> Mod
         device=platform.device,
         stage_transitions=_stage_transitions(config, files),
         output_hidden_states=config.output_hidden_states,
+        speculative=config.speculative,
+        proposer=_proposer(config, draft, blocks, platform.device),
+        recurrent_states=states,
     )
     runner.num_kv_blocks = blocks
     return runner
+
+
+def _load_draft_model(config: EngineConfig, hf_config: Any, platform: Any) -> CausalLM | None:
+    """The draft model of `speculative_config` method draft_model (None for other methods)."""
+    spec = config.speculative
+    if spec is None or spec.method != "draft_model":
+        return None
+    assert spec.model is not None and config.max_model_len is not None  # checked in the config
+    files = resolve_model(spec.model)
+    draft_config = engine_config(load_hf_config(files))
+    if draft_config.vocab_size > hf_config.vocab_size:
+        raise ValueError(
+            f"speculative_config.model: the draft's vocabulary ({draft_config.vocab_size}) is "
+            f"larger than the target's ({hf_config.vocab_size}); it must share the tokenizer"
+        )
+    if model_max_len(draft_config) < config.max_model_len:
+        raise ValueError(
+            f"speculative_config.model: the draft's context ({model_max_len(draft_config)}) is "
+            f"shorter than max_model_len={config.max_model_len}"
+        )
+    if model_class_for(draft_config).has_recurrent_state:
+        raise ValueError("speculative_config.model: a recurrent draft model is not supported")
+    dtype = config.torch_dtype if spec.draft_dtype is None else parse_dtype(spec.draft_dtype)
+    draft = build_model(files, draft_config, dtype, config.max_model_len).to(platform.device)
+    logger.info("speculative decoding: draft model %s", files.path)
+    return platform.prepare_model(draft)
+
+
+def _proposer(
+    config: EngineConfig, draft: CausalLM | None, blocks: int, device: torch.device
+) -> Any:
+    """The drafts' proposer of the configured speculative method (None: no speculation)."""
+    spec = config.speculative
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "draft_model":
+        assert draft is not None  # loaded for this method
+        kv_caches = [
+            allocate_kv_cache(
+                blocks, config.block_size, draft.num_kv_heads, draft.head_dim, draft.dtype, device
+            )
+            for _ in range(draft.num_attention_layers)
+        ]
+        return DraftModelProposer(draft, kv_caches)
+    raise ValueError(
+        f"speculative_config.method: {spec.method} is not available for {config.model} "
+        "(it has no multi-token-prediction layers)"
+    )
 
 
 def build_stage(config: EngineConfig) -> BuiltStage:
@@ -158,6 +235,7 @@ def build_stage(config: EngineConfig) -> BuiltStage:
         hf_config = select_part(hf_config, config.model_part)
     hf_config = engine_config(hf_config)
     config = config.resolve_for_model(model_max_len(hf_config))
+    config = _without_prefix_caching_for_recurrent(config, hf_config)
     backend = config.resolved_executor_backend
     if backend == "process":
         executor = ProcessExecutor(config, files, hf_config)
@@ -177,6 +255,19 @@ def build_stage(config: EngineConfig) -> BuiltStage:
     return BuiltStage(
         config=config, files=files, hf_config=hf_config, core=core, kv_cache_manager=kv
     )
+
+
+def _without_prefix_caching_for_recurrent(config: EngineConfig, hf_config: Any) -> EngineConfig:
+    """Prefix caching off for models with recurrent layers: a cached KV prefix cannot restore
+    the recurrent state a request had after that prefix. Decided from the model class, so the
+    scheduler side knows it even when the runner lives in another process."""
+    if not config.enable_prefix_caching or not model_class_for(hf_config).has_recurrent_state:
+        return config
+    logger.info(
+        "prefix caching disabled: %s has recurrent state (a cached prefix cannot restore it)",
+        model_class_for(hf_config).__name__,
+    )
+    return dataclasses.replace(config, enable_prefix_caching=False)
 
 
 def _stage_transitions(config: EngineConfig, files: ModelFiles) -> StageTransitions | None:

@@ -44,14 +44,16 @@ class IncrementalDetokenizer:
         """Text of one token on its own (for logprobs)."""
         return self._tokenizer.convert_ids_to_tokens(token_id) or ""
 
-    def add_tokens(self, token_ids: list[int]) -> bool:
-        """Append tokens; returns True when a stop string ended the sequence."""
-        for token in token_ids:
+    def add_tokens(self, token_ids: list[int]) -> int | None:
+        """Append tokens; when a stop string ends the sequence, returns how many of them
+        were taken (the one completing the stop string last; later ones are dropped —
+        several arrive at once with speculative decoding), else None."""
+        for taken, token in enumerate(token_ids, start=1):
             before = len(self.text)
             self.text += self._step(token)
             if self.stop and self._check_stop(before):
-                return True
-        return False
+                return taken
+        return None
 
     def _step(self, token: int) -> str:
         if self._backend is not None:

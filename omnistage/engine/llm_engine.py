@@ -221,16 +221,22 @@ class LLMEngine:
 
     def _apply(self, tracked: _Tracked, seq: _Sequence, out: EngineCoreOutput) -> None:
         comp = seq.output
-        comp.token_ids.extend(out.new_token_ids)
+        new_tokens = out.new_token_ids
+        taken = seq.detok.add_tokens(new_tokens)
+        stopped = taken is not None
+        if stopped:
+            new_tokens = new_tokens[:taken]  # nothing after the stop string's last token
+        comp.token_ids.extend(new_tokens)
         if out.new_logprobs and comp.logprobs is not None:
-            for token, entry in zip(out.new_token_ids, out.new_logprobs, strict=False):
+            for token, entry in zip(new_tokens, out.new_logprobs, strict=False):
                 comp.logprobs.append(self._logprob_dict(seq, token, entry))
                 comp.cumulative_logprob += entry[1][0]
-        stopped = seq.detok.add_tokens(out.new_token_ids)
         comp.text = seq.detok.text
         tracked.output.num_cached_tokens = max(
             tracked.output.num_cached_tokens, out.num_cached_tokens
         )
+        comp.num_draft_tokens = max(comp.num_draft_tokens, out.num_draft_tokens)
+        comp.num_accepted_tokens = max(comp.num_accepted_tokens, out.num_accepted_tokens)
         if stopped and not out.finished:
             self.core.finish_requests([seq.core_id], RequestStatus.FINISHED_STOPPED)
         if stopped:

@@ -56,6 +56,34 @@ class CausalLM(nn.Module):
     num_kv_heads: int
     head_dim: int
 
+    has_recurrent_state: ClassVar[bool] = False
+    """The model has recurrent layers (Mamba, gated delta-net) with per-request state slots
+    (worker/recurrent.py): the runner keeps `RecurrentSlots`, the builder allocates the state
+    of `recurrent_state_shapes()` and turns prefix caching off (a cached KV prefix cannot
+    restore a recurrent state)."""
+
+    @property
+    def num_attention_layers(self) -> int:
+        """How many KV cache tensors the builder allocates (one per full-attention layer, in
+        layer order; `bind_kv_cache` receives exactly that many). Default: `num_layers`."""
+        value = self.__dict__.get("_num_attention_layers")
+        return self.num_layers if value is None else value
+
+    @num_attention_layers.setter
+    def num_attention_layers(self, value: int) -> None:
+        self.__dict__["_num_attention_layers"] = int(value)
+
+    def recurrent_state_shapes(self) -> list[tuple[tuple[int, ...], ...]]:
+        """Per recurrent layer (in layer order), the per-slot shape of each of its state
+        tensors; `[]` for a model without recurrent layers."""
+        return []
+
+    def bind_recurrent_state(self, states: list[Any]) -> None:
+        """Give each recurrent layer its `RecurrentLayerState` (worker/recurrent.py), in the
+        order of `recurrent_state_shapes()`."""
+        if states:
+            raise ValueError(f"{type(self).__name__} has no recurrent layers to bind state to")
+
     @classmethod
     def input_width_for(cls, config: Any) -> int:
         """Width of the rows a model of this class takes as input embeddings (prompt

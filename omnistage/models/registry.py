@@ -7,7 +7,9 @@ from typing import Any
 from omnistage.models.base import CausalLM
 from omnistage.models.glm_image import GlmImagePrior
 from omnistage.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+from omnistage.models.mamba2 import Mamba2ForCausalLM
 from omnistage.models.moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from omnistage.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
 from omnistage.models.qwen3_omni_talker import Qwen3OmniTalker, Qwen3OmniThinker
 from omnistage.models.qwen25_omni_talker import Qwen25OmniTalker, Qwen25OmniThinker
 
@@ -31,6 +33,9 @@ for _cls in (
     Qwen25OmniThinker,
     Qwen25OmniTalker,
     GlmImagePrior,
+    Mamba2ForCausalLM,
+    Qwen3NextForCausalLM,
+    Qwen3_5ForCausalLM,
 ):
     register_model(_cls)
 

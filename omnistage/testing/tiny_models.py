@@ -87,7 +87,66 @@ def tiny_config(arch: str, **overrides):
         return Qwen2MoeConfig(
             **common, **TINY_MOE, shared_expert_intermediate_size=96, norm_topk_prob=False
         )
+    if arch == "mamba2":
+        from transformers import Mamba2Config
+
+        # A small chunk_size so prompts cross SSD chunk boundaries; residual_in_fp32 off so a
+        # float64 checkpoint keeps float64 residuals in transformers too.
+        mamba = dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=64,
+            expand=2,
+            num_heads=8,
+            head_dim=16,
+            n_groups=2,
+            state_size=16,
+            conv_kernel=4,
+            chunk_size=8,
+            num_hidden_layers=2,
+            layer_norm_epsilon=1e-6,
+            residual_in_fp32=False,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+            tie_word_embeddings=False,
+            max_position_embeddings=1024,
+        )
+        mamba.update(overrides)
+        return Mamba2Config(**mamba)
+    if arch in ("qwen3_next", "qwen3_5"):
+        return _tiny_hybrid_config(arch, common, overrides)
     raise ValueError(arch)
+
+
+def _tiny_hybrid_config(arch: str, common: dict, overrides: dict):
+    """Qwen3-Next / Qwen3.5: 4 layers, 3 gated delta-net ones around 1 gated full-attention
+    one (partial rotary); 2 key and 4 value heads in the delta-net."""
+    layers = overrides.get("num_hidden_layers", 4)
+    hybrid = dict(
+        head_dim=16,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=["full_attention" if i % 4 == 1 else "linear_attention" for i in range(layers)],
+    )
+    hybrid.update(common, num_hidden_layers=layers)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    if arch == "qwen3_next":
+        from transformers import Qwen3NextConfig
+
+        return Qwen3NextConfig(
+            **hybrid,
+            **{k: v for k, v in TINY_MOE.items() if k != "rope_theta"},
+            shared_expert_intermediate_size=96,
+            norm_topk_prob=True,
+            rope_parameters=rope,
+        )
+    from transformers import Qwen3_5TextConfig
+
+    rope.update(mrope_section=[2, 1, 1], mrope_interleaved=True)
+    return Qwen3_5TextConfig(**hybrid, rope_parameters=rope, architectures=["Qwen3_5ForCausalLM"])
 
 
 def make_checkpoint(

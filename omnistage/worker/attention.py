@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from omnistage import kernels
+from omnistage.worker.recurrent import RecurrentMetadata
 
 
 @dataclass
@@ -58,6 +59,8 @@ class AttentionMetadata:
     prefills: list[PrefillSeq]
     all_decode: bool
     _bias_cache: dict = field(default_factory=dict)
+    recurrent: RecurrentMetadata | None = None
+    """Models with recurrent layers: the step's state slots (worker/recurrent.py)."""
 
     def decode_bias(self, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask [kv_heads * num_decodes, 1, L] (0 or -inf), built once per step."""

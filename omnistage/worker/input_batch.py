@@ -48,6 +48,10 @@ class RequestState:
     output_codes: list[list[int]] = field(default_factory=list)
     """Models with `num_token_codes`: the codes sampled with each output token (added to
     that token's input embedding when it is fed back)."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    """Speculation: the drafts proposed for this request's next step (not history)."""
+    draft_num_computed: int = 0
+    """Speculation with a draft model: positions whose keys the draft model holds."""
 
     @property
     def num_tokens(self) -> int:

@@ -11,12 +11,21 @@ Sampling dispatch is written here, once: logits processors, then the model's
 own `sample()` when it prefers it, then the default sampler. Platform runners
 (CPU, CUDA) subclass this for device details only and must not override
 `_sample` (seeds/001: a platform runner that skipped the dispatch).
+
+Speculative decoding: the runner owns each request's drafts (proposed at the
+end of a step, kept in its `RequestState`, never by row) and its true
+`num_computed_tokens`. A decoding request scheduled with draft slots feeds
+its newest token and up to that many drafts; the target's token is sampled at
+each of those positions through the same dispatch, each position seeing the
+history it would have (spec_decode/verify.py), and the drafts that match are
+accepted. Rejected positions are simply not counted as computed.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,9 +43,12 @@ from omnistage.sample import (
 )
 from omnistage.sample.metadata import RowSamplingState
 from omnistage.sample.stage_transitions import StageTransitions
+from omnistage.spec_decode.config import SpeculativeConfig
+from omnistage.spec_decode.verify import accepted_counts
 from omnistage.worker.attention import AttentionMetadata, PrefillSeq
 from omnistage.worker.forward_context import forward_context
 from omnistage.worker.input_batch import InputBatch, RequestState
+from omnistage.worker.recurrent import RecurrentLayerState, RecurrentSlots, commit_accepted
 
 
 @dataclass
@@ -51,17 +63,34 @@ class StepInputs:
     sample_rows: list[int]
     """Rows that sample a token this step (their prompt is fully computed)."""
     logits_indices: torch.Tensor
-    """Flat index of the last token of each sampling row."""
+    """Flat index of the last token of each sampling row (of its last 1 + len(drafts)
+    tokens when it verifies drafts)."""
+    drafts: dict[int, list[int]]
+    """Rows that verify drafts this step: the drafts, fed after their newest token."""
+
+
+@dataclass
+class FlatLayout:
+    """Where each token of a pass sits: its row, its position, its cache slot (attention)."""
+
+    tok_rows: np.ndarray
+    positions: np.ndarray
+    first: np.ndarray
+    """Flat index of each row's first token."""
+    ends: np.ndarray
+    """Flat index one past each row's last token."""
+    attn: AttentionMetadata
 
 
 @dataclass
 class SampledRows:
-    """What one step sampled, by batch row."""
+    """What one step sampled, by batch row: one token, or with drafts the accepted ones
+    and the target's token after them."""
 
-    tokens: dict[int, int]
+    tokens: dict[int, list[int]]
     codes: dict[int, list[int]]
     """Models with `num_token_codes`: the codes sampled with each row's token."""
-    logprobs: dict[int, tuple[list[int], list[float], int]]
+    logprobs: dict[int, list[tuple[list[int], list[float], int]]]
 
 
 class ModelRunner:
@@ -78,6 +107,9 @@ class ModelRunner:
         device: torch.device,
         stage_transitions: StageTransitions | None = None,
         output_hidden_states: bool = False,
+        speculative: SpeculativeConfig | None = None,
+        proposer: Any = None,
+        recurrent_states: list[RecurrentLayerState] | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -100,6 +132,20 @@ class ModelRunner:
         """Time spent executing steps (telemetry: how loaded the runner is)."""
         self.stage_transitions = stage_transitions
         self.output_hidden_states = output_hidden_states
+        self.recurrent = RecurrentSlots(max_num_reqs) if model.has_recurrent_state else None
+        """State slots of the requests held (models with recurrent layers), by request id."""
+        self.max_model_len = max_model_len
+        if speculative is not None and (model.num_token_codes > 0 or output_hidden_states):
+            raise ValueError(
+                "speculative_config: not available for models that sample extra codes per "
+                "token or stages that send hidden states downstream"
+            )
+        self.speculative = speculative
+        self.proposer = proposer
+        """Proposes each sampled request's drafts for its next step (see spec_decode/)."""
+        self.recurrent_states = recurrent_states
+        """The recurrent layers' state (with scratch states under speculation), to commit
+        each verifying request's last accepted position."""
 
     def stats(self) -> dict[str, int]:
         """What the runner holds (batch rows, known requests; zero when idle) and its load."""
@@ -117,7 +163,11 @@ class ModelRunner:
             self._mrope.discard(req_id)
             self._deepstack.discard(req_id)
             self.batch.remove(req_id)
+            if self.recurrent is not None:
+                self.recurrent.remove(req_id)
         for new in so.scheduled_new_reqs:
+            if self.recurrent is not None:
+                self.recurrent.add(new.req_id)
             state = RequestState(
                 req_id=new.req_id,
                 prompt_token_ids=list(new.prompt_token_ids),
@@ -126,6 +176,7 @@ class ModelRunner:
                 sample_seed=new.sample_seed,
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
+                draft_num_computed=new.num_computed_tokens,
                 eos_token_id=self.eos_token_id,
                 prompt_embeds=None
                 if new.prompt_embeds is None
@@ -155,11 +206,10 @@ class ModelRunner:
         for req_id, blob in so.new_conditioning_fill.items():
             self.requests[req_id].conditioning_fill = self._rows(blob)
         cached = so.scheduled_cached_reqs
-        for req_id, new_blocks, num_computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
-        ):
+        # The runner's own `num_computed_tokens` is the truth (async speculation: the
+        # scheduler's count still includes drafts of the step in flight that were rejected).
+        for req_id, new_blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
             state = self.requests[req_id]
-            state.num_computed_tokens = num_computed
             if new_blocks:
                 state.block_ids.extend(new_blocks)
                 self.batch.append_blocks(self.batch.req_id_to_row[req_id], new_blocks)
@@ -168,25 +218,83 @@ class ModelRunner:
     # -- inputs ---------------------------------------------------------------------------------
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         """Flat token ids, positions, cache slots and attention metadata of the step (numpy)."""
-        batch, bs = self.batch, self.block_size
+        batch = self.batch
         live = batch.states[: batch.num_rows]
         counts = np.array([so.num_scheduled_tokens.get(s.req_id, 0) for s in live], dtype=np.int64)
         computed = np.array([s.num_computed_tokens for s in live], dtype=np.int64)
+        drafts = self._place_drafts(so, counts, computed) if so.scheduled_spec_tokens else {}
         rows = np.flatnonzero(counts)
         n, start = counts[rows], computed[rows]
+        layout = self._flat_layout(rows, start, n)
+        if self.recurrent is not None:  # verifying rows keep a state per position
+            layout.attn.recurrent = self.recurrent.metadata(
+                [batch.states[r].req_id for r in rows],
+                n.tolist(),
+                start.tolist(),
+                [1 + len(drafts[r]) if r in drafts else 0 for r in rows.tolist()],
+                self.device,
+            )
+        sampling = start + n >= batch.num_tokens[rows]
+        sample_rows = rows[sampling].tolist()
+        ends = layout.ends[sampling]
+        if drafts:
+            widths = [1 + len(drafts.get(r, ())) for r in sample_rows]
+            logits_indices = np.concatenate(
+                [np.arange(e - w, e) for e, w in zip(ends, widths, strict=True)]
+            )
+        else:
+            logits_indices = ends - 1
+        pos = layout.positions
+        return StepInputs(
+            input_ids=torch.from_numpy(batch.token_ids[layout.tok_rows, pos]).to(self.device),
+            positions=torch.from_numpy(
+                self._rotary_positions(rows, layout.first, n, start, pos) if self._mrope else pos
+            ).to(self.device),
+            attn=layout.attn,
+            rows=rows.tolist(),
+            row_counts=n.tolist(),
+            sample_rows=sample_rows,
+            logits_indices=torch.from_numpy(logits_indices).to(self.device),
+            drafts=drafts,
+        )
+
+    def _place_drafts(
+        self, so: SchedulerOutput, counts: np.ndarray, computed: np.ndarray
+    ) -> dict[int, list[int]]:
+        """Rows given draft slots: feed up to that many of the drafts they hold, written
+        past their history in the token rows (never into it); `counts` shrinks to what
+        is fed. Returns the drafts each such row verifies."""
+        placed: dict[int, list[int]] = {}
+        for req_id, slots in so.scheduled_spec_tokens.items():
+            row = self.batch.req_id_to_row[req_id]
+            state = self.batch.states[row]
+            num_tokens = int(self.batch.num_tokens[row])
+            if computed[row] != num_tokens - 1 or computed[row] < len(state.prompt_token_ids):
+                drafts = []  # not decoding yet (async: its prompt's last token is in this step)
+            else:
+                drafts = state.draft_token_ids[:slots]
+            counts[row] = min(counts[row], num_tokens - computed[row]) + len(drafts)
+            if drafts:
+                self.batch.token_ids[row, num_tokens : num_tokens + len(drafts)] = drafts
+                placed[row] = drafts
+        return placed
+
+    def _flat_layout(self, rows: np.ndarray, start: np.ndarray, n: np.ndarray) -> FlatLayout:
+        """The flat layout and attention metadata of a pass over `n[i]` tokens of row
+        `rows[i]` from position `start[i]` (the step, or a draft model's pass)."""
+        bs = self.block_size
         ends = np.cumsum(n)
         first = ends - n  # flat index of each row's first token
         tok_rows = np.repeat(rows, n)
         pos = np.repeat(start - first, n) + np.arange(int(ends[-1]))
-        slots = batch.block_table[tok_rows, pos // bs] * bs + pos % bs
-        sampling = start + n >= batch.num_tokens[rows]
+        slots = self.batch.block_table[tok_rows, pos // bs] * bs + pos % bs
         decode = n == 1
         prefills = [
             PrefillSeq(
                 int(f),
                 int(k),
                 int(c),
-                torch.from_numpy(batch.block_table[r, : -(-(c + k) // bs)].copy()),
+                torch.from_numpy(self.batch.block_table[r, : -(-(c + k) // bs)].copy()),
             )
             for r, f, k, c in zip(
                 rows[~decode], first[~decode], n[~decode], start[~decode], strict=True
@@ -195,17 +303,7 @@ class ModelRunner:
         attn = self._attention_metadata(
             int(ends[-1]), slots, rows[decode], start[decode] + 1, first[decode], prefills
         )
-        return StepInputs(
-            input_ids=torch.from_numpy(batch.token_ids[tok_rows, pos]).to(self.device),
-            positions=torch.from_numpy(
-                self._rotary_positions(rows, first, n, start, pos) if self._mrope else pos
-            ).to(self.device),
-            attn=attn,
-            rows=rows.tolist(),
-            row_counts=n.tolist(),
-            sample_rows=rows[sampling].tolist(),
-            logits_indices=torch.from_numpy(ends[sampling] - 1).to(self.device),
-        )
+        return FlatLayout(tok_rows, pos, first, ends, attn)
 
     def _rotary_positions(
         self,
@@ -335,11 +433,14 @@ class ModelRunner:
         step = SampledRows({}, {}, {})
         if inputs.sample_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            step = self._sample(logits, inputs.sample_rows)
-        output = self._finish_step(inputs.rows, step)
+            step = self._sample(logits, inputs.sample_rows, inputs.drafts)
+        starts = [self.batch.states[r].num_computed_tokens for r in inputs.rows]
+        output = self._finish_step(inputs, step)
         if self.output_hidden_states:
             output.hidden_states = tensor_to_blob(self.model.stage_hidden_states(hidden))
-            output.hidden_starts = [self.batch.states[r].num_computed_tokens for r in inputs.rows]
+            output.hidden_starts = starts
+        if self.proposer is not None:
+            output.proposed_drafts = self._propose_drafts(inputs, step, hidden)
         return output
 
     def _rows(self, blob: TensorBlob | None) -> torch.Tensor:
@@ -387,29 +488,39 @@ class ModelRunner:
                 ids = torch.tensor(codes, dtype=torch.long, device=out.device)
                 out[: len(codes)] += self.model.embed_token_codes(ids)
 
-    def _sampling_metadata(self, rows: list[int]) -> SamplingMetadata:
-        states = [self.batch.states[r] for r in rows]
-        return SamplingMetadata.from_requests(
-            [
-                RowSamplingState(
-                    sampling_params=s.sampling_params,
-                    seed=s.sample_seed,
-                    prompt_token_ids=s.prompt_token_ids,
-                    output_token_ids=s.output_token_ids,
-                    eos_token_id=s.eos_token_id,
-                    req_id=s.req_id,
+    def _sampling_metadata(self, rows: list[int], drafts: dict[int, list[int]]) -> SamplingMetadata:
+        """One sampling row per sampled position: a row verifying drafts samples after its
+        newest token and after each draft, position `j` seeing the history plus the first
+        `j` drafts (what it would be had they been sampled)."""
+        entries = []
+        for r in rows:
+            s = self.batch.states[r]
+            row_drafts = drafts.get(r, ())
+            for j in range(len(row_drafts) + 1):
+                entries.append(
+                    RowSamplingState(
+                        sampling_params=s.sampling_params,
+                        seed=s.sample_seed,
+                        prompt_token_ids=s.prompt_token_ids,
+                        output_token_ids=s.output_token_ids + row_drafts[:j]
+                        if j
+                        else s.output_token_ids,
+                        eos_token_id=s.eos_token_id,
+                        req_id=s.req_id,
+                    )
                 )
-                for s in states
-            ],
-            self.device,
-        )
+        return SamplingMetadata.from_requests(entries, self.device)
 
-    def _sample(self, logits: torch.Tensor, rows: list[int]) -> SampledRows:
-        """The one sampling dispatch of every platform: processors → model sampler → default.
+    def _sample(
+        self, logits: torch.Tensor, rows: list[int], drafts: dict[int, list[int]] | None = None
+    ) -> SampledRows:
+        """The one sampling dispatch of every platform: processors → model sampler → default,
+        then draft verification (spec_decode/verify.py) for rows that bring drafts.
 
         A model with `num_token_codes` samples in its own `sample()` and returns, per row,
         the token then its codes."""
-        md = self._sampling_metadata(rows)
+        drafts = drafts or {}
+        md = self._sampling_metadata(rows, drafts)
         raw_logprobs = compute_logprobs(logits, md) if md.max_num_logprobs is not None else None
         logits = apply_logits_processors(logits, md)
         if self.stage_transitions is not None:
@@ -420,45 +531,99 @@ class ModelRunner:
         if tokens is None:
             tokens = self.sampler(logits, md)
         codes: dict[int, list[int]] = {}
-        if tokens.ndim == 2:  # token, then its codes
+        if tokens.ndim == 2:  # token, then its codes (never with drafts)
             codes = dict(zip(rows, tokens[:, 1:].tolist(), strict=True))
             tokens = tokens[:, 0]
-        sampled = dict(zip(rows, tokens.tolist(), strict=True))
-        logprobs = {}
+        flat = tokens.tolist()
+        sampled: dict[int, list[int]] = {}
+        picks: list[tuple[int, int]] = []  # (row, flat sampling row) of each emitted token
+        accepted = None
+        if drafts:
+            accepted = accepted_counts(tokens, [drafts.get(r, []) for r in rows])
+            self._commit_recurrent_states(rows, drafts, accepted)
+        num_accepted = accepted.tolist() if accepted is not None else [0] * len(rows)
+        at = 0
+        for row, a in zip(rows, num_accepted, strict=True):
+            sampled[row] = flat[at : at + a + 1]
+            picks.extend((row, at + j) for j in range(a + 1))
+            at += len(drafts.get(row, ())) + 1
+        logprobs: dict[int, list[tuple[list[int], list[float], int]]] = {}
         if raw_logprobs is not None:
             ids, lps, ranks = gather_logprobs(raw_logprobs, tokens, md.max_num_logprobs)
-            for i, row in enumerate(rows):
+            for row, i in picks:
                 k = self.batch.states[row].sampling_params.logprobs
                 if k is not None:
-                    logprobs[row] = (
-                        ids[i, : k + 1].tolist(),
-                        lps[i, : k + 1].tolist(),
-                        int(ranks[i]),
+                    logprobs.setdefault(row, []).append(
+                        (ids[i, : k + 1].tolist(), lps[i, : k + 1].tolist(), int(ranks[i]))
                     )
         return SampledRows(sampled, codes, logprobs)
 
-    def _finish_step(self, rows: list[int], step: SampledRows) -> ModelRunnerOutput:
+    def _commit_recurrent_states(
+        self, rows: list[int], drafts: dict[int, list[int]], accepted: torch.Tensor
+    ) -> None:
+        """Recurrent layers: each verifying request continues from the state after its last
+        accepted position (its newest token, then `accepted` drafts), found by that
+        request's slot and its own accepted count of this step (seeds/004)."""
+        if self.recurrent_states is None:
+            return
+        verifying = [i for i, r in enumerate(rows) if r in drafts]
+        slots = torch.tensor(
+            [self.recurrent.slot_of(self.batch.states[rows[i]].req_id) for i in verifying],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        index = torch.tensor(verifying, dtype=torch.int64, device=accepted.device)
+        commit_accepted(self.recurrent_states, slots, accepted[index].to(self.device))
+
+    def _finish_step(self, inputs: StepInputs, step: SampledRows) -> ModelRunnerOutput:
         """Record sampled tokens (and codes) in each request's real history (sync: right
-        away; async: before the next step reads it)."""
+        away; async: before the next step reads it) and advance what the runner counts as
+        computed (a rejected draft's position is not)."""
         req_ids, tokens, lps = [], [], []
         codes: list[list[int]] | None = [] if self.model.num_token_codes > 0 else None
-        for row in rows:
+        verified: list[int] | None = [] if self.speculative is not None else None
+        for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
             state = self.batch.states[row]
             req_ids.append(state.req_id)
-            if row in step.tokens:
-                token = step.tokens[row]
+            row_tokens = step.tokens.get(row, [])
+            num_drafts = len(inputs.drafts.get(row, ()))
+            state.num_computed_tokens += n - num_drafts + max(len(row_tokens) - 1, 0)
+            for token in row_tokens:
                 state.output_token_ids.append(token)
                 self.batch.append_token(row, token)
-                tokens.append([token])
-                lps.append([step.logprobs[row]] if row in step.logprobs else None)
-            else:
-                tokens.append([])
-                lps.append(None)
+            tokens.append(row_tokens)
+            lps.append(step.logprobs.get(row))
+            if verified is not None:
+                verified.append(num_drafts)
             if codes is not None:
                 row_codes = step.codes.get(row, [])
                 if row_codes:
                     state.output_codes.append(row_codes)
                 codes.append(row_codes)
         return ModelRunnerOutput(
-            req_ids=req_ids, sampled_token_ids=tokens, logprobs=lps, sampled_codes=codes
+            req_ids=req_ids,
+            sampled_token_ids=tokens,
+            logprobs=lps,
+            sampled_codes=codes,
+            verified_drafts=verified,
         )
+
+    def _propose_drafts(
+        self, inputs: StepInputs, step: SampledRows, hidden: torch.Tensor
+    ) -> list[int]:
+        """Propose the next step's drafts of every request that sampled (each keeps them in
+        its own state); returns per scheduled request how many it holds. `hidden`: the
+        step's final hidden states (an MTP proposer continues from them)."""
+        assert self.speculative is not None  # internal: a proposer comes with its config
+        wanted: dict[int, int] = {}
+        for row in step.tokens:
+            state = self.batch.states[row]
+            state.draft_token_ids = []
+            if state.req_id in self._own_embeds or state.req_id in self._mrope:
+                continue  # positions carry more than a token id: no drafts for them
+            room = self.max_model_len - int(self.batch.num_tokens[row]) - 1
+            wanted[row] = min(self.speculative.num_speculative_tokens, room)
+        proposals = self.proposer.propose(self, inputs, wanted, hidden)
+        for row, drafts in proposals.items():
+            self.batch.states[row].draft_token_ids = drafts
+        return [len(self.batch.states[r].draft_token_ids) for r in inputs.rows]

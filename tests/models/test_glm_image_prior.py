@@ -144,7 +144,10 @@ def test_logits_and_greedy_tokens_match_transformers(ckpt, prompter, reference):
     runner = eng.core.executor.runner
     seen: list[torch.Tensor] = []
     original = runner._sample
-    runner._sample = lambda logits, rows: (seen.append(logits.clone()), original(logits, rows))[1]
+    runner._sample = lambda logits, rows, *args: (
+        seen.append(logits.clone()),
+        original(logits, rows, *args),
+    )[1]
     try:
         for name in ("wide", "tall"):
             seen.clear()

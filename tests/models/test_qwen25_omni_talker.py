@@ -67,7 +67,10 @@ def record_logits(engine: LLMEngine) -> list[torch.Tensor]:
     runner = engine.core.executor.runner
     seen: list[torch.Tensor] = []
     original = runner._sample
-    runner._sample = lambda logits, rows: (seen.append(logits.clone()), original(logits, rows))[1]
+    runner._sample = lambda logits, rows, *args: (
+        seen.append(logits.clone()),
+        original(logits, rows, *args),
+    )[1]
     return seen
 
 

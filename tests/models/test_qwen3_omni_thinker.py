@@ -39,7 +39,10 @@ def test_thinker_logits_and_greedy_tokens_match_transformers(ckpt, reference):
     runner = llm.engine.core.executor.runner
     seen: list[torch.Tensor] = []
     original = runner._sample
-    runner._sample = lambda logits, rows: (seen.append(logits.clone()), original(logits, rows))[1]
+    runner._sample = lambda logits, rows, *args: (
+        seen.append(logits.clone()),
+        original(logits, rows, *args),
+    )[1]
     outs = llm.generate(
         [{"prompt_token_ids": p} for p in PROMPTS],
         SamplingParams(temperature=0, max_tokens=16, min_tokens=16),

@@ -127,7 +127,10 @@ def _engine_run(engine: LLMEngine, encoded, max_tokens: int):
     runner = engine.core.executor.runner
     seen: list[torch.Tensor] = []
     original = runner._sample
-    runner._sample = lambda logits, rows: (seen.append(logits.clone()), original(logits, rows))[1]
+    runner._sample = lambda logits, rows, *args: (
+        seen.append(logits.clone()),
+        original(logits, rows, *args),
+    )[1]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     try:
         engine.add_encoded_request("mm", encoded, params)

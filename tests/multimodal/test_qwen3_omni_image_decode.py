@@ -167,10 +167,10 @@ def _record_logits(engine: LLMEngine) -> dict[str, list[torch.Tensor]]:
     seen: dict[str, list[torch.Tensor]] = {}
     original = type(runner)._sample
 
-    def sample(logits, rows):
+    def sample(logits, rows, *args):
         for i, row in enumerate(rows):
             seen.setdefault(runner.batch.states[row].req_id, []).append(logits[i].clone())
-        return original(runner, logits, rows)
+        return original(runner, logits, rows, *args)
 
     runner._sample = sample
     return seen

@@ -94,7 +94,10 @@ def _first_step_logits(engine: LLMEngine, ids, embeds, max_tokens: int):
     runner = engine.core.executor.runner
     seen: list[torch.Tensor] = []
     original = runner._sample
-    runner._sample = lambda logits, rows: (seen.append(logits.clone()), original(logits, rows))[1]
+    runner._sample = lambda logits, rows, *args: (
+        seen.append(logits.clone()),
+        original(logits, rows, *args),
+    )[1]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine.add_tokenized_request("mm", None, ids, params, prompt_embeds=embeds)
     tokens = None

@@ -1,0 +1,418 @@
+"""Mamba2 (`Mamba2ForCausalLM`) on the recurrent-state hot path.
+
+Each layer is a pre-norm residual block around a Mamba2 mixer:
+
+    in_proj(x) -> z (gate) | xBC | dt
+    xBC -> causal depthwise conv1d (+ conv state) -> silu -> x, B, C
+    SSM: h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T,  y_t = h_t C_t + D x_t
+    y -> gated RMSNorm (y * silu(z), normalised per group) -> out_proj
+
+Per-request state lives in state slots beside the KV blocks (worker/recurrent.py):
+per layer a conv state `[conv_dim, conv_kernel - 1]` (the last inputs of the conv)
+and an SSM state `[num_heads, head_dim, state_size]`. The step's requests come
+from `get_forward_context().recurrent`; a request that starts at position 0
+starts from zeros (`has_initial_state`). Single-token decodes run together in
+the recurrent form; multi-token prefill chunks run one request at a time in the
+chunked (SSD) form of transformers' `mamba2_chunk_scan`; speculative
+verification rows (`spec_lens > 0`) run token by token in the recurrent form and
+save the state after each token into the scratch slots.
+
+The SSM is computed in at least float32 (float64 models keep float64).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omnistage.models.base import CausalLM
+from omnistage.models.layers import RMSNorm
+from omnistage.models.linear import Linear
+from omnistage.worker.forward_context import get_forward_context
+from omnistage.worker.recurrent import RecurrentLayerState, RecurrentMetadata
+
+
+class GatedRMSNorm(nn.Module):
+    """`weight * rmsnorm_per_group(x * silu(gate))` (transformers' `MambaRMSNormGated`,
+    norm after gate)."""
+
+    def __init__(self, size: int, group_size: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
+        self.group_size = group_size
+        self.eps = eps
+        self.compute_dtype = torch.promote_types(dtype, torch.float32)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(self.compute_dtype) * F.silu(gate.to(self.compute_dtype))
+        groups = x.view(*x.shape[:-1], -1, self.group_size)
+        groups = groups * torch.rsqrt(groups.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * groups.view(x.shape).to(dtype)
+
+
+def segment_sum(a: torch.Tensor) -> torch.Tensor:
+    """[..., T] -> [..., T, T]: out[i, j] = a[j+1] + ... + a[i] for i >= j, -inf above the
+    diagonal (masked cumulative sums, stable where differences of cumsums are not)."""
+    length = a.shape[-1]
+    a = a[..., None].expand(*a.shape, length)
+    strict = torch.tril(torch.ones(length, length, dtype=torch.bool, device=a.device), -1)
+    sums = torch.cumsum(a.masked_fill(~strict, 0), dim=-2)
+    lower = torch.tril(torch.ones(length, length, dtype=torch.bool, device=a.device))
+    return sums.masked_fill(~lower, float("-inf"))
+
+
+def ssd_chunk_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    initial_state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked (SSD) scan of one sequence, without the D skip.
+
+    x [L, H, P], dt [L, H] (discretised), A [H], B and C [L, H, N], initial_state
+    [H, P, N] -> y [L, H, P] and the final state [H, P, N]. Within a chunk the output is
+    an attention-like masked product; across chunks the states are carried by the
+    chunks' total decays. Padded positions have dt = 0 (no decay, no input)."""
+    length, heads, head_dim = x.shape
+    pad = (-length) % chunk_size
+    xdt = F.pad(x * dt[..., None], (0, 0, 0, 0, 0, pad))
+    a = F.pad(dt * A, (0, 0, 0, pad))
+    B = F.pad(B, (0, 0, 0, 0, 0, pad))
+    C = F.pad(C, (0, 0, 0, 0, 0, pad))
+    chunks = (length + pad) // chunk_size
+    # c: chunk, l/s: position in chunk, h: head, p: head_dim, n: state.
+    xdt = xdt.view(chunks, chunk_size, heads, head_dim)
+    B = B.view(chunks, chunk_size, heads, -1)
+    C = C.view(chunks, chunk_size, heads, -1)
+    a = a.view(chunks, chunk_size, heads).permute(2, 0, 1)  # [h, c, l]
+    a_cum = torch.cumsum(a, dim=-1)
+
+    # 1. Inside each chunk: y_l = sum_{s <= l} (C_l . B_s) decay(s -> l) xdt_s.
+    decay = torch.exp(segment_sum(a))  # [h, c, l, s]
+    scores = torch.einsum("clhn,cshn->clsh", C, B) * decay.permute(1, 2, 3, 0)
+    y_diag = torch.einsum("clsh,cshp->clhp", scores, xdt)
+
+    # 2. Each chunk's own contribution to the state at its end.
+    decay_to_end = torch.exp(a_cum[:, :, -1:] - a_cum)  # [h, c, l]
+    B_decayed = B * decay_to_end.permute(1, 2, 0)[..., None]
+    chunk_states = torch.einsum("clhn,clhp->chpn", B_decayed, xdt)
+
+    # 3. States at chunk boundaries: carry the initial state and every chunk's own state
+    # through the total decays of the chunks after it.
+    states = torch.cat([initial_state[None].to(chunk_states.dtype), chunk_states])
+    chunk_decay = torch.exp(segment_sum(F.pad(a_cum[:, :, -1], (1, 0))))  # [h, target, source]
+    boundary = torch.einsum("hts,shpn->thpn", chunk_decay, states)
+    starts, final = boundary[:-1], boundary[-1]
+
+    # 4. Each chunk's start state seen by its positions.
+    y_off = (
+        torch.einsum("clhn,chpn->clhp", C, starts) * torch.exp(a_cum).permute(1, 2, 0)[..., None]
+    )
+    y = (y_diag + y_off).reshape(chunks * chunk_size, heads, head_dim)[:length]
+    return y, final
+
+
+class Mamba2Mixer(nn.Module):
+    """The Mamba2 mixer of one layer (HF parameter names under `mixer.`)."""
+
+    def __init__(self, config: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.state_size = config.state_size
+        self.n_groups = config.n_groups
+        self.intermediate_size = int(config.expand * hidden)
+        self.conv_kernel = config.conv_kernel
+        self.conv_dim = self.intermediate_size + 2 * self.n_groups * self.state_size
+        self.chunk_size = config.chunk_size
+        limit = tuple(getattr(config, "time_step_limit", None) or (0.0, float("inf")))
+        self.dt_min, self.dt_max = float(limit[0]), float(limit[1])
+        self.dtype = dtype
+        self.compute_dtype = torch.promote_types(dtype, torch.float32)
+        if config.hidden_act != "silu":
+            raise ValueError(f"hidden_act: Mamba2 supports silu only, got {config.hidden_act!r}")
+        self.in_proj = Linear(
+            hidden, self.intermediate_size + self.conv_dim + self.num_heads, config.use_bias, dtype
+        )
+        self.conv1d = nn.Conv1d(
+            self.conv_dim,
+            self.conv_dim,
+            self.conv_kernel,
+            groups=self.conv_dim,
+            bias=config.use_conv_bias,
+            dtype=dtype,
+        )
+        self.conv1d.requires_grad_(False)
+        self.dt_bias = nn.Parameter(torch.zeros(self.num_heads, dtype=dtype), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(self.num_heads, dtype=dtype), requires_grad=False)
+        self.D = nn.Parameter(torch.ones(self.num_heads, dtype=dtype), requires_grad=False)
+        self.norm = GatedRMSNorm(
+            self.intermediate_size,
+            self.intermediate_size // self.n_groups,
+            config.layer_norm_epsilon,
+            dtype,
+        )
+        self.out_proj = Linear(self.intermediate_size, hidden, config.use_bias, dtype)
+        self.state: RecurrentLayerState | None = None
+
+    def state_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Per slot: the conv state (the last `conv_kernel - 1` conv inputs) and the SSM state."""
+        return (
+            (self.conv_dim, self.conv_kernel - 1),
+            (self.num_heads, self.head_dim, self.state_size),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        meta = get_forward_context().recurrent
+        if meta is None or self.state is None:
+            raise RuntimeError("Mamba2 layer run without recurrent metadata or bound state")
+        z, xbc, dt = self.in_proj(x).split(
+            [self.intermediate_size, self.conv_dim, self.num_heads], dim=-1
+        )
+        xbc = F.silu(self._conv(xbc, meta))
+        groups = self.n_groups * self.state_size
+        xs, B, C = xbc.split([self.intermediate_size, groups, groups], dim=-1)
+        y = self._ssm(xs, B, C, dt, meta)
+        return self.out_proj(self.norm(y, z))
+
+    # -- causal conv ---------------------------------------------------------------------
+    def _conv(self, xbc: torch.Tensor, meta: RecurrentMetadata) -> torch.Tensor:
+        """Depthwise causal conv of the step's tokens ([T, conv_dim], before the activation),
+        each request continuing from its conv state; writes the new conv states."""
+        conv_state = self.state.tensors[0]
+        slots = meta.state_slots
+        init = conv_state.index_select(0, slots).to(xbc.dtype)
+        init = torch.where(meta.has_initial_state[:, None, None], init, torch.zeros_like(init))
+        decodes, others = _split_decodes(meta)
+        weight, bias = self.conv1d.weight, self.conv1d.bias
+        out = torch.empty_like(xbc)
+        if decodes:
+            idx = torch.tensor(decodes, device=xbc.device)
+            tok = torch.tensor([meta.query_start_loc[r] for r in decodes], device=xbc.device)
+            window = torch.cat([init[idx], xbc[tok].unsqueeze(-1)], dim=-1)  # [R, C, K]
+            conv = (window * weight[:, 0]).sum(-1)
+            out[tok] = conv if bias is None else conv + bias
+            conv_state.index_copy_(0, slots[idx], window[:, :, 1:].to(conv_state.dtype))
+        width = self.conv_kernel - 1
+        for r in others:
+            s, e = meta.query_start_loc[r], meta.query_start_loc[r + 1]
+            seq = torch.cat([init[r], xbc[s:e].t()], dim=-1)  # [C, K - 1 + n]
+            out[s:e] = F.conv1d(seq.unsqueeze(0), weight, bias, groups=self.conv_dim)[0].t()
+            slot = slots[r : r + 1]
+            conv_state.index_copy_(0, slot, seq[None, :, -width:].to(conv_state.dtype))
+            q = meta.spec_lens[r]
+            if q:  # the conv state after token j: the `width` inputs ending at token j
+                windows = seq.unfold(1, width, 1)[:, 1 : q + 1].transpose(0, 1)  # [q, C, width]
+                self._scratch(0)[slot, :q] = windows.unsqueeze(0).to(conv_state.dtype)
+        return out
+
+    # -- SSM ---------------------------------------------------------------------------------
+    def _ssm(
+        self,
+        xs: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        dt: torch.Tensor,
+        meta: RecurrentMetadata,
+    ) -> torch.Tensor:
+        """The selective scan of the step's tokens -> [T, intermediate]; writes the new SSM
+        states (and, for speculative rows, the per-token scratch states)."""
+        cd, heads, head_dim = self.compute_dtype, self.num_heads, self.head_dim
+        tokens = xs.shape[0]
+        per_group = heads // self.n_groups
+        A = -torch.exp(self.A_log.to(cd))
+        dt = F.softplus(dt.to(cd) + self.dt_bias.to(cd)).clamp(self.dt_min, self.dt_max)
+        x = xs.to(cd).view(tokens, heads, head_dim)
+        B = B.to(cd).view(tokens, self.n_groups, -1).repeat_interleave(per_group, dim=1)
+        C = C.to(cd).view(tokens, self.n_groups, -1).repeat_interleave(per_group, dim=1)
+        ssm_state = self.state.tensors[1]
+        slots = meta.state_slots
+        init = ssm_state.index_select(0, slots).to(cd)
+        init = torch.where(
+            meta.has_initial_state[:, None, None, None], init, torch.zeros_like(init)
+        )
+        y = torch.empty_like(x)
+        decodes, others = _split_decodes(meta)
+        if decodes:
+            idx = torch.tensor(decodes, device=x.device)
+            tok = torch.tensor([meta.query_start_loc[r] for r in decodes], device=x.device)
+            state = _recurrent_step(init[idx], x[tok], dt[tok], A, B[tok], C[tok])
+            y[tok] = (state @ C[tok].unsqueeze(-1)).squeeze(-1)
+            ssm_state.index_copy_(0, slots[idx], state.to(ssm_state.dtype))
+        for r in others:
+            s, e = meta.query_start_loc[r], meta.query_start_loc[r + 1]
+            slot = slots[r : r + 1]
+            if meta.spec_lens[r]:
+                y[s:e], final = self._spec_scan(slot, init[r], x[s:e], dt[s:e], A, B[s:e], C[s:e])
+            else:
+                y[s:e], final = ssd_chunk_scan(
+                    x[s:e], dt[s:e], A, B[s:e], C[s:e], self.chunk_size, init[r]
+                )
+            ssm_state.index_copy_(0, slot, final[None].to(ssm_state.dtype))
+        y = y + self.D.to(cd)[:, None] * x
+        return y.reshape(tokens, heads * head_dim).to(self.dtype)
+
+    def _spec_scan(
+        self,
+        slot: torch.Tensor,
+        state: torch.Tensor,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A verification row token by token, saving the state after each into scratch."""
+        outs, states = [], []
+        for j in range(x.shape[0]):
+            state = _recurrent_step(
+                state[None], x[j : j + 1], dt[j : j + 1], A, B[j : j + 1], C[j : j + 1]
+            )[0]
+            outs.append(state @ C[j].unsqueeze(-1))
+            states.append(state)
+        scratch = self._scratch(1)
+        scratch[slot, : len(states)] = torch.stack(states).unsqueeze(0).to(scratch.dtype)
+        return torch.stack(outs).squeeze(-1), state
+
+    def _scratch(self, i: int) -> torch.Tensor:
+        if self.state.scratch is None:
+            raise RuntimeError("a speculative row (spec_lens > 0) needs scratch recurrent state")
+        return self.state.scratch[i]
+
+
+def _recurrent_step(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+) -> torch.Tensor:
+    """One token per request: state [R, H, P, N], x [R, H, P], dt [R, H], B, C [R, H, N]
+    -> the state after the token."""
+    decay = torch.exp(dt * A)[..., None, None]
+    return state * decay + (dt[..., None] * x)[..., None] * B[:, :, None, :]
+
+
+def _split_decodes(meta: RecurrentMetadata) -> tuple[list[int], list[int]]:
+    """Indices of the single-token, non-speculative requests and of the others."""
+    decodes, others = [], []
+    for r, (n, q) in enumerate(zip(meta.query_lens, meta.spec_lens, strict=True)):
+        (decodes if n == 1 and q == 0 else others).append(r)
+    return decodes, others
+
+
+class Mamba2Block(nn.Module):
+    def __init__(self, config: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, config.layer_norm_epsilon, dtype)
+        self.mixer = Mamba2Mixer(config, dtype)
+
+
+class Mamba2ForCausalLM(CausalLM):
+    """transformers' `Mamba2ForCausalLM` (HF names under `backbone.`)."""
+
+    architectures = ("Mamba2ForCausalLM",)
+    has_recurrent_state = True
+
+    def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.embeddings.requires_grad_(False)
+        self.layers = nn.ModuleList(
+            Mamba2Block(config, dtype) for _ in range(config.num_hidden_layers)
+        )
+        self.norm_f = RMSNorm(config.hidden_size, config.layer_norm_epsilon, dtype)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embeddings.weight
+        # transformers keeps the residual stream in float32 (`residual_in_fp32`); never
+        # below the model's own precision.
+        self.residual_dtype = (
+            torch.promote_types(dtype, torch.float32)
+            if getattr(config, "residual_in_fp32", True)
+            else dtype
+        )
+        self.num_layers = config.num_hidden_layers
+        self.num_attention_layers = 0
+        self.num_kv_heads = 0
+        self.head_dim = 0
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embeddings(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        x = x.to(self.residual_dtype)
+        for layer in self.layers:
+            x = x + layer.mixer(layer.norm(x.to(self.dtype)))
+        return self.norm_f(x).to(self.dtype)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
+        if kv_caches:
+            raise ValueError(f"Mamba2 has no attention layers; got {len(kv_caches)} KV caches")
+
+    def recurrent_state_shapes(self) -> list[tuple[tuple[int, ...], ...]]:
+        return [layer.mixer.state_shapes() for layer in self.layers]
+
+    def bind_recurrent_state(self, states: list[RecurrentLayerState]) -> None:
+        if len(states) != len(self.layers):
+            raise ValueError(
+                f"Mamba2 has {len(self.layers)} recurrent layers; got {len(states)} states"
+            )
+        for layer, state in zip(self.layers, states, strict=True):
+            layer.mixer.state = state
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for hf_name, tensor in weights:
+            name = self._map_name(hf_name)
+            if name is None:
+                continue
+            if name not in params:
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} has no parameter {name!r} in Mamba2ForCausalLM"
+                )
+            param = params[name]
+            if tensor.shape != param.shape:
+                raise ValueError(
+                    f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(param.shape)}"
+                )
+            param.copy_(tensor.to(self.dtype))
+            loaded.add(name)
+        return loaded
+
+    def _map_name(self, hf_name: str) -> str | None:
+        """HF name -> our parameter name (None: not loaded)."""
+        name = hf_name.removeprefix("backbone.")
+        if name == "embedding.weight":  # older checkpoints (transformers' load hook)
+            name = "embeddings.weight"
+        if name == "lm_head.weight" and self.tie_word_embeddings:
+            return None
+        return name
+
+    def expected_weight_names(self) -> set[str]:
+        """Keys `load_weights` must have set for the model to be complete."""
+        return {name for name, _ in self.named_parameters()}
