@@ -107,3 +107,16 @@ def test_generate_with_a_deploy_file_writes_text_and_a_wav(tmp_path, capsys):
         assert wav.getnframes() == 10 * 8  # 10 codes x 8 samples each
     assert main([*argv, "--modalities", "image"]) == 2
     assert "modalities: 'image' cannot be produced" in capsys.readouterr().err
+
+
+def test_generate_with_speculative_config_prints_the_same_text(tiny_llama, capsys):
+    args = ["generate", "hello", "--model", str(tiny_llama), "--max-tokens", "12", "--seed", "1"]
+    assert main(args) == 0
+    plain = capsys.readouterr().out
+    spec = json.dumps(
+        {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3}
+    )
+    assert main([*args, "--speculative-config", spec, "--no-async-scheduling"]) == 0
+    assert capsys.readouterr().out == plain
+    assert main([*args, "--speculative-config", '{"method": "ngram"}']) == 2
+    assert "num_speculative_tokens" in capsys.readouterr().err

@@ -1,15 +1,22 @@
 """`omnistage bench throughput`: our engine against HF transformers, same model, same run.
 
 With `--compare-scheduling`, the peers are our engine with synchronous and
-with asynchronous scheduling instead. `--model tiny-random` uses a tiny random
+with asynchronous scheduling instead. With `--speculative-config JSON`, they
+are our engine without and with that speculation (same scheduling), and the
+mean acceptance length is reported. `--model tiny-random` uses a tiny random
 llama (2 layers, hidden 64) made on first use, where per-step CPU overhead
 dominates.
 
-Workload (seeded): N prompts of random token ids, L prompt tokens each, M
-output tokens each with `ignore_eos`. Each peer runs in a fresh subprocess:
-load the model, serve one short warm-up request (its first token gives the
-time from process start to first token), then the timed workload. The
-parent prints a table and ends with one JSON line.
+Workloads (seeded):
+- `random` (default): N prompts of random token ids, L prompt tokens each, M
+  output tokens each with `ignore_eos`;
+- `repetitive`: N chat prompts asking to return a given document (a Python
+  module) with one small edit, up to M output tokens, greedy, stopping at
+  EOS — where outputs copy their input and n-gram lookup finds drafts.
+
+Each peer runs in a fresh subprocess: load the model, serve one short warm-up
+request (its first token gives the time from process start to first token),
+then the timed workload. The parent prints a table and ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -28,7 +35,41 @@ import torch
 
 PEERS = ("omnistage", "transformers")
 SCHEDULING_PEERS = ("omnistage-sync", "omnistage-async")
+SPEC_PEERS = ("omnistage", "omnistage-spec")
 TINY_MODEL = "tiny-random"
+WORKLOADS = ("random", "repetitive")
+
+DOCUMENT = '''def moving_average(values, window):
+    """The mean of each run of `window` consecutive values."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    averages = []
+    total = 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        if i >= window - 1:
+            averages.append(total / window)
+    return averages
+
+
+def running_maximum(values):
+    """The largest value seen so far, at each position."""
+    result = []
+    best = None
+    for value in values:
+        if best is None or value > best:
+            best = value
+        result.append(best)
+    return result
+'''
+EDITS = (
+    "rename the function moving_average to rolling_mean",
+    "rename the variable averages to means",
+    "rename the function running_maximum to running_max",
+    "rename the variable total to acc",
+)
 
 
 def resolve_bench_model(model: str) -> str:
@@ -46,6 +87,20 @@ def resolve_bench_model(model: str) -> str:
     return str(path)
 
 
+def make_repetitive_workload(tokenizer: Any, num_prompts: int) -> list[list[int]]:
+    """Chat prompts asking for the document back with one edit (the model copies it)."""
+    prompts = []
+    for i in range(num_prompts):
+        request = (
+            f"Here is a Python module:\n\n{DOCUMENT}\nReturn the whole module with one change: "
+            f"{EDITS[i % len(EDITS)]}. Reply with the code only."
+        )
+        messages = [{"role": "user", "content": request}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer.encode(text, add_special_tokens=False))
+    return prompts
+
+
 def make_workload(num_prompts: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     low, high = min(100, vocab_size // 4), vocab_size - 1
@@ -58,6 +113,9 @@ def run_omnistage(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]
     from omnistage.config import EngineConfig
     from omnistage.engine.llm_engine import LLMEngine
 
+    async_scheduling = {"omnistage-sync": False, "omnistage-async": True}.get(
+        args._peer, args.async_scheduling
+    )
     engine = LLMEngine(
         EngineConfig(
             model=resolve_bench_model(args.model),
@@ -65,11 +123,15 @@ def run_omnistage(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]
             max_num_seqs=max(args.num_prompts, 1),
             max_num_batched_tokens=args.max_num_batched_tokens,
             num_threads=args.threads,
-            async_scheduling=args.async_scheduling,
+            async_scheduling=async_scheduling,
+            speculative_config=args.speculative_config if args._peer == "omnistage-spec" else None,
         )
     )
     vocab = engine.hf_config.vocab_size
-    prompts = make_workload(args.num_prompts, args.input_len, vocab, args.seed)
+    if args.workload == "repetitive":
+        prompts = make_repetitive_workload(engine.tokenizer, args.num_prompts)
+    else:
+        prompts = make_workload(args.num_prompts, args.input_len, vocab, args.seed)
     engine.add_tokenized_request(
         "warmup",
         None,
@@ -81,21 +143,34 @@ def run_omnistage(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]
         for out in engine.step():
             if first is None and out.outputs[0].token_ids:
                 first = time.time()
-    params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0, max_tokens=args.output_len, ignore_eos=args.workload == "random"
+    )
+    stats = engine.core.scheduler.spec_stats
+    drafts_before, accepted_before = stats.num_draft_tokens, stats.num_accepted_tokens
+    steps_before = stats.num_verifying_steps
     start = time.perf_counter()
     for i, p in enumerate(prompts):
         engine.add_tokenized_request(str(i), None, p, params)
-    generated = 0
+    generated, outputs = 0, []
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 generated += len(out.outputs[0].token_ids)
+                outputs.append(out.outputs[0].token_ids)
     elapsed = time.perf_counter() - start
+    steps = stats.num_verifying_steps - steps_before
     return {
         "elapsed_s": elapsed,
         "output_tokens": generated,
         "startup_to_first_token_s": first - spawn_time,
         "model_path": str(engine.model_files.path),
+        "draft_tokens": stats.num_draft_tokens - drafts_before,
+        "accepted_tokens": stats.num_accepted_tokens - accepted_before,
+        "mean_acceptance_length": 1 + (stats.num_accepted_tokens - accepted_before) / steps
+        if steps
+        else 0.0,
+        "outputs_digest": hash(tuple(map(tuple, sorted(outputs)))),
     }
 
 
@@ -180,6 +255,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run omnistage with sync and with async scheduling instead of vs transformers",
     )
     parser.add_argument(
+        "--speculative-config",
+        default=None,
+        help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\': run our engine '
+        "without and with it instead of vs transformers",
+    )
+    parser.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="random",
+        help="random token prompts, or repetitive (return a given document with one edit)",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=None,
@@ -208,10 +295,13 @@ def run_peer_subprocess(args: argparse.Namespace, peer: str) -> dict[str, Any]:
         "seed",
         "max_num_batched_tokens",
         "threads",
+        "speculative_config",
+        "workload",
     ):
         value = getattr(args, key)
         if value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
+    cmd.append("--async-scheduling" if args.async_scheduling else "--no-async-scheduling")
     proc = subprocess.run(
         cmd, capture_output=True, text=True, env={**os.environ, "TQDM_DISABLE": "1"}
     )
@@ -222,13 +312,18 @@ def run_peer_subprocess(args: argparse.Namespace, peer: str) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     if args._peer is not None:
-        runner = run_omnistage if args._peer == "omnistage" else run_transformers
+        runner = run_transformers if args._peer == "transformers" else run_omnistage
         print(json.dumps(runner(args, args._spawn_time)))
         return 0
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if args.compare_scheduling:
         peers = list(SCHEDULING_PEERS)
-    unknown = set(peers) - set(PEERS) - set(SCHEDULING_PEERS)
+    if args.speculative_config is not None:
+        from omnistage.spec_decode.config import SpeculativeConfig
+
+        SpeculativeConfig.parse(args.speculative_config)  # a bad config fails here, named
+        peers = list(SPEC_PEERS)
+    unknown = set(peers) - set(PEERS) - set(SCHEDULING_PEERS) - set(SPEC_PEERS)
     if unknown:
         raise ValueError(f"--peers: unknown peer(s) {sorted(unknown)}; known: {', '.join(PEERS)}")
     repeat = args.repeat or (3 if args.compare_scheduling else 1)
@@ -240,10 +335,20 @@ def main(args: argparse.Namespace) -> int:
                 results[peer] = run
     for r in results.values():
         r["output_tokens_per_s"] = r["output_tokens"] / r["elapsed_s"]
-    workload = (
-        f"best of {repeat}: {args.num_prompts} prompts x {args.input_len} random tokens, {args.output_len} output "
-        f"tokens each, greedy, ignore_eos, dtype {args.dtype}"
-    )
+    if args.workload == "repetitive":
+        workload = (
+            f"best of {repeat}: {args.num_prompts} chat prompts 'return this module with one edit' "
+            f"(a 26-line module), up to {args.output_len} output tokens, greedy, stop at EOS, "
+            f"dtype {args.dtype}"
+        )
+    else:
+        workload = (
+            f"best of {repeat}: {args.num_prompts} prompts x {args.input_len} random tokens, "
+            f"{args.output_len} output tokens each, greedy, ignore_eos, dtype {args.dtype}"
+        )
+    if not args.compare_scheduling:
+        mode = "async" if args.async_scheduling else "sync"
+        workload += f", {mode} scheduling"
     print(f"workload: {workload}")
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
@@ -271,6 +376,19 @@ def main(args: argparse.Namespace) -> int:
         )
         print(f"async / sync: {ratio:.2f}x")
         summary["ratio_async_vs_sync"] = round(ratio, 3)
+    if "omnistage-spec" in results:
+        plain, spec = results["omnistage"], results["omnistage-spec"]
+        if plain["outputs_digest"] != spec["outputs_digest"]:
+            raise RuntimeError("speculation changed the outputs: the benchmark is void")
+        ratio = spec["output_tokens_per_s"] / plain["output_tokens_per_s"]
+        print(
+            f"speculation: {args.speculative_config}; mean acceptance length "
+            f"{spec['mean_acceptance_length']:.2f}, accepted {spec['accepted_tokens']} of "
+            f"{spec['draft_tokens']} drafts; spec / no spec: {ratio:.2f}x"
+        )
+        summary["speculative_config"] = json.loads(args.speculative_config)
+        summary["mean_acceptance_length"] = round(spec["mean_acceptance_length"], 3)
+        summary["ratio_spec_vs_no_spec"] = round(ratio, 3)
     print(json.dumps(summary))
     return 0
 

@@ -38,6 +38,7 @@ from omnistage.models.registry import engine_config, model_class_for
 from omnistage.platforms import platform_for
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.spec_decode.draft_model import DraftModelProposer
+from omnistage.spec_decode.mtp import MtpProposer
 from omnistage.spec_decode.ngram import NgramProposer
 from omnistage.worker.attention import allocate_kv_cache
 from omnistage.worker.model_runner import ModelRunner
@@ -130,11 +131,14 @@ def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> Mod
     platform.configure_threads(config.num_threads)
     dtype = config.torch_dtype
     model = build_model(files, hf_config, dtype, config.max_model_len).to(platform.device)
+    mtp = _mtp_module(config, model)
     model = platform.prepare_model(model)
     draft = _load_draft_model(config, hf_config, platform)
     block_bytes = kv_block_bytes(model, config.block_size, dtype)
     if draft is not None:  # its keys use the same blocks: a block costs both models' bytes
         block_bytes += kv_block_bytes(draft, config.block_size, draft.dtype)
+    if mtp is not None:  # so do the MTP layer's (it has the fields kv_block_bytes reads)
+        block_bytes += kv_block_bytes(mtp, config.block_size, dtype)
     blocks = num_kv_blocks(config, block_bytes)
     kv_caches = [
         allocate_kv_cache(
@@ -171,11 +175,30 @@ def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> Mod
         stage_transitions=_stage_transitions(config, files),
         output_hidden_states=config.output_hidden_states,
         speculative=config.speculative,
-        proposer=_proposer(config, draft, blocks, platform.device),
+        proposer=_proposer(
+            config, draft, blocks, platform.device, mtp_target=model if mtp is not None else None
+        ),
         recurrent_states=states,
     )
     runner.num_kv_blocks = blocks
     return runner
+
+
+def _mtp_module(config: EngineConfig, model: CausalLM) -> Any:
+    """The target's MTP module when `speculative_config` asks for method mtp (a ValueError
+    when the checkpoint has none); otherwise None, and a loaded one is dropped (unused)."""
+    spec = config.speculative
+    mtp = getattr(model, "mtp", None)
+    if spec is None or spec.method != "mtp":
+        if mtp is not None:
+            model.mtp = None
+        return None
+    if mtp is None:
+        raise ValueError(
+            f"speculative_config.method: mtp is not available for {config.model} "
+            "(it has no multi-token-prediction layers)"
+        )
+    return mtp
 
 
 def _load_draft_model(config: EngineConfig, hf_config: Any, platform: Any) -> CausalLM | None:
@@ -205,9 +228,15 @@ def _load_draft_model(config: EngineConfig, hf_config: Any, platform: Any) -> Ca
 
 
 def _proposer(
-    config: EngineConfig, draft: CausalLM | None, blocks: int, device: torch.device
+    config: EngineConfig,
+    draft: CausalLM | None,
+    blocks: int,
+    device: torch.device,
+    mtp_target: CausalLM | None = None,
 ) -> Any:
-    """The drafts' proposer of the configured speculative method (None: no speculation)."""
+    """The drafts' proposer of the configured speculative method (None: no speculation):
+    `draft` is the draft model of draft_model, `mtp_target` the target holding the MTP
+    module of mtp."""
     spec = config.speculative
     if spec is None:
         return None
@@ -222,6 +251,15 @@ def _proposer(
             for _ in range(draft.num_attention_layers)
         ]
         return DraftModelProposer(draft, kv_caches)
+    if spec.method == "mtp" and mtp_target is not None:
+        mtp = mtp_target.mtp
+        kv_caches = [
+            allocate_kv_cache(
+                blocks, config.block_size, mtp.num_kv_heads, mtp.head_dim, mtp_target.dtype, device
+            )
+            for _ in range(mtp.num_attention_layers)
+        ]
+        return MtpProposer(mtp_target, kv_caches)
     raise ValueError(
         f"speculative_config.method: {spec.method} is not available for {config.model} "
         "(it has no multi-token-prediction layers)"

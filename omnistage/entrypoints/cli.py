@@ -48,6 +48,12 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="schedule step N+1 while step N runs (same outputs, less idle time)",
     )
+    parser.add_argument(
+        "--speculative-config",
+        default=None,
+        help='speculative decoding as JSON, e.g. \'{"method": "ngram", '
+        '"num_speculative_tokens": 4}\' (methods: ngram, draft_model with "model", mtp)',
+    )
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
@@ -62,6 +68,7 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         "enable_prefix_caching": args.enable_prefix_caching,
         "enable_chunked_prefill": args.enable_chunked_prefill,
         "async_scheduling": args.async_scheduling,
+        "speculative_config": args.speculative_config,
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_threads": args.num_threads,
         "device": args.device,

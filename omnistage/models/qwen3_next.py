@@ -11,8 +11,13 @@ Every RMSNorm of the decoder (not the delta-net's gated one) scales by `1 + weig
 (`ZeroCenteredRMSNorm`). Qwen3.5's layers end in a dense SwiGLU; Qwen3-Next's in a
 sparse MoE with a sigmoid-gated shared expert (models/moe.py), dense on
 `mlp_only_layers`. Only full-attention layers get KV caches (`num_attention_layers`);
-`recurrent_state_shapes()` lists the delta-net layers' state. Multi-token-prediction
-(`mtp.*`) and vision weights of the checkpoints are skipped.
+`recurrent_state_shapes()` lists the delta-net layers' state. Vision weights of the
+checkpoints are skipped.
+
+Multi-token prediction: when the config has `mtp_num_hidden_layers` (or
+`num_nextn_predict_layers`) and the checkpoint has the `mtp.*` weights, they load into
+`self.mtp` (a `MultiTokenPredictor`); without those weights `self.mtp` is None. It is
+run by the MTP proposer (spec_decode/mtp.py), never by `forward`.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from omnistage.worker.attention import attend, write_kv
 from omnistage.worker.forward_context import get_forward_context
 
 LINEAR, FULL = "linear_attention", "full_attention"
-_SKIPPED = re.compile(r"^(mtp\.|model\.visual\.|visual\.)|rotary_emb")
+_SKIPPED = re.compile(r"^(model\.visual\.|visual\.)|rotary_emb")
 _LINEAR_ATTN = re.compile(r"^layers\.(\d+)\.linear_attn\.(.+)$")
-_QKV = re.compile(r"^(layers\.\d+\.self_attn)\.([qkv])_proj\.(weight|bias)$")
+_QKV = re.compile(r"^((?:mtp\.)?layers\.\d+\.self_attn)\.([qkv])_proj\.(weight|bias)$")
+_MTP_EXPERT = re.compile(r"^(mtp\.layers\.\d+\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 
 class ZeroCenteredRMSNorm(RMSNorm):
@@ -132,6 +138,60 @@ class HybridDecoderLayer(nn.Module):
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
+def num_mtp_layers(config: Any) -> int:
+    """Multi-token-prediction layers a config declares (0: none)."""
+    for key in ("mtp_num_hidden_layers", "num_nextn_predict_layers"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+class MultiTokenPredictor(nn.Module):
+    """The checkpoint's MTP module (`mtp.*`): at position `p` it takes the target's final
+    (normed) hidden state `h_p` and the embedding `e` of the token at `p + 1`, and returns
+    `norm(layer(fc([norm_e(e), norm_h(h_p)])))`, whose logits (the shared `lm_head`)
+    predict the token at `p + 2`. Each layer is a gated full-attention decoder layer (MoE
+    for Qwen3-Next). The proposer runs the first layer for every draft pass (as vLLM does),
+    so only that one gets a KV cache (`num_attention_layers`)."""
+
+    num_attention_layers = 1
+
+    def __init__(
+        self,
+        config: Any,
+        dtype: torch.dtype,
+        rotary: RotaryEmbedding,
+        mlps: list[nn.Module | None],
+    ) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.fc = Linear(2 * hidden, hidden, False, dtype)
+        self.pre_fc_norm_embedding = ZeroCenteredRMSNorm(hidden, eps, dtype)
+        self.pre_fc_norm_hidden = ZeroCenteredRMSNorm(hidden, eps, dtype)
+        self.layers = nn.ModuleList(
+            HybridDecoderLayer(config, FULL, dtype, rotary, mlp) for mlp in mlps
+        )
+        self.norm = ZeroCenteredRMSNorm(hidden, eps, dtype)
+        attn = self.layers[0].self_attn
+        self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+
+    def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
+        """The caches of the first `len(kv_caches)` layers."""
+        for layer, cache in zip(self.layers[: len(kv_caches)], kv_caches, strict=True):
+            layer.self_attn.kv_cache = cache
+
+    def forward(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        x = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], -1)
+        return self.norm(self.layers[layer](positions, self.fc(x)))
+
+
 class Qwen3_5ForCausalLM(CausalLM):
     """Qwen3.5 (text): hybrid layers with dense SwiGLU MLPs and separate delta-net
     projections (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`)."""
@@ -165,6 +225,19 @@ class Qwen3_5ForCausalLM(CausalLM):
         self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        mtp_layers = num_mtp_layers(config)
+        self.mtp: MultiTokenPredictor | None = (
+            MultiTokenPredictor(
+                config,
+                dtype,
+                rotary,
+                [self.make_mlp(config, i, dtype) for i in range(mtp_layers)],
+            )
+            if mtp_layers
+            else None
+        )
+        """The checkpoint's multi-token-prediction module (None: the config or the
+        checkpoint has none)."""
         self.attention_layers = [
             layer.self_attn for layer in self.layers if layer.layer_type == FULL
         ]
@@ -236,7 +309,13 @@ class Qwen3_5ForCausalLM(CausalLM):
             name = hf_name.removeprefix("model.language_model.").removeprefix("model.")
             if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue
-            if m := _LINEAR_ATTN.match(name):
+            if name.startswith("mtp.") and self.mtp is None:
+                continue  # MTP weights of a config that declares no MTP layers
+            if m := _MTP_EXPERT.match(name):
+                block = self.get_submodule(m.group(1))
+                block.load_expert(int(m.group(2)), m.group(3), tensor.to(self.dtype))
+                loaded.add(f"{m.group(1)}.experts.{m.group(2)}.{m.group(3)}")
+            elif m := _LINEAR_ATTN.match(name):
                 layer = self.layers[int(m.group(1))]
                 keys = (
                     layer.linear_attn.load(m.group(2), tensor) if layer.layer_type == LINEAR else []
@@ -247,7 +326,7 @@ class Qwen3_5ForCausalLM(CausalLM):
                     )
                 loaded.update(f"layers.{m.group(1)}.linear_attn.{k}" for k in keys)
             elif m := _QKV.match(name):
-                attn = self.layers[int(name.split(".")[1])].self_attn
+                attn = self.get_submodule(m.group(1))
                 offset = {"q": 0, "k": attn.q_size, "v": attn.q_size + attn.kv_size}[m.group(2)]
                 target = f"{m.group(1)}.qkv_proj.{m.group(3)}"
                 load_shard(params[target], tensor.to(self.dtype), offset)
@@ -264,6 +343,8 @@ class Qwen3_5ForCausalLM(CausalLM):
                     )
                 param.copy_(tensor.to(self.dtype))
                 loaded.add(name)
+        if self.mtp is not None and not any(n.startswith("mtp.") for n in loaded):
+            self.mtp = None  # the checkpoint has no MTP weights: MTP stays unavailable
         return loaded
 
     def expected_weight_names(self) -> set[str]:
@@ -273,7 +354,7 @@ class Qwen3_5ForCausalLM(CausalLM):
             if ".linear_attn." in pname:
                 continue
             if ".qkv_proj." in pname:
-                attn = self.layers[int(pname.split(".")[1])].self_attn
+                attn = self.get_submodule(pname.rsplit(".", 2)[0])
                 offsets = (0, attn.q_size, attn.q_size + attn.kv_size)
                 names.update(f"{pname}@{o}" for o in offsets)
             else:

@@ -101,8 +101,10 @@ class SpeculativeConfig:
     @property
     def num_lookahead_slots(self) -> int:
         """KV slots a request needs past the verified ones: a draft model writes its own
-        drafts' keys ahead of the target."""
-        return self.num_speculative_tokens if self.method == "draft_model" else 0
+        drafts' keys ahead of the target (k positions), MTP its draft passes' (k - 1)."""
+        if self.method == "draft_model":
+            return self.num_speculative_tokens
+        return self.num_speculative_tokens - 1 if self.method == "mtp" else 0
 
 
 def _positive_int(name: str, value: object, upper: int | None = None) -> None:

@@ -44,15 +44,17 @@ class DraftModelProposer:
                 starts.append(state.draft_num_computed)
                 counts.append(end - state.draft_num_computed)
                 state.draft_num_computed = end
-        drafting = [r for r in rows if wanted.get(r, 0) > 0]
-        if not drafting:
+        if not rows:
             return {}
         rows_np, starts_np, counts_np = (
             np.array(v, dtype=np.int64) for v in (rows, starts, counts)
         )
         layout = runner._flat_layout(rows_np, starts_np, counts_np)
         ids = torch.from_numpy(batch.token_ids[layout.tok_rows, layout.positions])
-        hidden = self._forward(ids, layout)
+        hidden = self._forward(ids, layout)  # prompt chunks too: no gaps in the draft's cache
+        drafting = [r for r in rows if wanted.get(r, 0) > 0]
+        if not drafting:
+            return {}
         last = {r: int(e) - 1 for r, e in zip(rows, layout.ends, strict=True)}
         picks = torch.tensor([last[r] for r in drafting])
         tokens = self.model.compute_logits(hidden[picks]).argmax(dim=-1)

@@ -31,6 +31,14 @@ class SpecDecodeStats:
         for j in range(num_accepted):
             self.accepted_per_position[j] += 1
 
+    def copy(self) -> SpecDecodeStats:
+        snapshot = SpecDecodeStats(self.num_speculative_tokens)
+        snapshot.num_verifying_steps = self.num_verifying_steps
+        snapshot.num_draft_tokens = self.num_draft_tokens
+        snapshot.num_accepted_tokens = self.num_accepted_tokens
+        snapshot.accepted_per_position = list(self.accepted_per_position)
+        return snapshot
+
     @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0

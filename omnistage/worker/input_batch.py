@@ -51,7 +51,8 @@ class RequestState:
     draft_token_ids: list[int] = field(default_factory=list)
     """Speculation: the drafts proposed for this request's next step (not history)."""
     draft_num_computed: int = 0
-    """Speculation with a draft model: positions whose keys the draft model holds."""
+    """Speculation with a draft model or MTP: positions whose keys the draft model (the MTP
+    layer) holds."""
 
     @property
     def num_tokens(self) -> int:

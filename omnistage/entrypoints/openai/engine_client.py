@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.entrypoints.openai.deltas import DeltaTracker, RequestDelta, TokenTexts
 from omnistage.sampling_params import SamplingParams
+from omnistage.spec_decode.stats import SpecDecodeStats
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class EngineStats:
     """Requests the engine still tracks (an n>1 request counts once)."""
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
+    spec_decode: SpecDecodeStats | None = None
+    """Speculation totals (a copy), when the engine speculates."""
 
     @property
     def kv_cache_usage(self) -> float:
@@ -373,4 +376,5 @@ class AsyncEngineClient:
             num_unfinished=self.engine.num_unfinished_requests,
             kv_blocks_used=total - kv.num_free_blocks,
             kv_blocks_total=total,
+            spec_decode=scheduler.spec_stats.copy() if scheduler.num_spec_tokens else None,
         )

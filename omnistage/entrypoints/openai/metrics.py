@@ -15,6 +15,10 @@ single models and pipelines alike:
 | omnistage_inter_token_latency_seconds | histogram | stage |
 | omnistage_e2e_request_latency_seconds | histogram | stage |
 | omnistage_time_to_first_audio_seconds | histogram | stage (the pipeline's audio stage) |
+| omnistage_spec_decode_num_drafts_total | counter | stage (request-steps that verified drafts) |
+| omnistage_spec_decode_num_draft_tokens_total | counter | stage |
+| omnistage_spec_decode_num_accepted_tokens_total | counter | stage |
+| omnistage_spec_decode_num_accepted_tokens_per_pos_total | counter | stage, position |
 
 Stage-level histograms for other outputs (time to first audio packet) belong here
 too, added with the stage kinds that produce them, labelled the same way.
@@ -27,7 +31,8 @@ stage and the gauges of every stage.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -37,6 +42,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from omnistage.entrypoints.openai.engine_client import EngineStats
@@ -125,6 +132,7 @@ class ServerMetrics:
         self.num_waiting.labels(stage).set_function(lambda: stats().num_waiting)
         self.num_running.labels(stage).set_function(lambda: stats().num_running)
         self.kv_cache_usage.labels(stage).set_function(lambda: stats().kv_cache_usage)
+        self.registry.register(_SpecDecodeCollector(stage, stats))
 
     # -- EngineObserver (engine thread) ---------------------------------------------------------
     def on_first_token(self, stage: str, seconds: float) -> None:
@@ -146,6 +154,36 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _SpecDecodeCollector(Collector):
+    """Speculation counters of one stage, read from its stats snapshot at each scrape
+    (nothing is exported for a stage that does not speculate)."""
+
+    def __init__(self, stage: str, stats: Callable[[], Any]) -> None:
+        self.stage = stage
+        self.stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        spec = getattr(self.stats(), "spec_decode", None)
+        if spec is None:
+            return
+        for name, doc, value in (
+            ("num_drafts", "Request-steps that verified drafts", spec.num_verifying_steps),
+            ("num_draft_tokens", "Draft tokens verified", spec.num_draft_tokens),
+            ("num_accepted_tokens", "Draft tokens accepted", spec.num_accepted_tokens),
+        ):
+            family = CounterMetricFamily(f"omnistage_spec_decode_{name}", doc, labels=["stage"])
+            family.add_metric([self.stage], value)
+            yield family
+        per_pos = CounterMetricFamily(
+            "omnistage_spec_decode_num_accepted_tokens_per_pos",
+            "Drafts accepted at each draft position",
+            labels=["stage", "position"],
+        )
+        for position, value in enumerate(spec.accepted_per_position):
+            per_pos.add_metric([self.stage, str(position)], value)
+        yield per_pos
 
 
 class HttpMetricsMiddleware:
