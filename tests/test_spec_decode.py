@@ -153,9 +153,10 @@ def assert_nothing_held(engine: LLMEngine) -> None:
 class OracleProposer:
     """A test proposer that knows each request's outputs (from the run without
     speculation) and drafts them with every `corrupt_every`-th draft wrong, so steps
-    accept every possible number of drafts (0..k) under batch churn."""
+    accept every possible number of drafts (0..k) under batch churn (with k = 3 drafts per
+    request-step, every 4th draft wrong lands on every position in turn)."""
 
-    def __init__(self, corrupt_every: int = 3) -> None:
+    def __init__(self, corrupt_every: int = 4) -> None:
         self.expected: dict[str, tuple[int, ...]] = {}
         self.corrupt_every = corrupt_every
         self.calls = 0
@@ -374,6 +375,7 @@ def test_regression_seed_004_state_follows_its_request_when_rows_move(engines, t
     for async_scheduling in (False, True):
         for proposer in proposers:
             engine = engines.get("chunked", proposer, async_scheduling, target)
+            plain = engines.get("chunked", None, False, target)
             moved = []
             batch = engine.core.executor.runner.batch
             original = batch._move_row
@@ -383,13 +385,42 @@ def test_regression_seed_004_state_follows_its_request_when_rows_move(engines, t
                 original(src, dst)
 
             batch._move_row = recording
+            spec_states, plain_states = record_states(engine, "r3"), record_states(plain, "r3")
             try:
                 check_equivalence(engines, specs, "chunked", proposer, async_scheduling, target)
             finally:
                 del batch._move_row
+                del engine.core.executor.runner.execute_model
+                del plain.core.executor.runner.execute_model
             assert moved  # rows really were compacted under the speculating request
             if proposer != "ngram":  # a random model rarely repeats itself
                 assert engine.core.scheduler.spec_stats.num_accepted_tokens > 0
+            if target != "llama":  # the restored recurrent state is the no-spec state
+                common = sorted(set(spec_states) & set(plain_states))
+                assert [c for c in common if c > len(long_prompt) + 1]
+                for computed in common:
+                    for got, want in zip(spec_states[computed], plain_states[computed], strict=True):
+                        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
+def record_states(engine: LLMEngine, req_id: str) -> dict[int, list[torch.Tensor]]:
+    """After each step: the recurrent state of `req_id`'s slot, by its computed tokens."""
+    runner = engine.core.executor.runner
+    seen: dict[int, list[torch.Tensor]] = {}
+    original = runner.execute_model
+
+    def recording(scheduler_output):
+        out = original(scheduler_output)
+        state = runner.requests.get(req_id)
+        if state is not None and runner.recurrent_states is not None:
+            slot = runner.recurrent.slot_of(req_id)
+            seen[state.num_computed_tokens] = [
+                t[slot].clone() for layer in runner.recurrent_states for t in layer.tensors
+            ]
+        return out
+
+    runner.execute_model = recording
+    return seen
 
 
 def test_random_sampling_keeps_the_target_distribution(tmp_path_factory):

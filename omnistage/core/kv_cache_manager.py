@@ -111,6 +111,21 @@ class KVCacheManager:
         revived = sum(1 for b in computed.blocks if b.ref_cnt == 0)
         return max(needed, 0), revived
 
+    def covers(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether `allocate_slots(request, num_new_tokens)` would change nothing: the blocks
+        held already cover the new tokens and no block of known tokens fills up (a decode's
+        usual step; the scheduler then skips the allocation bookkeeping)."""
+        held = self._req_blocks.get(request.request_id)
+        if held is None:
+            return False
+        total = request.num_computed_tokens + num_new_tokens
+        if min(total, self.max_model_len) > len(held) * self.block_size:
+            return False
+        if not self.enable_caching:
+            return True
+        full = min(total, request.num_tokens) // self.block_size
+        return full <= self._num_hashed.get(request.request_id, 0)
+
     def can_allocate(
         self, request: Request, num_new_tokens: int, computed: KVCacheBlocks = KVCacheBlocks()
     ) -> bool:

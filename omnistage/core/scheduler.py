@@ -191,17 +191,19 @@ class Scheduler:
             spec = 0
             if n == 1 and self.num_spec_tokens and self._is_decoding(request):
                 spec = min(self._num_draft_slots(request), budget.left - 1)
-            if not self._make_room(request, n + spec + self.num_lookahead_slots, preempted):
-                break  # the request itself was preempted
-            held_before = self.kv.num_blocks(request.request_id)
-            self.kv.allocate_slots(request, n + spec + self.num_lookahead_slots)
-            cached_reqs.add(
-                request.request_id,
-                self.kv.block_ids(request.request_id, held_before),
-                request.num_computed_tokens,
-            )
+            slots = n + spec + self.num_lookahead_slots
+            new_block_ids: list[int] = []
+            if not self.kv.covers(request, slots):  # else: nothing to allocate (most decodes)
+                if not self._make_room(request, slots, preempted):
+                    break  # the request itself was preempted
+                held_before = self.kv.num_blocks(request.request_id)
+                self.kv.allocate_slots(request, slots)
+                new_block_ids = self.kv.block_ids(request.request_id, held_before)
+            cached_reqs.add(request.request_id, new_block_ids, request.num_computed_tokens)
             budget.take(request.request_id, n + spec, spec)
-            if (rows := self._unsent_conditioning(request)) is not None:
+            if request.stream_conditioning and (
+                (rows := self._unsent_conditioning(request)) is not None
+            ):
                 new_conditioning[request.request_id] = rows
             if request.request_id in self._fill_unsent and (
                 (fill := self._unsent_fill(request)) is not None
