@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from omnistage.models.base import CausalLM
+from omnistage.spec_decode.greedy_drafts import extend_drafts
 from omnistage.worker.forward_context import forward_context
 
 
@@ -59,21 +60,13 @@ class DraftModelProposer:
         picks = torch.tensor([last[r] for r in drafting])
         tokens = self.model.compute_logits(hidden[picks]).argmax(dim=-1)
         drafts = {r: [int(t)] for r, t in zip(drafting, tokens.tolist(), strict=True)}
-        for step in range(1, max(wanted[r] for r in drafting)):
-            active = [r for r in drafting if wanted[r] > step]
-            positions = np.array(
-                [int(batch.num_tokens[r]) + step - 1 for r in active], dtype=np.int64
-            )
-            layout = runner._flat_layout(
-                np.array(active, dtype=np.int64), positions, np.ones(len(active), np.int64)
-            )
-            ids = torch.tensor([drafts[r][-1] for r in active])
-            hidden = self._forward(ids, layout)
-            for r, t in zip(
-                active, self.model.compute_logits(hidden).argmax(dim=-1).tolist(), strict=True
-            ):
-                drafts[r].append(int(t))
-        return drafts
+        return extend_drafts(
+            runner,
+            drafts,
+            wanted,
+            {r: int(batch.num_tokens[r]) for r in drafting},
+            lambda ids, layout, keep: self.model.compute_logits(self._forward(ids, layout)),
+        )
 
     def _forward(self, ids: torch.Tensor, layout: Any) -> torch.Tensor:
         device = next(self.model.parameters()).device

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from omnistage.models.base import CausalLM
+from omnistage.spec_decode.greedy_drafts import extend_drafts
 from omnistage.worker.forward_context import forward_context
 
 
@@ -91,23 +92,15 @@ class MtpProposer:
         out = out[torch.tensor([last[r] for r in drafting], device=out.device)]
         tokens = self.model.compute_logits(out).argmax(dim=-1)
         drafts = {r: [int(t)] for r, t in zip(drafting, tokens.tolist(), strict=True)}
-        for step in range(1, max(wanted[r] for r in drafting)):
-            keep = [i for i, r in enumerate(drafting) if wanted[r] > step]
-            drafting = [drafting[i] for i in keep]
-            out = out[torch.tensor(keep, device=out.device)]
-            positions = np.array(
-                [batch.states[r].draft_num_computed + step - 1 for r in drafting], dtype=np.int64
-            )
-            layout = runner._flat_layout(
-                np.array(drafting, dtype=np.int64), positions, np.ones(len(drafting), np.int64)
-            )
-            ids = torch.tensor([drafts[r][-1] for r in drafting])
-            out = self._forward(ids, out, layout)
-            for r, t in zip(
-                drafting, self.model.compute_logits(out).argmax(dim=-1).tolist(), strict=True
-            ):
-                drafts[r].append(int(t))
-        return drafts
+        carried = [out]  # each pass continues from the MTP's own output of the last
+
+        def step(ids: torch.Tensor, layout: Any, keep: list[int]) -> torch.Tensor:
+            previous = carried[0][torch.tensor(keep, device=carried[0].device)]
+            carried[0] = self._forward(ids, previous, layout)
+            return self.model.compute_logits(carried[0])
+
+        next_position = {r: batch.states[r].draft_num_computed for r in drafting}
+        return extend_drafts(runner, drafts, wanted, next_position, step)
 
     def _forward(self, ids: torch.Tensor, hidden: torch.Tensor, layout: Any) -> torch.Tensor:
         device = hidden.device
