@@ -16,8 +16,6 @@ suite (`pytest -m soak`) runs 500.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 import torch
@@ -29,6 +27,7 @@ from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.spec_decode.config import SpeculativeConfig
 from omnistage.testing.tiny_models import make_checkpoint
+from tests.test_async_equivalence import Spec, assert_nothing_held
 
 ENGINE_SETTINGS = {
     "roomy": dict(max_num_batched_tokens=2048, max_model_len=160),
@@ -60,14 +59,6 @@ def speculative_config(proposer: str, target, draft_small) -> dict:
         return {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     draft = target if proposer == "draft-self" else draft_small
     return {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
-
-
-@dataclass
-class Spec:
-    prompt: list[int]
-    params: SamplingParams
-    arrival: int
-    abort_after: int | None
 
 
 @st.composite
@@ -138,16 +129,6 @@ def snapshot(c) -> tuple:
             sorted((t, round(lp.logprob, 9), lp.rank) for t, lp in d.items()) for d in c.logprobs
         ]
     return (tuple(c.token_ids), c.text, c.finish_reason, c.stop_reason, logprobs)
-
-
-def assert_nothing_held(engine: LLMEngine) -> None:
-    core = engine.core
-    assert engine.num_free_kv_blocks() == engine.num_usable_kv_blocks()
-    assert core.scheduler.num_unfinished_requests == 0
-    assert not core.batch_queue
-    stats = core.executor.runner_stats()
-    assert stats["batch_rows"] == 0 and stats["requests"] == 0
-    assert engine.kv_cache_manager.num_requests == 0
 
 
 class OracleProposer:
@@ -399,7 +380,9 @@ def test_regression_seed_004_state_follows_its_request_when_rows_move(engines, t
                 common = sorted(set(spec_states) & set(plain_states))
                 assert [c for c in common if c > len(long_prompt) + 1]
                 for computed in common:
-                    for got, want in zip(spec_states[computed], plain_states[computed], strict=True):
+                    for got, want in zip(
+                        spec_states[computed], plain_states[computed], strict=True
+                    ):
                         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
 
 

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from omnistage import LLM, SamplingParams
-from tests.test_model_parity import PROMPTS
+from tests.test_model_parity import PROMPTS, capture_logits
 
 STEPS = 64
 LONG_PROMPT = [(7 * i + 3) % 300 + 3 for i in range(50)]
@@ -47,20 +47,6 @@ def hf_greedy(hf_model, prompts: list[list[int]], steps: int) -> list[list[int]]
 @pytest.fixture(scope="module")
 def hf_tokens(hf_model) -> list[list[int]]:
     return hf_greedy(hf_model, PROMPTS, STEPS)
-
-
-def capture_logits(llm: LLM) -> list[torch.Tensor]:
-    """Wrap the runner's sampling dispatch to record the logits it is given."""
-    runner = llm.engine.core.executor.runner
-    seen: list[torch.Tensor] = []
-    original = runner._sample
-
-    def recording(logits, *args, **kwargs):
-        seen.append(logits.clone())
-        return original(logits, *args, **kwargs)
-
-    runner._sample = recording
-    return seen
 
 
 def greedy(steps: int) -> SamplingParams:

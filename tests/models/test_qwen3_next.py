@@ -39,7 +39,7 @@ from omnistage.worker.recurrent import (
     allocate_recurrent_state,
     commit_accepted,
 )
-from tests.test_model_parity import PROMPTS
+from tests.test_model_parity import PROMPTS, capture_logits
 
 F64 = torch.float64
 STEPS = 64
@@ -252,19 +252,6 @@ def make_llm(path, **kwargs) -> LLM:
     llm = LLM(str(path), dtype="float64", **kwargs)
     llm.engine.core.executor.runner.model.set_chunk_size(CHUNK)
     return llm
-
-
-def capture_logits(llm: LLM) -> list[torch.Tensor]:
-    runner = llm.engine.core.executor.runner
-    seen: list[torch.Tensor] = []
-    original = runner._sample
-
-    def recording(logits, *args, **kwargs):
-        seen.append(logits.clone())
-        return original(logits, *args, **kwargs)
-
-    runner._sample = recording
-    return seen
 
 
 def generate(llm: LLM, prompts: list[list[int]], steps: int) -> list[list[int]]:
