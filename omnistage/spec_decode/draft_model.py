@@ -50,7 +50,7 @@ class DraftModelProposer:
         rows_np, starts_np, counts_np = (
             np.array(v, dtype=np.int64) for v in (rows, starts, counts)
         )
-        layout = runner._flat_layout(rows_np, starts_np, counts_np)
+        layout = runner.flat_layout(rows_np, starts_np, counts_np)
         ids = torch.from_numpy(batch.token_ids[layout.tok_rows, layout.positions])
         hidden = self._forward(ids, layout)  # prompt chunks too: no gaps in the draft's cache
         drafting = [r for r in rows if wanted.get(r, 0) > 0]

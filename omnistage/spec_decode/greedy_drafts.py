@@ -31,7 +31,7 @@ def extend_drafts(
         keep = [i for i, r in enumerate(active) if wanted[r] > j]
         active = [active[i] for i in keep]
         positions = np.array([next_position[r] + j - 1 for r in active], dtype=np.int64)
-        layout = runner._flat_layout(
+        layout = runner.flat_layout(
             np.array(active, dtype=np.int64), positions, np.ones(len(active), np.int64)
         )
         ids = torch.tensor([drafts[r][-1] for r in active])

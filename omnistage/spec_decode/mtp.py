@@ -80,7 +80,7 @@ class MtpProposer:
         rows_np, starts_np, counts_np = (
             np.array(v, dtype=np.int64) for v in (rows, starts, counts)
         )
-        layout = runner._flat_layout(rows_np, starts_np, counts_np)
+        layout = runner.flat_layout(rows_np, starts_np, counts_np)
         # Position p pairs h_p with the token at p + 1 (known: p + 1 <= the newest token).
         ids = torch.from_numpy(batch.token_ids[layout.tok_rows, layout.positions + 1])
         index = torch.from_numpy(np.concatenate(hidden_rows)).to(hidden.device)

@@ -7,6 +7,7 @@ often the `j`-th draft was accepted (vLLM's `num_accepted_tokens_per_pos`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -20,7 +21,8 @@ class SpecDecodeStats:
     accepted_per_position: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.accepted_per_position = [0] * self.num_speculative_tokens
+        if not self.accepted_per_position:
+            self.accepted_per_position = [0] * self.num_speculative_tokens
 
     def record(self, num_drafts: int, num_accepted: int) -> None:
         if num_drafts == 0:
@@ -32,12 +34,7 @@ class SpecDecodeStats:
             self.accepted_per_position[j] += 1
 
     def copy(self) -> SpecDecodeStats:
-        snapshot = SpecDecodeStats(self.num_speculative_tokens)
-        snapshot.num_verifying_steps = self.num_verifying_steps
-        snapshot.num_draft_tokens = self.num_draft_tokens
-        snapshot.num_accepted_tokens = self.num_accepted_tokens
-        snapshot.accepted_per_position = list(self.accepted_per_position)
-        return snapshot
+        return dataclasses.replace(self, accepted_per_position=list(self.accepted_per_position))
 
     @property
     def acceptance_rate(self) -> float:

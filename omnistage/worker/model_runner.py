@@ -45,7 +45,8 @@ from omnistage.sample.metadata import RowSamplingState
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.spec_decode.config import SpeculativeConfig
 from omnistage.spec_decode.verify import accepted_counts
-from omnistage.worker.attention import AttentionMetadata, PrefillSeq
+from omnistage.worker.attention import AttentionMetadata
+from omnistage.worker.flat_layout import FlatLayout, build_flat_layout
 from omnistage.worker.forward_context import forward_context
 from omnistage.worker.input_batch import InputBatch, RequestState
 from omnistage.worker.recurrent import RecurrentLayerState, RecurrentSlots, commit_accepted
@@ -67,19 +68,6 @@ class StepInputs:
     tokens when it verifies drafts)."""
     drafts: dict[int, list[int]]
     """Rows that verify drafts this step: the drafts, fed after their newest token."""
-
-
-@dataclass
-class FlatLayout:
-    """Where each token of a pass sits: its row, its position, its cache slot (attention)."""
-
-    tok_rows: np.ndarray
-    positions: np.ndarray
-    first: np.ndarray
-    """Flat index of each row's first token."""
-    ends: np.ndarray
-    """Flat index one past each row's last token."""
-    attn: AttentionMetadata
 
 
 @dataclass
@@ -225,7 +213,7 @@ class ModelRunner:
         drafts = self._place_drafts(so, counts, computed) if so.scheduled_spec_tokens else {}
         rows = np.flatnonzero(counts)
         n, start = counts[rows], computed[rows]
-        layout = self._flat_layout(rows, start, n)
+        layout = self.flat_layout(rows, start, n)
         if self.recurrent is not None:  # verifying rows keep a state per position
             layout.attn.recurrent = self.recurrent.metadata(
                 [batch.states[r].req_id for r in rows],
@@ -279,31 +267,12 @@ class ModelRunner:
                 placed[row] = drafts
         return placed
 
-    def _flat_layout(self, rows: np.ndarray, start: np.ndarray, n: np.ndarray) -> FlatLayout:
-        """The flat layout and attention metadata of a pass over `n[i]` tokens of row
-        `rows[i]` from position `start[i]` (the step, or a draft model's pass)."""
-        bs = self.block_size
-        ends = np.cumsum(n)
-        first = ends - n  # flat index of each row's first token
-        tok_rows = np.repeat(rows, n)
-        pos = np.repeat(start - first, n) + np.arange(int(ends[-1]))
-        slots = self.batch.block_table[tok_rows, pos // bs] * bs + pos % bs
-        decode = n == 1
-        prefills = [
-            PrefillSeq(
-                int(f),
-                int(k),
-                int(c),
-                torch.from_numpy(self.batch.block_table[r, : -(-(c + k) // bs)].copy()),
-            )
-            for r, f, k, c in zip(
-                rows[~decode], first[~decode], n[~decode], start[~decode], strict=True
-            )
-        ]
-        attn = self._attention_metadata(
-            int(ends[-1]), slots, rows[decode], start[decode] + 1, first[decode], prefills
+    def flat_layout(self, rows: np.ndarray, start: np.ndarray, n: np.ndarray) -> FlatLayout:
+        """The layout of a pass over `n[i]` tokens of row `rows[i]` from position `start[i]`
+        (the step's, or a draft model's / MTP layer's pass over the same blocks)."""
+        return build_flat_layout(
+            self.batch.block_table, self.block_size, self.device, rows, start, n
         )
-        return FlatLayout(tok_rows, pos, first, ends, attn)
 
     def _rotary_positions(
         self,
@@ -380,34 +349,6 @@ class ModelRunner:
         if any(f.shape[0] != layers for f in feats):  # requests may differ: pad with zeros
             feats = [torch.cat([f, f.new_zeros(layers - len(f), *f.shape[1:])]) for f in feats]
         return DeepstackRows(rows=torch.cat(flat).to(self.device), embeds=torch.cat(feats, dim=1))
-
-    def _attention_metadata(
-        self,
-        num_tokens: int,
-        slots: np.ndarray,
-        decode_rows: np.ndarray,
-        decode_seq_lens: np.ndarray,
-        decode_idx: np.ndarray,
-        prefills: list[PrefillSeq],
-    ) -> AttentionMetadata:
-        bt = mask = idx = lens = None
-        if len(decode_rows):
-            nblk = int(-(-decode_seq_lens.max() // self.block_size))
-            bt = torch.from_numpy(self.batch.block_table[decode_rows, :nblk]).to(self.device)
-            span = torch.arange(nblk * self.block_size, device=self.device)
-            lens = torch.from_numpy(decode_seq_lens).to(self.device)
-            mask = span.unsqueeze(0) < lens.unsqueeze(1)
-            idx = torch.from_numpy(decode_idx).to(self.device)
-        return AttentionMetadata(
-            num_tokens=num_tokens,
-            slot_mapping=torch.from_numpy(slots).to(self.device),
-            decode_token_idx=idx,
-            decode_block_table=bt,
-            decode_mask=mask,
-            decode_seq_lens=lens,
-            prefills=prefills,
-            all_decode=not prefills,
-        )
 
     # -- the step -----------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -114,6 +114,19 @@ class PipelineClient:
         return self.final_stage("audio") is not None
 
     @property
+    def other_endpoints(self) -> str:
+        """The generating endpoints a pipeline without text answers (for its 400s)."""
+        served = [
+            path
+            for path, ok in (
+                ("/v1/images/generations", self.draws),
+                ("/v1/audio/speech", self.speaks),
+            )
+            if ok
+        ]
+        return ", ".join(served) or "no generating endpoint"
+
+    @property
     def diffusion_limits(self):
         """The draw stage's `DiffusionLimits` (sizes it can draw), or None."""
         stage = self.final_stage("image")

@@ -170,17 +170,9 @@ class PipelineChatServing(OpenAIServing):
         """400 for what the pipeline cannot do; the modalities to run otherwise."""
         text = self.client.final_stage("text")
         if text is None:
-            served = [
-                p
-                for p, ok in (
-                    ("/v1/images/generations", self.client.draws),
-                    ("/v1/audio/speech", self.client.speaks),
-                )
-                if ok
-            ]
             raise OpenAIError(
                 "modalities: this multi-stage pipeline produces no text, so it answers no chat; "
-                "it answers " + (", ".join(served) or "no generating endpoint"),
+                "it answers " + self.client.other_endpoints,
                 param="modalities",
             )
         if body.n != 1:

@@ -113,18 +113,9 @@ class PipelineCompletionServing(OpenAIServing):
         """The stage whose text answers; a 400 for what a pipeline cannot do."""
         text = self.client.final_stage("text")
         if text is None:
-            served = [
-                p
-                for p, ok in (
-                    ("/v1/images/generations", self.client.draws),
-                    ("/v1/audio/speech", self.client.speaks),
-                )
-                if ok
-            ]
             raise OpenAIError(
                 "model: /v1/completions is not available for this model: its multi-stage "
-                "pipeline produces no text; it answers "
-                + (", ".join(served) or "no generating endpoint"),
+                "pipeline produces no text; it answers " + self.client.other_endpoints,
                 param="model",
             )
         if body.n != 1:
