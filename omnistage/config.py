@@ -112,7 +112,8 @@ class EngineConfig:
     """Engine seed: makes unseeded sampling reproducible run to run."""
 
     num_threads: int | None = None
-    """torch intra-op threads for this stage; default: all cores."""
+    """Threads for this stage: torch intra-op and C kernels; default: all cores (torch: one
+    for models with a hidden size under 256, see `Platform.configure_threads`)."""
 
     device: str = "cpu"
     """Device the stage runs on: cpu or cuda."""

@@ -7,7 +7,17 @@ import torch
 import torch.nn.functional as F
 
 from omnistage import kernels
+from omnistage.kernels import work_sharing
 from omnistage.worker import attention as A
+
+KERNEL_SHAPES = [
+    dict(heads=8, kv_heads=2),
+    dict(heads=9, kv_heads=3, head_dim=64),
+    dict(heads=4, kv_heads=4),
+    dict(heads=4, kv_heads=2, head_dim=16),  # the tiny test models
+    dict(heads=6, kv_heads=2, head_dim=32, block_size=32),  # 16-token chunks of a block
+    dict(heads=4, kv_heads=1, head_dim=24, block_size=8),  # no vector fast path
+]
 
 
 def make_case(batch=7, heads=8, kv_heads=2, head_dim=32, block_size=16, num_blocks=40, seed=0):
@@ -29,6 +39,7 @@ def make_case(batch=7, heads=8, kv_heads=2, head_dim=32, block_size=16, num_bloc
         decode_seq_lens=seq_lens,
         prefills=[],
         all_decode=True,
+        decode_context_tokens=int(seq_lens.sum()),
     )
     q = torch.randn(batch, heads, head_dim, generator=g)
     return q, cache, meta
@@ -66,10 +77,7 @@ def test_float64_decode_keeps_float64_precision():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize(
-    "shape",
-    [dict(heads=8, kv_heads=2), dict(heads=9, kv_heads=3, head_dim=64), dict(heads=4, kv_heads=4)],
-)
+@pytest.mark.parametrize("shape", KERNEL_SHAPES)
 def test_c_kernel_matches_dense_reference(seed, shape):
     lib = kernels.load()
     if lib is None:
@@ -77,6 +85,59 @@ def test_c_kernel_matches_dense_reference(seed, shape):
     q, cache, meta = make_case(seed=seed, **shape)
     out = A._decode_kernel(lib, q, cache, meta, 0.125)
     torch.testing.assert_close(out, dense_reference(q, cache, meta, 0.125), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shape", KERNEL_SHAPES)
+def test_c_kernel_generic_loops_match_dense_reference(shape):
+    """The kernel built without the AVX-512 paths (what a CPU without them runs)."""
+    lib = kernels.load_variant(("-mno-avx512f",))
+    if lib is None:
+        pytest.skip("no C compiler on this machine")
+    q, cache, meta = make_case(seed=4, **shape)
+    out = A._decode_kernel(lib, q, cache, meta, 0.125)
+    torch.testing.assert_close(out, dense_reference(q, cache, meta, 0.125), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("torch_threads", [1, 3])
+def test_c_kernel_shares_work_between_threads(monkeypatch, torch_threads):
+    """Several threads taking units from one counter compute every unit exactly once:
+    the result equals the single-threaded call bit for bit — on helper threads (torch
+    on one thread) and on torch's OpenMP team (several)."""
+    lib = kernels.load()
+    if lib is None:
+        pytest.skip("no C compiler on this machine")
+    q, cache, meta = make_case(batch=97, seed=5)
+    alone = A._decode_kernel(lib, q, cache, meta, 0.125)
+    monkeypatch.setattr(A, "PARALLEL_DECODE_WORK", 0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    work_sharing.set_num_threads(4)
+    try:
+        for _ in range(20):
+            assert torch.equal(A._decode_kernel(lib, q, cache, meta, 0.125), alone)
+    finally:
+        torch.set_num_threads(before)
+        work_sharing.set_num_threads(work_sharing.available_cores())
+
+
+def test_small_models_compute_on_one_torch_thread():
+    """Default threads: a model narrower than SMALL_HIDDEN_SIZE gets one torch thread
+    (the kernels keep every core); a wide one, or an explicit `num_threads`, does not."""
+    from omnistage.platforms.interface import SMALL_HIDDEN_SIZE, Platform
+
+    platform, before = Platform(), torch.get_num_threads()
+    try:
+        platform.configure_threads(None, hidden_size=64)
+        assert torch.get_num_threads() == 1
+        assert work_sharing.num_threads() == work_sharing.available_cores()
+        platform.configure_threads(3, hidden_size=64)
+        assert torch.get_num_threads() == 3 and work_sharing.num_threads() == 3
+        torch.set_num_threads(2)
+        platform.configure_threads(None, hidden_size=SMALL_HIDDEN_SIZE)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+        work_sharing.set_num_threads(work_sharing.available_cores())
 
 
 def test_engine_tokens_same_with_and_without_c_kernels(tiny_llama, monkeypatch):

@@ -92,6 +92,13 @@ def model_max_len(hf_config: Any) -> int:
     return 2048
 
 
+def text_hidden_size(hf_config: Any) -> int | None:
+    """Hidden size of the (text) decoder the stage runs; None where the config has none."""
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    value = getattr(text, "hidden_size", None)
+    return value if isinstance(value, int) else None
+
+
 def kv_block_bytes(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of one KV block over the model's attention layers. A model without attention
     layers (Mamba2) still has blocks for the scheduler's accounting: one element per token."""
@@ -128,7 +135,7 @@ def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> Mod
     `runner.num_kv_blocks` tells the scheduler side how many blocks exist.
     """
     platform = platform_for(config.device)
-    platform.configure_threads(config.num_threads)
+    platform.configure_threads(config.num_threads, text_hidden_size(hf_config))
     dtype = config.torch_dtype
     model = build_model(files, hf_config, dtype, config.max_model_len).to(platform.device)
     mtp = _mtp_module(config, model)

@@ -48,23 +48,32 @@ def load() -> ctypes.CDLL | None:
     """The compiled kernel library, or None when it cannot be built here."""
     if os.environ.get(_DISABLE_ENV):
         return None
+    return load_variant()
+
+
+def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The library built with `extra_flags` added (tests build the generic paths of this
+    CPU with e.g. `-mno-avx512f`), or None when it cannot be built here."""
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         logger.info("no C compiler found: using the pure-torch attention path")
         return None
-    source = b"".join(p.read_bytes() for p in _SOURCES)
+    source = b"".join(p.read_bytes() for p in _SOURCES) + " ".join(extra_flags).encode()
     key = hashlib.sha256(source + compiler.encode() + _cpu_fingerprint().encode()).hexdigest()[:16]
     target = cache_root() / "kernels" / key / "libomnistage_kernels.so"
     if not target.exists():
         try:
-            _build(compiler, target)
+            _build(compiler, target, extra_flags)
         except (OSError, subprocess.CalledProcessError) as exc:
             logger.warning("building the C attention kernel failed (%s): using the torch path", exc)
             return None
     lib = ctypes.CDLL(str(target))
     fn = lib.paged_decode_attention_f32
     fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_void_p]
+    team = lib.paged_decode_attention_f32_team
+    team.restype = None
+    team.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
     rope = lib.rope_write_kv_f32
     rope.restype = None
     rope.argtypes = (
@@ -78,7 +87,7 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-def _build(compiler: str, target: Path) -> None:
+def _build(compiler: str, target: Path, extra_flags: tuple[str, ...]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
@@ -90,6 +99,7 @@ def _build(compiler: str, target: Path) -> None:
             "-ffast-math",
             "-shared",
             "-fPIC",
+            *extra_flags,
             *map(str, _SOURCES),
             "-o",
             str(out),

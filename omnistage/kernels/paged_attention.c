@@ -2,12 +2,22 @@
  * values read in place from the block pool (no gather copy).
  *
  * kv cache layout: [2][kv_heads][num_blocks][block_size][head_dim] (float32).
- * For each (sequence, kv head) the group of query heads sharing that KV head
- * walks the sequence's blocks with an online softmax, one block at a time:
- * scores of the block, block max, rescale, exponentials, weighted values.
- * Loops are written so the compiler vectorizes them (built with reassociation
- * allowed); no infinities are used, so finite-math is safe.
- * Parallel over (sequence, kv head) with OpenMP.
+ * For each (sequence, kv head) — a "unit" — the group of query heads sharing
+ * that KV head walks the sequence's blocks with an online softmax, one block at
+ * a time: scores of the block, block max, rescale, exponentials, weighted
+ * values. The next block is prefetched while one is computed (blocks of a
+ * sequence are scattered over the pool: without it the walk waits on memory).
+ * With AVX-512 and head_dim, block_size multiples of 16, a block's scores are
+ * 16 products reduced together (one transpose-add tree instead of 16
+ * horizontal sums) and each value row is loaded once for the whole group of
+ * query heads; elsewhere plain loops the compiler vectorizes (built with
+ * reassociation allowed; no infinities are used, so finite-math is safe).
+ *
+ * Work sharing: callers on several threads pass the same counter (zero at the
+ * start); each takes the next few units from it until none is left, so the
+ * threads finish together even when one of them is descheduled. No OpenMP
+ * team: nothing spins after the call (a spinning team would take the core
+ * the engine process needs under asynchronous scheduling).
  */
 #include <float.h>
 #include <math.h>
@@ -16,6 +26,7 @@
 #define MAX_GROUP 16
 #define MAX_BLOCK 128
 #define MAX_DIM 256
+#define UNITS_PER_TAKE 4
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n)
 {
@@ -29,21 +40,113 @@ int paged_decode_limits_ok(int64_t group, int64_t block_size, int64_t head_dim)
     return group <= MAX_GROUP && block_size <= MAX_BLOCK && head_dim <= MAX_DIM;
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+/* Lane t of the result: the sum of the lanes of v[t]. */
+static inline __m512 sum_lanes16(const __m512 v[16])
+{
+    __m512 w[8], x[4];
+    for (int i = 0; i < 8; i++)
+        w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int j = 0; j < 4; j++) {
+        const __m512d a = _mm512_castps_pd(w[2 * j]), b = _mm512_castps_pd(w[2 * j + 1]);
+        x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    const __m512 p01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
+                                     _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+    const __m512 p23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88),
+                                     _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(p01, p23, 0x88), _mm512_shuffle_f32x4(p01, p23, 0xDD));
+}
+
+/* Scaled scores of one query row against up to 16 keys (head_dim a multiple of 16). */
+static inline void scores16(const float *qg, const float *keys, int64_t n, int64_t head_dim,
+                            float scale, float *out)
+{
+    __m512 v[16];
+    for (int64_t t = 0; t < 16; t++) {
+        if (t < n) {
+            const float *k = keys + t * head_dim;
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), _mm512_loadu_ps(k));
+            for (int64_t c = 16; c < head_dim; c += 16)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + c), _mm512_loadu_ps(k + c), acc);
+            v[t] = acc;
+        } else {
+            v[t] = _mm512_setzero_ps();
+        }
+    }
+    _mm512_storeu_ps(out, _mm512_mul_ps(sum_lanes16(v), _mm512_set1_ps(scale)));
+}
+/* acc[g] = acc[g] * corr[g] + sum_t p[g][t] * v[t] (head_dim a multiple of 16). */
+static inline void weighted_values16(float acc[][MAX_DIM], float p[][MAX_BLOCK], const float *corr,
+                                     const float *vb, int64_t n, int64_t group, int64_t head_dim)
+{
+    if (head_dim == 16) { /* the accumulators stay in registers */
+        __m512 a[MAX_GROUP];
+        for (int64_t g = 0; g < group; g++)
+            a[g] = _mm512_mul_ps(_mm512_loadu_ps(acc[g]), _mm512_set1_ps(corr[g]));
+        for (int64_t t = 0; t < n; t++) {
+            const __m512 v = _mm512_loadu_ps(vb + t * 16);
+            for (int64_t g = 0; g < group; g++)
+                a[g] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][t]), v, a[g]);
+        }
+        for (int64_t g = 0; g < group; g++) _mm512_storeu_ps(acc[g], a[g]);
+        return;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        const __m512 cg = _mm512_set1_ps(corr[g]);
+        for (int64_t c = 0; c < head_dim; c += 16)
+            _mm512_storeu_ps(acc[g] + c, _mm512_mul_ps(_mm512_loadu_ps(acc[g] + c), cg));
+    }
+    for (int64_t t = 0; t < n; t++) {
+        const float *vt = vb + t * head_dim;
+        for (int64_t c = 0; c < head_dim; c += 16) {
+            const __m512 v = _mm512_loadu_ps(vt + c);
+            for (int64_t g = 0; g < group; g++)
+                _mm512_storeu_ps(acc[g] + c, _mm512_fmadd_ps(_mm512_set1_ps(p[g][t]), v,
+                                                             _mm512_loadu_ps(acc[g] + c)));
+        }
+    }
+}
+#define HAVE_SCORES16 1
+#else
+#define HAVE_SCORES16 0
+#endif
+
+static inline void prefetch_block(const float *k, const float *v, int64_t floats)
+{
+    for (int64_t o = 0; o < floats; o += 16) {
+        __builtin_prefetch(k + o);
+        __builtin_prefetch(v + o);
+    }
+}
+
 void paged_decode_attention_f32(
     const float *q, const float *kv, const int64_t *block_table, const int64_t *seq_lens,
     float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
-    int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale, int num_threads)
+    int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale, int64_t *next_unit)
 {
     const int64_t group = heads / kv_heads;
     const int64_t plane = num_blocks * block_size * head_dim; /* one kv head's pool */
+    const int64_t block_floats = block_size * head_dim;
     const float *keys = kv;
     const float *values = kv + kv_heads * plane;
+    const int fast_scores = HAVE_SCORES16 && head_dim % 16 == 0 && block_size % 16 == 0;
+    const int64_t units = batch * kv_heads;
 
-#pragma omp parallel for collapse(2) schedule(dynamic, 4) num_threads(num_threads)
-    for (int64_t b = 0; b < batch; b++) {
-        for (int64_t h = 0; h < kv_heads; h++) {
+    for (;;) {
+        const int64_t first = __atomic_fetch_add(next_unit, UNITS_PER_TAKE, __ATOMIC_RELAXED);
+        if (first >= units) break;
+        const int64_t last = first + UNITS_PER_TAKE < units ? first + UNITS_PER_TAKE : units;
+        for (int64_t u = first; u < last; u++) {
+            const int64_t b = u / kv_heads, h = u % kv_heads;
             const float *qg = q + (b * heads + h * group) * head_dim;
             float *og = out + (b * heads + h * group) * head_dim;
+            const float *kh = keys + h * plane, *vh = values + h * plane;
+            const int64_t *table = block_table + b * max_blocks;
             float m[MAX_GROUP], l[MAX_GROUP];
             float s[MAX_GROUP][MAX_BLOCK];
             float acc[MAX_GROUP][MAX_DIM];
@@ -55,27 +158,48 @@ void paged_decode_attention_f32(
             const int64_t len = seq_lens[b];
             const int64_t nblk = (len + block_size - 1) / block_size;
             for (int64_t blk = 0; blk < nblk; blk++) {
-                const int64_t bid = block_table[b * max_blocks + blk];
-                const float *kb = keys + h * plane + bid * block_size * head_dim;
-                const float *vb = values + h * plane + bid * block_size * head_dim;
+                const float *kb = kh + table[blk] * block_floats;
+                const float *vb = vh + table[blk] * block_floats;
+                if (blk + 1 < nblk)
+                    prefetch_block(kh + table[blk + 1] * block_floats, vh + table[blk + 1] * block_floats,
+                                   block_floats);
                 const int64_t left = len - blk * block_size;
                 const int64_t n = left < block_size ? left : block_size;
-                for (int64_t t = 0; t < n; t++) {
-                    for (int64_t g = 0; g < group; g++) s[g][t] = dot(qg + g * head_dim, kb + t * head_dim, head_dim) * scale;
+#if HAVE_SCORES16
+                if (fast_scores) {
+                    for (int64_t g = 0; g < group; g++)
+                        for (int64_t t0 = 0; t0 < n; t0 += 16)
+                            scores16(qg + g * head_dim, kb + t0 * head_dim, n - t0, head_dim, scale,
+                                     s[g] + t0);
+                } else
+#endif
+                {
+                    for (int64_t t = 0; t < n; t++)
+                        for (int64_t g = 0; g < group; g++)
+                            s[g][t] = dot(qg + g * head_dim, kb + t * head_dim, head_dim) * scale;
                 }
+                float corr[MAX_GROUP];
                 for (int64_t g = 0; g < group; g++) {
                     float bmax = m[g];
                     for (int64_t t = 0; t < n; t++) bmax = s[g][t] > bmax ? s[g][t] : bmax;
-                    const float corr = expf(m[g] - bmax);
+                    corr[g] = expf(m[g] - bmax);
                     float sum = 0.0f;
                     for (int64_t t = 0; t < n; t++) {
                         s[g][t] = expf(s[g][t] - bmax);
                         sum += s[g][t];
                     }
-                    l[g] = l[g] * corr + sum;
+                    l[g] = l[g] * corr[g] + sum;
                     m[g] = bmax;
+                }
+#if HAVE_SCORES16
+                if (fast_scores) {
+                    weighted_values16(acc, s, corr, vb, n, group, head_dim);
+                    continue;
+                }
+#endif
+                for (int64_t g = 0; g < group; g++) {
                     float *ag = acc[g];
-                    for (int64_t d = 0; d < head_dim; d++) ag[d] *= corr;
+                    for (int64_t d = 0; d < head_dim; d++) ag[d] *= corr[g];
                     for (int64_t t = 0; t < n; t++) {
                         const float p = s[g][t];
                         const float *vt = vb + t * head_dim;
@@ -89,4 +213,17 @@ void paged_decode_attention_f32(
             }
         }
     }
+}
+
+/* The same on an OpenMP team of `num_threads` (the pool torch computes on, when it has
+ * more than one thread: that pool's threads are awake between ops anyway). */
+void paged_decode_attention_f32_team(
+    const float *q, const float *kv, const int64_t *block_table, const int64_t *seq_lens,
+    float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+    int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale, int num_threads)
+{
+    int64_t next_unit = 0;
+#pragma omp parallel num_threads(num_threads)
+    paged_decode_attention_f32(q, kv, block_table, seq_lens, out, batch, heads, kv_heads, head_dim,
+                               num_blocks, block_size, max_blocks, scale, &next_unit);
 }

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from omnistage.kernels import work_sharing
 from omnistage.worker.model_runner import ModelRunner
+
+SMALL_HIDDEN_SIZE = 256
+"""Models with a smaller hidden size compute on one torch thread by default."""
 
 
 class Platform:
@@ -16,7 +20,18 @@ class Platform:
         """Device-specific preparation after weights are loaded (weight packing, graphs)."""
         return model
 
-    def configure_threads(self, num_threads: int | None) -> None:
-        """Set torch's intra-op threads for this process (None: leave the default)."""
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+    def configure_threads(self, num_threads: int | None, hidden_size: int | None = None) -> None:
+        """Set torch's intra-op threads and the C kernels' threads for this process.
+
+        `num_threads` None: the kernels use every available core; torch keeps its
+        default (all cores) except for models narrower than `SMALL_HIDDEN_SIZE`, whose
+        GEMMs take microseconds: a second torch thread saves less than waking it costs,
+        and between ops it spins on the core the engine process needs under
+        asynchronous scheduling (measured in README "Performance").
+        """
+        torch_threads = num_threads
+        if num_threads is None and hidden_size is not None and hidden_size < SMALL_HIDDEN_SIZE:
+            torch_threads = 1
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+        work_sharing.set_num_threads(num_threads or work_sharing.available_cores())

@@ -30,7 +30,12 @@ import torch
 import torch.nn.functional as F
 
 from omnistage import kernels
+from omnistage.kernels import work_sharing
 from omnistage.worker.recurrent import RecurrentMetadata
+
+PARALLEL_DECODE_WORK = 16384
+"""Context tokens x KV heads of a decode step from which its attention kernel runs on
+several threads (below, waking a helper costs more than it saves)."""
 
 
 @dataclass
@@ -58,6 +63,8 @@ class AttentionMetadata:
     """[num_decodes] int64: context length of each decode, its new token included."""
     prefills: list[PrefillSeq]
     all_decode: bool
+    decode_context_tokens: int = 0
+    """Sum of `decode_seq_lens`: the decode attention's work."""
     _bias_cache: dict = field(default_factory=dict)
     recurrent: RecurrentMetadata | None = None
     """Models with recurrent layers: the step's state slots (worker/recurrent.py)."""
@@ -204,7 +211,9 @@ def _decode_kernel(
     out = torch.empty_like(q)
     table = meta.decode_block_table
     _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
-    lib.paged_decode_attention_f32(
+    work_sharing.run(
+        lib.paged_decode_attention_f32,
+        lib.paged_decode_attention_f32_team,
         q.data_ptr(),
         kv_cache.data_ptr(),
         table.data_ptr(),
@@ -218,7 +227,7 @@ def _decode_kernel(
         block_size,
         table.shape[1],
         scale,
-        torch.get_num_threads(),
+        parallel=meta.decode_context_tokens * kv_heads >= PARALLEL_DECODE_WORK,
     )
     return out
 

@@ -98,6 +98,7 @@ def _attention_metadata(
         decode_block_table=bt,
         decode_mask=mask,
         decode_seq_lens=lens,
+        decode_context_tokens=int(decode_seq_lens.sum()) if len(decode_rows) else 0,
         prefills=prefills,
         all_decode=not prefills,
     )

@@ -104,10 +104,17 @@ class InputBatch:
         self.block_table[row, start : start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
 
-    def append_token(self, row: int, token_id: int) -> None:
-        n = int(self.num_tokens[row])
-        self.token_ids[row, n] = token_id
-        self.num_tokens[row] = n + 1
+    def append_tokens(self, rows: list[int], token_ids: list[int]) -> None:
+        """Append `token_ids[i]` to row `rows[i]`, in order; a row's tokens are consecutive
+        in the lists (one step's tokens: the whole batch at once)."""
+        if not rows:
+            return
+        r = np.asarray(rows, dtype=np.int64)
+        first = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])  # each row's first entry
+        counts = np.diff(np.r_[first, len(r)])
+        offsets = np.arange(len(r)) - np.repeat(first, counts)
+        self.token_ids[r, self.num_tokens[r] + offsets] = token_ids
+        self.num_tokens[r[first]] += counts
 
     def condense(self) -> None:
         """Fill holes with the last live rows so rows 0..len-1 are the live requests."""

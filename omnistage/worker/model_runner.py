@@ -523,17 +523,26 @@ class ModelRunner:
         req_ids, tokens, lps = [], [], []
         codes: list[list[int]] | None = [] if self.model.num_token_codes > 0 else None
         verified: list[int] | None = [] if self.speculative is not None else None
+        appended_rows: list[int] = []
+        appended: list[int] = []
+        states, drafts, sampled, logprobs = (
+            self.batch.states,
+            inputs.drafts,
+            step.tokens,
+            step.logprobs,
+        )
         for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
-            state = self.batch.states[row]
+            state = states[row]
             req_ids.append(state.req_id)
-            row_tokens = step.tokens.get(row, [])
-            num_drafts = len(inputs.drafts.get(row, ()))
+            row_tokens = sampled.get(row, [])
+            num_drafts = len(drafts[row]) if row in drafts else 0
             state.num_computed_tokens += n - num_drafts + max(len(row_tokens) - 1, 0)
-            for token in row_tokens:
-                state.output_token_ids.append(token)
-                self.batch.append_token(row, token)
+            if row_tokens:
+                state.output_token_ids.extend(row_tokens)
+                appended_rows.extend([row] * len(row_tokens))
+                appended.extend(row_tokens)
             tokens.append(row_tokens)
-            lps.append(step.logprobs.get(row))
+            lps.append(logprobs.get(row))
             if verified is not None:
                 verified.append(num_drafts)
             if codes is not None:
@@ -541,6 +550,7 @@ class ModelRunner:
                 if row_codes:
                     state.output_codes.append(row_codes)
                 codes.append(row_codes)
+        self.batch.append_tokens(appended_rows, appended)
         return ModelRunnerOutput(
             req_ids=req_ids,
             sampled_token_ids=tokens,
