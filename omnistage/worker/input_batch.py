@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
+from omnistage.sample.metadata import RowSamplingState
 from omnistage.sampling_params import SamplingParams
 
 
@@ -53,6 +54,20 @@ class RequestState:
     draft_num_computed: int = 0
     """Speculation with a draft model or MTP: positions whose keys the draft model (the MTP
     layer) holds."""
+
+    sampling_row: RowSamplingState = field(init=False)
+    """What sampling reads of this request; it holds the same history list, so it is
+    current at every step without being rebuilt."""
+
+    def __post_init__(self) -> None:
+        self.sampling_row = RowSamplingState(
+            sampling_params=self.sampling_params,
+            seed=self.sample_seed,
+            prompt_token_ids=self.prompt_token_ids,
+            output_token_ids=self.output_token_ids,
+            eos_token_id=self.eos_token_id,
+            req_id=self.req_id,
+        )
 
     @property
     def num_tokens(self) -> int:

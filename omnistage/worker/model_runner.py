@@ -23,6 +23,7 @@ accepted. Rejected positions are simply not counted as computed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,6 @@ from omnistage.sample import (
     compute_logprobs,
     gather_logprobs,
 )
-from omnistage.sample.metadata import RowSamplingState
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.spec_decode.config import SpeculativeConfig
 from omnistage.spec_decode.verify import accepted_counts
@@ -434,20 +434,14 @@ class ModelRunner:
         newest token and after each draft, position `j` seeing the history plus the first
         `j` drafts (what it would be had they been sampled)."""
         entries = []
+        states = self.batch.states
         for r in rows:
-            s = self.batch.states[r]
-            row_drafts = drafts.get(r, ())
-            for j in range(len(row_drafts) + 1):
+            s = states[r]
+            entries.append(s.sampling_row)
+            for j in range(1, len(drafts.get(r, ())) + 1):
                 entries.append(
-                    RowSamplingState(
-                        sampling_params=s.sampling_params,
-                        seed=s.sample_seed,
-                        prompt_token_ids=s.prompt_token_ids,
-                        output_token_ids=s.output_token_ids + row_drafts[:j]
-                        if j
-                        else s.output_token_ids,
-                        eos_token_id=s.eos_token_id,
-                        req_id=s.req_id,
+                    dataclasses.replace(
+                        s.sampling_row, output_token_ids=s.output_token_ids + drafts[r][:j]
                     )
                 )
         return SamplingMetadata.from_requests(entries, self.device)
