@@ -10,6 +10,10 @@ from omnistage.worker.model_runner import ModelRunner
 SMALL_HIDDEN_SIZE = 256
 """Models with a smaller hidden size compute on one torch thread by default."""
 
+_TORCH_DEFAULT_THREADS = torch.get_num_threads()
+"""torch's own default (read before any stage sets it): what a stage without
+`num_threads` gets back after a small model's stage in the same process set 1."""
+
 
 class Platform:
     name: str = "base"
@@ -29,9 +33,8 @@ class Platform:
         and between ops it spins on the core the engine process needs under
         asynchronous scheduling (measured in README "Performance").
         """
-        torch_threads = num_threads
+        torch_threads = num_threads or _TORCH_DEFAULT_THREADS
         if num_threads is None and hidden_size is not None and hidden_size < SMALL_HIDDEN_SIZE:
             torch_threads = 1
-        if torch_threads is not None:
-            torch.set_num_threads(torch_threads)
+        torch.set_num_threads(torch_threads)
         work_sharing.set_num_threads(num_threads or work_sharing.available_cores())
