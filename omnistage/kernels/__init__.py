@@ -68,12 +68,13 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
             logger.warning("building the C attention kernel failed (%s): using the torch path", exc)
             return None
     lib = ctypes.CDLL(str(target))
-    fn = lib.paged_decode_attention_f32
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_void_p]
-    team = lib.paged_decode_attention_f32_team
-    team.restype = None
-    team.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float, ctypes.c_int]
+    decode_args = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
+    for fn, last in (
+        (lib.paged_decode_attention_f32, ctypes.c_void_p),  # the shared work counter
+        (lib.paged_decode_attention_f32_team, ctypes.c_int),  # the team's threads
+    ):
+        fn.restype = None
+        fn.argtypes = [*decode_args, last]
     rope = lib.rope_write_kv_f32
     rope.restype = None
     rope.argtypes = (

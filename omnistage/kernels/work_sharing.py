@@ -51,10 +51,7 @@ def set_num_threads(num_threads: int) -> None:
 
 
 def num_threads() -> int:
-    if _num_threads is None:
-        set_num_threads(available_cores())
-    assert _num_threads is not None  # internal: set just above
-    return _num_threads
+    return _num_threads if _num_threads is not None else available_cores()
 
 
 def run(

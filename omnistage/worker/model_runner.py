@@ -434,9 +434,8 @@ class ModelRunner:
         newest token and after each draft, position `j` seeing the history plus the first
         `j` drafts (what it would be had they been sampled)."""
         entries = []
-        states = self.batch.states
         for r in rows:
-            s = states[r]
+            s = self.batch.states[r]
             entries.append(s.sampling_row)
             for j in range(1, len(drafts.get(r, ())) + 1):
                 entries.append(
@@ -519,24 +518,18 @@ class ModelRunner:
         verified: list[int] | None = [] if self.speculative is not None else None
         appended_rows: list[int] = []
         appended: list[int] = []
-        states, drafts, sampled, logprobs = (
-            self.batch.states,
-            inputs.drafts,
-            step.tokens,
-            step.logprobs,
-        )
         for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
-            state = states[row]
+            state = self.batch.states[row]
             req_ids.append(state.req_id)
-            row_tokens = sampled.get(row, [])
-            num_drafts = len(drafts[row]) if row in drafts else 0
+            row_tokens = step.tokens.get(row, [])
+            num_drafts = len(inputs.drafts.get(row, ()))
             state.num_computed_tokens += n - num_drafts + max(len(row_tokens) - 1, 0)
             if row_tokens:
                 state.output_token_ids.extend(row_tokens)
                 appended_rows.extend([row] * len(row_tokens))
                 appended.extend(row_tokens)
             tokens.append(row_tokens)
-            lps.append(logprobs.get(row))
+            lps.append(step.logprobs.get(row))
             if verified is not None:
                 verified.append(num_drafts)
             if codes is not None:
