@@ -9,43 +9,58 @@ the loaded model (its maximum context) are resolved by `resolve_for_model`.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from omnistage.spec_decode.config import SpeculativeConfig
 
-_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp16": torch.float16,
-    "float64": torch.float64,
-    "double": torch.float64,
-    "fp64": torch.float64,
+if TYPE_CHECKING:
+    import torch
+
+_DTYPES: dict[str, str] = {
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "float64": "float64",
+    "double": "float64",
+    "fp64": "float64",
 }
+"""Accepted dtype names -> the torch dtype's name (torch is imported only to convert:
+the frontend checks a config without paying torch's import)."""
 
 DEFAULT_MODEL = "smollm2"
 
 
-def parse_dtype(value: str | torch.dtype) -> torch.dtype:
-    """Turn "float32" / "bf16" / torch.float64 … into a torch dtype (`auto` → float32)."""
-    if isinstance(value, torch.dtype):
-        if value not in _DTYPES.values():
+def dtype_name(value: Any) -> str:
+    """The canonical name ("float32", ...) of "float32" / "bf16" / torch.float64 / "auto"
+    (`auto` → float32); a ValueError naming `dtype` for anything else."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.dtype):
+        name = str(value).removeprefix("torch.")
+        if name not in _DTYPES.values():
             raise ValueError(f"dtype: unsupported torch dtype {value}")
-        return value
+        return name
     if value == "auto":
-        return torch.float32
+        return "float32"
     try:
         return _DTYPES[str(value).lower()]
     except KeyError:
         raise ValueError(
             f"dtype: unknown dtype {value!r}; expected one of auto, {', '.join(sorted(_DTYPES))}"
         ) from None
+
+
+def parse_dtype(value: Any) -> torch.dtype:
+    """Turn "float32" / "bf16" / torch.float64 … into a torch dtype (`auto` → float32)."""
+    import torch
+
+    return getattr(torch, dtype_name(value))
 
 
 @dataclass(frozen=True)
@@ -124,7 +139,7 @@ class EngineConfig:
     `omnistage.spec_decode.config`. Outputs are the same as without it."""
 
     def __post_init__(self) -> None:
-        parse_dtype(self.dtype)
+        dtype_name(self.dtype)
         spec = SpeculativeConfig.parse(self.speculative_config)
         if spec is not None:
             object.__setattr__(self, "speculative_config", dataclasses.asdict(spec))

@@ -1,20 +1,27 @@
 """`ProcessExecutor`: the model runner in a worker process (async scheduling's default).
 
 A worker thread cannot overlap Python work with Python work (the GIL), so with
-async scheduling the runner runs in a spawned process: the engine core
-schedules step N+1 and processes step N's outputs while the worker executes.
-Messages are msgspec structs over a pipe, in order: the worker handles one
-request at a time, so replies come back in the order requests were sent.
+async scheduling the runner runs in a worker process (`python -m
+omnistage.child`, see `omnistage.child`: never a re-import of the user's
+program): the engine core schedules step N+1 and processes step N's outputs
+while the worker executes. Messages are msgspec structs over the child's
+channel, in order: the worker handles one request at a time, so replies come
+back in the order requests were sent.
 
 The worker builds the runner side itself (model, KV cache tensors) and
 replies `Ready` with the number of KV blocks; any exception in the worker
-comes back as `Failed` with its traceback and is raised in the engine.
+comes back as `Failed` with its traceback and is raised in the engine. A
+worker that dies without a word (killed, crashed) is reported with what it
+left in its death note (`ChildProcess.failure`).
+
+The worker is started by `start()` and waited for by `wait_ready()`, so a
+frontend can start it first and set itself up (tokenizer, detokenizer) while
+the worker imports torch and loads the model.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import traceback
 from collections import deque
 from multiprocessing.connection import Connection
@@ -22,8 +29,10 @@ from typing import Any
 
 import msgspec
 
-from omnistage.config import EngineConfig
+from omnistage.child import ChildError, ChildProcess, resolve_function
+from omnistage.core.executor import Runner
 from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from omnistage.core.worker_process import start_runner_worker
 
 
 class Step(msgspec.Struct, tag=True):
@@ -59,15 +68,15 @@ _TO_WORKER = msgspec.msgpack.Decoder(Step | StatsQuery | Shutdown)
 _FROM_WORKER = msgspec.msgpack.Decoder(Ready | StepDone | Stats | Failed)
 
 
-class RunnerFailed(RuntimeError):
+class RunnerFailed(ChildError):
     """The worker process failed; the message carries its traceback."""
 
 
-def _worker_main(config: EngineConfig, files: Any, hf_config: Any, conn: Connection) -> None:
+def worker_main(factory: str, args: tuple, conn: Connection) -> None:
+    """The worker process's main function (run by `omnistage.child`): `factory` is the
+    "module:function" name of what builds the runner from `args`."""
     try:
-        from omnistage.engine.builder import build_runner
-
-        runner = build_runner(config, files, hf_config)
+        runner: Runner = resolve_function(factory)(*args)
         conn.send_bytes(_ENCODER.encode(Ready(num_kv_blocks=runner.num_kv_blocks)))
     except BaseException:  # noqa: BLE001 - reported to the engine, which raises it
         conn.send_bytes(_ENCODER.encode(Failed(error=traceback.format_exc())))
@@ -108,23 +117,29 @@ class _PendingStep:
 
 
 class ProcessExecutor:
-    def __init__(self, config: EngineConfig, files: Any, hf_config: Any) -> None:
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(
-            target=_worker_main,
-            args=(config, files, hf_config, child),
-            name="omnistage-runner",
-            daemon=True,
-        )
-        self._proc.start()
-        child.close()
+    """The runner in a worker process: `factory(*args)` builds it there.
+
+    The constructor returns once the worker is started; `wait_ready()` blocks until
+    the runner is built (the caller sets itself up meanwhile)."""
+
+    def __init__(self, factory: str, *args: Any, child: ChildProcess | None = None) -> None:
+        """Start a worker whose runner `factory(*args)` builds ("module:function", see
+        `worker_process`), or adopt `child`, a worker already started that way."""
+        self._child = child if child is not None else start_runner_worker(factory, *args)
         self._pending: deque[_PendingStep] = deque()
+        self.num_kv_blocks = -1
+
+    def wait_ready(self) -> None:
+        """Block until the worker has built the runner; raise its error if it could not."""
         ready = self._recv()
         if isinstance(ready, Failed):
-            self._proc.join(timeout=10)
+            self._child.close(timeout=10)
             raise _as_user_error(ready.error)
         self.num_kv_blocks = ready.num_kv_blocks
+
+    @property
+    def _conn(self) -> Connection:
+        return self._child.channel
 
     def submit(self, scheduler_output: SchedulerOutput) -> _PendingStep:
         self._conn.send_bytes(_ENCODER.encode(Step(scheduler_output=scheduler_output)))
@@ -158,30 +173,27 @@ class ProcessExecutor:
     def _recv(self) -> Any:
         try:
             return _FROM_WORKER.decode(self._conn.recv_bytes())
-        except (EOFError, ConnectionError) as exc:
-            raise RunnerFailed(
-                f"model runner worker died (exit code {self._proc.exitcode})"
-            ) from exc
+        except (EOFError, ConnectionError, OSError):
+            raise RunnerFailed(f"model runner worker died: {self._child.failure()}") from None
 
     def shutdown(self) -> None:
-        if self._proc.is_alive():
+        if self._child.is_alive():
             with contextlib.suppress(BrokenPipeError, OSError):
                 self._conn.send_bytes(_ENCODER.encode(Shutdown()))
-            self._proc.join(timeout=10)
-            if self._proc.is_alive():
-                self._proc.kill()
-                self._proc.join()
-        self._conn.close()
+        self._child.close(timeout=10)
 
-    def __del__(self) -> None:
-        proc = getattr(self, "_proc", None)
-        if proc is not None and proc.is_alive():
-            proc.kill()
+    @property
+    def child(self) -> ChildProcess:
+        return self._child
 
 
 def _as_user_error(worker_traceback: str) -> Exception:
-    """A ValueError raised while building the runner is the user's (bad model, bad size)."""
+    """A ValueError raised while building the runner is the user's (bad model, bad size):
+    it stays a ValueError, with the worker's traceback as its cause."""
+    failure = RunnerFailed(f"model runner worker failed to start:\n{worker_traceback}")
     last = worker_traceback.strip().splitlines()[-1]
     if last.startswith("ValueError: "):
-        return ValueError(last.removeprefix("ValueError: "))
-    return RunnerFailed(f"model runner worker failed to start:\n{worker_traceback}")
+        error = ValueError(last.removeprefix("ValueError: "))
+        error.__cause__ = failure
+        return error
+    return failure

@@ -25,6 +25,7 @@ from omnistage.core.executor import InlineExecutor, ThreadExecutor
 from omnistage.core.kv_cache_manager import KVCacheManager
 from omnistage.core.process_executor import ProcessExecutor
 from omnistage.core.scheduler import Scheduler
+from omnistage.engine.worker_launch import WORKER_RUNNER, LaunchedWorker, launch_worker
 from omnistage.models.base import CausalLM
 from omnistage.models.loader import (
     ModelFiles,
@@ -273,33 +274,84 @@ def _proposer(
     )
 
 
-def build_stage(config: EngineConfig) -> BuiltStage:
-    files = resolve_model(config.model)
+def resolve_stage_config(config: EngineConfig, files: ModelFiles) -> tuple[EngineConfig, Any]:
+    """The stage's HF config (its part, engine view) and the engine config resolved for it
+    (max_model_len, token budget, prefix caching). Deterministic: the frontend and a
+    worker process that each call it agree."""
     hf_config = load_hf_config(files)
     if config.model_part is not None:
         hf_config = select_part(hf_config, config.model_part)
     hf_config = engine_config(hf_config)
     config = config.resolve_for_model(model_max_len(hf_config))
-    config = _without_prefix_caching_for_recurrent(config, hf_config)
+    return _without_prefix_caching_for_recurrent(config, hf_config), hf_config
+
+
+def build_worker_runner(config: EngineConfig, files: ModelFiles) -> ModelRunner:
+    """The runner factory of a worker process: resolves the config itself, so the worker
+    starts before the frontend has read the model's config (they overlap)."""
+    config, hf_config = resolve_stage_config(config, files)
+    return build_runner(config, files, hf_config)
+
+
+@dataclass
+class StartingStage:
+    """A stage whose runner may still be starting in its worker process: the frontend sets
+    itself up (tokenizer, detokenizer) from `config`/`files`/`hf_config`, then `finish()`."""
+
+    config: EngineConfig
+    files: ModelFiles
+    hf_config: Any
+    executor: Any
+
+    def finish(self) -> BuiltStage:
+        """Wait for the runner; build the KV manager, scheduler and engine core around it."""
+        config, executor = self.config, self.executor
+        if isinstance(executor, ProcessExecutor):
+            executor.wait_ready()
+        kv = KVCacheManager(
+            executor.num_kv_blocks,
+            config.block_size,
+            config.max_model_len,
+            config.enable_prefix_caching,
+        )
+        scheduler_class = AsyncScheduler if config.async_scheduling else Scheduler
+        core = EngineCore(
+            scheduler_class(config, kv), executor, async_scheduling=config.async_scheduling
+        )
+        return BuiltStage(
+            config=config,
+            files=self.files,
+            hf_config=self.hf_config,
+            core=core,
+            kv_cache_manager=kv,
+        )
+
+
+def start_stage(config: EngineConfig, launched: LaunchedWorker | None = None) -> StartingStage:
+    """Resolve the model and start its runner: in a worker process (started first, so it
+    imports torch and loads weights while this process reads configs; or `launched`
+    already, see `worker_launch`), or here."""
+    if launched is None:
+        launched = launch_worker(config)
+    files = launched.files if launched is not None else resolve_model(config.model)
     backend = config.resolved_executor_backend
-    if backend == "process":
-        executor = ProcessExecutor(config, files, hf_config)
-    else:
-        runner = build_runner(config, files, hf_config)
-        executor = ThreadExecutor(runner) if backend == "thread" else InlineExecutor(runner)
-    kv = KVCacheManager(
-        executor.num_kv_blocks,
-        config.block_size,
-        config.max_model_len,
-        config.enable_prefix_caching,
-    )
-    scheduler_class = AsyncScheduler if config.async_scheduling else Scheduler
-    core = EngineCore(
-        scheduler_class(config, kv), executor, async_scheduling=config.async_scheduling
-    )
-    return BuiltStage(
-        config=config, files=files, hf_config=hf_config, core=core, kv_cache_manager=kv
-    )
+    worker = ProcessExecutor(WORKER_RUNNER, child=launched.child) if launched else None
+    try:
+        resolved, hf_config = resolve_stage_config(config, files)
+        if worker is not None:
+            executor: Any = worker
+        else:
+            runner = build_runner(resolved, files, hf_config)
+            executor = ThreadExecutor(runner) if backend == "thread" else InlineExecutor(runner)
+    except BaseException:
+        if worker is not None:
+            worker.shutdown()
+        raise
+    return StartingStage(config=resolved, files=files, hf_config=hf_config, executor=executor)
+
+
+def build_stage(config: EngineConfig) -> BuiltStage:
+    return start_stage(config).finish()
 
 
 def _without_prefix_caching_for_recurrent(config: EngineConfig, hf_config: Any) -> EngineConfig:

@@ -19,9 +19,10 @@ from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.request import RequestStatus
-from omnistage.engine.builder import build_stage, eos_token_id
+from omnistage.engine.builder import eos_token_id, start_stage
 from omnistage.engine.detokenizer import IncrementalDetokenizer
 from omnistage.engine.input_processor import InputProcessor, PromptType, child_seed
+from omnistage.engine.worker_launch import LaunchedWorker
 from omnistage.models.loader import load_tokenizer
 from omnistage.models.registry import model_class_for
 from omnistage.outputs import CompletionOutput, Logprob, RequestOutput
@@ -43,8 +44,15 @@ class _Tracked:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
-        stage = build_stage(config)
+    def __init__(self, config: EngineConfig, launched: LaunchedWorker | None = None) -> None:
+        """`launched`: the runner worker, already started by `worker_launch.launch_worker`."""
+        starting = start_stage(config, launched)
+        try:  # the tokenizer loads while the runner starts in its worker process
+            self.tokenizer = load_tokenizer(starting.files)
+            stage = starting.finish()
+        except BaseException:
+            starting.executor.shutdown()
+            raise
         self.config = stage.config
         self.core = stage.core
         self.kv_cache_manager = stage.kv_cache_manager
@@ -52,7 +60,6 @@ class LLMEngine:
         self.model_files = stage.files
         self.input_width = model_class_for(self.hf_config).input_width_for(self.hf_config)
         """Width of prompt-embedding and conditioning rows (the model's `input_width`)."""
-        self.tokenizer = load_tokenizer(stage.files)
         eos = eos_token_id(self.hf_config)
         if eos is None:
             eos = getattr(self.tokenizer, "eos_token_id", None)

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tqdm.auto import tqdm
-
+from omnistage.child import exit_on_sigterm
 from omnistage.config import DEFAULT_MODEL, EngineConfig
-from omnistage.engine.input_processor import PromptType
-from omnistage.engine.llm_engine import LLMEngine
+from omnistage.engine.worker_launch import launch_worker
 from omnistage.outputs import RequestOutput
 from omnistage.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from omnistage.engine.input_processor import PromptType
 
 Message = dict[str, Any]
 
@@ -33,7 +34,18 @@ class LLM:
                 f"LLM: unknown engine argument(s) {', '.join(sorted(unknown))}; "
                 f"known: {', '.join(sorted(EngineConfig.field_names()))}"
             )
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+        config = EngineConfig(model=model, **engine_args)
+        exit_on_sigterm()  # SIGTERM unwinds (finally, atexit): the worker is ended, not orphaned
+        # The runner's worker starts first; the engine's imports and the tokenizer overlap it.
+        launched = launch_worker(config)
+        try:
+            from omnistage.engine.llm_engine import LLMEngine
+
+            self.engine = LLMEngine(config, launched)
+        except BaseException:
+            if launched is not None:
+                launched.child.close(timeout=0)
+            raise
         self._counter = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -109,6 +121,8 @@ class LLM:
 
     def _drain(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
+        from tqdm.auto import tqdm
+
         bar = tqdm(
             total=len(ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True
         )

@@ -20,10 +20,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import transformers
-
 from omnistage.cache import cache_root
-from omnistage.models import gguf_loader
+
+_CONVERTER_SOURCE = Path(__file__).with_name("gguf_loader.py")
+"""The converter (imported only to convert: checking a cache must not import transformers)."""
 
 logger = logging.getLogger("omnistage")
 
@@ -52,14 +52,15 @@ def converter_fingerprint() -> str:
     fix to the conversion (or a transformers upgrade that changes the
     tokenizer) cannot leave a stale checkpoint behind.
     """
-    h = hashlib.sha256(Path(gguf_loader.__file__).read_bytes())
-    h.update(f"{_CACHE_VERSION}|{transformers.__version__}|{_gguf_version()}".encode())
+    h = hashlib.sha256(_CONVERTER_SOURCE.read_bytes())
+    versions = f"{_version('transformers')}|{_version('gguf')}"
+    h.update(f"{_CACHE_VERSION}|{versions}".encode())
     return h.hexdigest()[:16]
 
 
-def _gguf_version() -> str:
+def _version(package: str) -> str:
     try:
-        return importlib.metadata.version("gguf")
+        return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
 
@@ -94,6 +95,8 @@ def cached_gguf_checkpoint(gguf_path: Path) -> Path:
     )
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
+        from omnistage.models import gguf_loader
+
         gguf_loader.convert_gguf(gguf_path, tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir()}
         marker = {"converter": converter_fingerprint(), **_identity(gguf_path), "files": files}

@@ -14,10 +14,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import safetensors
-import torch
-import transformers
+from typing import TYPE_CHECKING
 
 from omnistage.models.builtin import (
     BUILTIN_MODELS,
@@ -27,6 +24,10 @@ from omnistage.models.builtin import (
     demo_model_path,
 )
 from omnistage.models.gguf_cache import cached_gguf_checkpoint
+
+if TYPE_CHECKING:  # imported where used: resolving a model must not cost their import
+    import torch
+    import transformers
 
 _INDEX = "model.safetensors.index.json"
 
@@ -113,6 +114,8 @@ def _check_checkpoint_dir(path: Path) -> None:
 
 def load_hf_config(files: ModelFiles) -> transformers.PretrainedConfig:
     """The transformers config of the checkpoint (local files only)."""
+    import transformers
+
     try:
         return transformers.AutoConfig.from_pretrained(files.path, local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
@@ -124,6 +127,8 @@ def load_tokenizer(files: ModelFiles) -> transformers.PreTrainedTokenizerBase:
 
     A part of a diffusers-layout checkpoint without tokenizer files of its own (GLM-Image's
     `vision_language_encoder/`) uses its sibling `processor/` folder's."""
+    import transformers
+
     path = Path(files.path)
     sibling = path.parent / "processor"
     if (
@@ -169,6 +174,8 @@ def iter_weights(
     Tensors are read lazily, one at a time. A corrupt or truncated file is a
     ValueError naming it.
     """
+    import safetensors
+
     files = safetensors_files(path)
     index = path / _INDEX
     if prefixes is not None and index.is_file():

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from omnistage.child import exit_on_sigterm
 from omnistage.config import DEFAULT_MODEL
 from omnistage.core.tensor_blob import tensor_to_blob
 from omnistage.pipeline.deploy import (
@@ -37,6 +38,7 @@ from omnistage.pipeline.stage_params import SamplingArg, StageParamsReader
 from omnistage.pipeline.voices import resolve_voice
 
 PipelinePrompt = str | Mapping[str, Any]
+WAIT_SLICE_S = 0.1
 
 
 class _PipelineFrontend:
@@ -65,6 +67,7 @@ class _PipelineFrontend:
         self._prompts = PromptReader(entry.with_part_directory().model)
         self._params = StageParamsReader(spec)
         self._ids = itertools.count()
+        exit_on_sigterm()  # SIGTERM runs shutdown (atexit) instead of leaving stages behind
         self.orchestrator = Orchestrator(spec, secrets.token_hex(4), in_process=in_process)
         atexit.register(self.shutdown)
 
@@ -159,10 +162,19 @@ class Omni(_PipelineFrontend):
                 finished.put(output)
 
         self.orchestrator.submit_batch(requests, sink)
-        by_id = {}
-        while len(by_id) < len(requests):
-            output = finished.get()
-            by_id[output.request_id] = output
+        by_id: dict[str, OmniRequestOutput] = {}
+        try:
+            while len(by_id) < len(requests):
+                try:  # a timed wait: Ctrl-C (KeyboardInterrupt) gets through between waits
+                    output = finished.get(timeout=WAIT_SLICE_S)
+                except queue.Empty:
+                    continue
+                by_id[output.request_id] = output
+        except BaseException:  # interrupted: the stages stop working on this batch
+            for r in requests:
+                if r.request_id not in by_id:
+                    self.orchestrator.abort(r.request_id)
+            raise
         return [by_id[r.request_id] for r in requests]
 
 

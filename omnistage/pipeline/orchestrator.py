@@ -214,6 +214,7 @@ class Orchestrator:
     def _check_stages(self) -> None:
         for name, code in self.stages.exit_codes().items():
             if name not in self.dead:
+                logger.error("%s", self.stages.clients[name].failure())
                 self._stage_died(name, f"stage {name!r} died (exit code {code})")
 
     def _stage_died(self, name: str, reason: str) -> None:

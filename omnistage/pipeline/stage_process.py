@@ -2,7 +2,8 @@
 
 `make_stage_core` builds the core a stage kind needs. `InProcessStageClient`
 steps it in the caller's thread (tests, debugging). `ProcessStageClient`
-spawns `run_stage` in a new process, which talks to the orchestrator with
+starts `run_stage` in a new process (`omnistage.child`: our own entry point,
+never a re-import of the user's program), which talks to the orchestrator with
 msgspec messages over ZMQ: one PULL socket per stage for what it is sent, and
 a PUSH to the orchestrator's shared PULL for what it reports. The stage
 process exits on `Shutdown`, when the orchestrator's process is gone, or on an
@@ -13,14 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
 import os
-import traceback
 from abc import ABC, abstractmethod
+from multiprocessing.connection import Connection
 from typing import Any
 
 import zmq
 
+from omnistage.child import start_child
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import (
     FromStage,
@@ -86,6 +87,13 @@ class StageClient(ABC):
         """None while the stage runs; its exit code once its process has ended."""
         return None
 
+    def failure(self) -> str:
+        """Why the stage ended (its process's own traceback); "" for in-process stages."""
+        return ""
+
+    def request_stop(self) -> None:  # noqa: B027 - optional: only process stages need it
+        """Ask the stage to stop without waiting (`close` waits); nothing for in-process."""
+
     @abstractmethod
     def close(self, timeout: float = 10.0) -> None: ...
 
@@ -124,16 +132,21 @@ class ProcessStageClient(StageClient):
         out_address: str,
     ) -> None:
         self.name = spec.name
+        self._stop_sent = False
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.bind(in_address)
-        self.process = multiprocessing.get_context("spawn").Process(
-            target=run_stage,
-            args=(spec, deploy, namespace, in_address, out_address, os.getpid()),
-            name=f"omnistage-stage-{spec.name}",
-        )
         try:
-            self.process.start()
+            self.process = start_child(
+                run_stage,
+                spec,
+                deploy,
+                namespace,
+                in_address,
+                out_address,
+                os.getpid(),
+                name=f"omnistage stage {spec.name!r}",
+            )
         except BaseException:
             self.socket.close(linger=0)  # else the context can never terminate
             raise
@@ -145,17 +158,19 @@ class ProcessStageClient(StageClient):
     def exit_code(self) -> int | None:
         return self.process.exitcode
 
-    def close(self, timeout: float = 10.0) -> None:
-        if self.process.exitcode is None:
+    def failure(self) -> str:
+        """Why the stage's process ended: its own traceback when it left one."""
+        return self.process.failure()
+
+    def request_stop(self) -> None:
+        if self.process.exitcode is None and not self._stop_sent:
+            self._stop_sent = True
             with contextlib.suppress(zmq.ZMQError):
                 self.socket.send(to_stage_encoder.encode(Shutdown()), zmq.NOBLOCK)
-            self.process.join(timeout)
-        if self.process.exitcode is None:
-            self.process.terminate()
-            self.process.join(5)
-        if self.process.exitcode is None:
-            self.process.kill()
-            self.process.join()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.request_stop()
+        self.process.close(timeout)
         self.socket.close(linger=0)
 
 
@@ -166,8 +181,10 @@ def run_stage(
     in_address: str,
     out_address: str,
     parent_pid: int,
+    channel: Connection,
 ) -> None:
-    """Main function of a stage process."""
+    """Main function of a stage process (run by `omnistage.child`; `channel` stays unused:
+    the stage talks over ZMQ, and its exceptions reach the parent through the death note)."""
     logging.basicConfig(level=logging.WARNING)
     context = zmq.Context()
     inbox = context.socket(zmq.PULL)
@@ -193,8 +210,7 @@ def run_stage(
             report(events)
     except Exception as exc:  # report, then exit: the orchestrator fails our requests
         report([StageFatal(stage=spec.name, message=f"{type(exc).__name__}: {exc}")])
-        logger.error("stage %s failed:\n%s", spec.name, traceback.format_exc())
-        raise SystemExit(1) from None
+        raise  # the child's death note carries the traceback to the parent
     finally:
         if core is not None:
             core.shutdown()

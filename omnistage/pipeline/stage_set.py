@@ -18,6 +18,7 @@ import time
 
 import zmq
 
+from omnistage.child import ChildError
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import (
     FromStage,
@@ -88,11 +89,15 @@ class StageSet:
                     waiting.discard(event.stage)
                     self.sample_rates[event.stage] = event.sample_rate
                 elif isinstance(event, StageFatal):
-                    raise RuntimeError(f"stage {event.stage!r} failed to start: {event.message}")
+                    raise ChildError(
+                        f"stage {event.stage!r} failed to start: {event.message}\n"
+                        f"{self.clients[event.stage].failure()}"
+                    )
             for name in waiting:
-                code = self.clients[name].exit_code()
-                if code is not None:
-                    raise RuntimeError(f"stage {name!r} exited during start-up (exit code {code})")
+                if self.clients[name].exit_code() is not None:
+                    raise ChildError(
+                        f"stage {name!r} exited during start-up: {self.clients[name].failure()}"
+                    )
             if time.monotonic() > deadline:
                 raise TimeoutError(f"stages {sorted(waiting)} not ready within {timeout_s:g} s")
 
@@ -126,6 +131,10 @@ class StageSet:
         return {name: code for name, code in codes.items() if code is not None}
 
     def close(self) -> None:
+        """Stop every stage: all are asked first, then each is waited for (they wind down
+        together), then whatever a stage left in shared memory is unlinked."""
+        for client in self.clients.values():
+            client.request_stop()
         for client in self.clients.values():
             try:
                 client.close()
