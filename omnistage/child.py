@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+CHILD_STARTED_AT = time.time()
+"""When this module was imported: in a child, about when its interpreter started."""
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 NOTE_LIMIT = 64 * 1024
 """Bytes of a death note kept (a traceback; a faulthandler dump of many threads)."""

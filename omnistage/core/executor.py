@@ -27,6 +27,7 @@ class InlineExecutor:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.num_kv_blocks: int = runner.num_kv_blocks
+        self.startup_phases: dict[str, float] = getattr(runner, "startup_phases", {})
 
     def runner_stats(self) -> dict[str, int]:
         """What the runner holds (batch rows, known requests): zero when idle."""

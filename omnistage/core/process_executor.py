@@ -49,6 +49,7 @@ class Shutdown(msgspec.Struct, tag=True):
 
 class Ready(msgspec.Struct, tag=True):
     num_kv_blocks: int
+    startup_phases: dict[str, float] = {}
 
 
 class StepDone(msgspec.Struct, tag=True):
@@ -77,7 +78,10 @@ def worker_main(factory: str, args: tuple, conn: Connection) -> None:
     "module:function" name of what builds the runner from `args`."""
     try:
         runner: Runner = resolve_function(factory)(*args)
-        conn.send_bytes(_ENCODER.encode(Ready(num_kv_blocks=runner.num_kv_blocks)))
+        phases = getattr(runner, "startup_phases", {})
+        conn.send_bytes(
+            _ENCODER.encode(Ready(num_kv_blocks=runner.num_kv_blocks, startup_phases=phases))
+        )
     except BaseException:  # noqa: BLE001 - reported to the engine, which raises it
         conn.send_bytes(_ENCODER.encode(Failed(error=traceback.format_exc())))
         return
@@ -128,6 +132,7 @@ class ProcessExecutor:
         self._child = child if child is not None else start_runner_worker(factory, *args)
         self._pending: deque[_PendingStep] = deque()
         self.num_kv_blocks = -1
+        self.startup_phases: dict[str, float] = {}
 
     def wait_ready(self) -> None:
         """Block until the worker has built the runner; raise its error if it could not."""
@@ -136,6 +141,7 @@ class ProcessExecutor:
             self._child.close(timeout=10)
             raise _as_user_error(ready.error)
         self.num_kv_blocks = ready.num_kv_blocks
+        self.startup_phases = ready.startup_phases
 
     @property
     def _conn(self) -> Connection:

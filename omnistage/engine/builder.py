@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omnistage.child import CHILD_STARTED_AT
 from omnistage.config import EngineConfig, parse_dtype
 from omnistage.core.async_scheduler import AsyncScheduler
 from omnistage.core.engine_core import EngineCore
@@ -41,6 +43,7 @@ from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.spec_decode.draft_model import DraftModelProposer
 from omnistage.spec_decode.mtp import MtpProposer
 from omnistage.spec_decode.ngram import NgramProposer
+from omnistage.startup_phases import StartupPhases
 from omnistage.worker.attention import allocate_kv_cache
 from omnistage.worker.model_runner import ModelRunner
 from omnistage.worker.recurrent import allocate_recurrent_state
@@ -61,12 +64,18 @@ class BuiltStage:
 
 
 def build_model(
-    files: ModelFiles, hf_config: Any, dtype: torch.dtype, max_model_len: int
+    files: ModelFiles,
+    hf_config: Any,
+    dtype: torch.dtype,
+    max_model_len: int,
+    phases: StartupPhases | None = None,
 ) -> CausalLM:
+    phases = phases or StartupPhases()
     cls = model_class_for(hf_config)
-    with _skip_weight_init():
+    with phases.phase("model build"), _skip_weight_init():
         model = cls(hf_config, dtype, max_model_len)
-    loaded = model.load_weights(part_weights(iter_weights(files.path), hf_config))
+    with phases.phase("weights"):
+        loaded = model.load_weights(part_weights(iter_weights(files.path), hf_config))
     missing = sorted(model.expected_weight_names() - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
@@ -129,18 +138,24 @@ def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
     return blocks
 
 
-def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> ModelRunner:
+def build_runner(
+    config: EngineConfig, files: ModelFiles, hf_config: Any, phases: StartupPhases | None = None
+) -> ModelRunner:
     """The runner side of a stage (model, KV cache tensors, runner) for a resolved config.
 
     Runs in the engine's process, or in the worker process of `ProcessExecutor`.
-    `runner.num_kv_blocks` tells the scheduler side how many blocks exist.
+    `runner.num_kv_blocks` tells the scheduler side how many blocks exist;
+    `runner.startup_phases` how long each part of building it took.
     """
+    phases = phases or StartupPhases()
     platform = platform_for(config.device)
     platform.configure_threads(config.num_threads, text_hidden_size(hf_config))
     dtype = config.torch_dtype
-    model = build_model(files, hf_config, dtype, config.max_model_len).to(platform.device)
+    model = build_model(files, hf_config, dtype, config.max_model_len, phases)
+    model = model.to(platform.device)
     mtp = _mtp_module(config, model)
-    model = platform.prepare_model(model)
+    with phases.phase("platform preparation (weight packing)"):
+        model = platform.prepare_model(model)
     draft = _load_draft_model(config, hf_config, platform)
     block_bytes = kv_block_bytes(model, config.block_size, dtype)
     if draft is not None:  # its keys use the same blocks: a block costs both models' bytes
@@ -189,6 +204,7 @@ def build_runner(config: EngineConfig, files: ModelFiles, hf_config: Any) -> Mod
         recurrent_states=states,
     )
     runner.num_kv_blocks = blocks
+    runner.startup_phases = phases.seconds
     return runner
 
 
@@ -289,8 +305,11 @@ def resolve_stage_config(config: EngineConfig, files: ModelFiles) -> tuple[Engin
 def build_worker_runner(config: EngineConfig, files: ModelFiles) -> ModelRunner:
     """The runner factory of a worker process: resolves the config itself, so the worker
     starts before the frontend has read the model's config (they overlap)."""
-    config, hf_config = resolve_stage_config(config, files)
-    return build_runner(config, files, hf_config)
+    phases = StartupPhases()
+    phases.add("worker process start and imports", time.time() - CHILD_STARTED_AT)
+    with phases.phase("config (transformers)"):
+        config, hf_config = resolve_stage_config(config, files)
+    return build_runner(config, files, hf_config, phases)
 
 
 @dataclass

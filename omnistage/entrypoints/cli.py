@@ -240,6 +240,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench == "startup":
+        from omnistage.benchmarks import startup
+
+        return startup.main(args)
     if args.bench == "pipeline":
         from omnistage.benchmarks import pipeline
 
@@ -382,6 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve.add_arguments(sv)
     sv.set_defaults(func=cmd_bench)
+    st = bench_sub.add_parser(
+        "startup", help="fresh process to first token: script, serve, HF transformers"
+    )
+    from omnistage.benchmarks import startup
+
+    startup.add_arguments(st)
+    st.set_defaults(func=cmd_bench)
     return parser
 
 
