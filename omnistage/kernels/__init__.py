@@ -1,10 +1,21 @@
 """Small C kernels for the CPU hot path, built on first use and cached.
 
 No torch headers: each kernel is plain C over raw pointers, compiled with the
-system C compiler in about a second (`cc -O3 -march=native -ffast-math -fopenmp`; the kernels use no infinities) into
-`$OMNISTAGE_CACHE_DIR/kernels/<hash of source, compiler and CPU>/`, and called
-through ctypes. Where no compiler is found or the build fails, `load()`
-returns None (logged once) and callers use their pure-torch path.
+system C compiler in about a second into
+`$OMNISTAGE_CACHE_DIR/kernels/<hash of source, flags, compiler and CPU>/`, and
+called through ctypes. Where no compiler is found or the build fails, the
+loaders return None (logged once) and callers use their pure-torch path.
+
+Two libraries:
+- `load()`: attention and rotary kernels, `cc -O3 -march=native -fopenmp` and
+  -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
+  whose start-up code would flush subnormals for the whole process;
+- `load_quant()`: matrix products on GGUF-quantized weights
+  (`quant_matmul.c`), built for the baseline of the architecture, without
+  -march=native: it picks AVX-512, AVX2 or portable loops at run time from its
+  `isa` argument, so every path can be run (and tested) on one machine. Not
+  -ffast-math either (which would flush subnormals for the whole process):
+  only reassociation, for vectorized sums.
 """
 
 from __future__ import annotations
@@ -25,7 +36,28 @@ from omnistage.cache import cache_root
 logger = logging.getLogger("omnistage")
 
 _SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "rope_cache.c")]
+_QUANT_SOURCES = [Path(__file__).with_name("quant_matmul.c")]
 _DISABLE_ENV = "OMNISTAGE_DISABLE_C_KERNELS"
+_FAST_MATH = (
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-ffinite-math-only",
+    "-fno-signed-zeros",
+    "-fassociative-math",
+    "-freciprocal-math",
+)
+"""What -ffast-math turns on, spelled out: given whole, GCC 12 links crtfastmath.o into the
+library, which sets flush-to-zero / denormals-are-zero for the whole process on load."""
+_NATIVE_FLAGS = ("-O3", "-march=native", "-fopenmp", *_FAST_MATH)
+_PORTABLE_FLAGS = (
+    "-O3",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fno-signed-zeros",
+    "-fassociative-math",
+    "-ffp-contract=fast",
+)
 
 
 def _cpu_fingerprint() -> str:
@@ -54,20 +86,9 @@ def load() -> ctypes.CDLL | None:
 def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The library built with `extra_flags` added (tests build the generic paths of this
     CPU with e.g. `-mno-avx512f`), or None when it cannot be built here."""
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        logger.info("no C compiler found: using the pure-torch attention path")
+    lib = _compiled("libomnistage_kernels.so", _SOURCES, (*_NATIVE_FLAGS, *extra_flags))
+    if lib is None:
         return None
-    source = b"".join(p.read_bytes() for p in _SOURCES) + " ".join(extra_flags).encode()
-    key = hashlib.sha256(source + compiler.encode() + _cpu_fingerprint().encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / key / "libomnistage_kernels.so"
-    if not target.exists():
-        try:
-            _build(compiler, target, extra_flags)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            logger.warning("building the C attention kernel failed (%s): using the torch path", exc)
-            return None
-    lib = ctypes.CDLL(str(target))
     decode_args = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
     for fn, last in (
         (lib.paged_decode_attention_f32, ctypes.c_void_p),  # the shared work counter
@@ -88,24 +109,63 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     return lib
 
 
-def _build(compiler: str, target: Path, extra_flags: tuple[str, ...]) -> None:
+@cache
+def load_quant() -> ctypes.CDLL | None:
+    """The quantized-matmul library (`quant_matmul.c`), or None when it cannot be built here.
+
+    Its functions take the ggml type id of the weights and an instruction-set
+    level (`ISA_*`; capped at what this CPU runs, `quant_best_isa()`).
+    """
+    if os.environ.get(_DISABLE_ENV):
+        return None
+    lib = _compiled("libomnistage_quant.so", _QUANT_SOURCES, _PORTABLE_FLAGS)
+    if lib is None:
+        return None
+    i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    matmul_args = [ptr] * 5 + [i64] * 3 + [i32] * 3  # x, w, bias, other, y, M, N, K, type, op, isa
+    signatures = {
+        "quant_matmul_f32": (None, [*matmul_args, ptr]),  # + the shared work counter
+        "quant_matmul_f32_team": (None, [*matmul_args, i32]),  # + the team's threads
+        # w, N, K, type, rows (or NULL), n_rows, out, isa
+        "quant_dequantize_rows_f32": (i32, [ptr, i64, i64, i32, ptr, i64, ptr, i32]),
+        "quant_block_elems": (i32, [i32]),
+        "quant_block_bytes": (i32, [i32]),
+        "quant_best_isa": (i32, []),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2
+"""Instruction-set levels of `load_quant()`'s kernels: portable C, AVX2 + FMA, AVX-512."""
+
+
+def _compiled(name: str, sources: list[Path], flags: tuple[str, ...]) -> ctypes.CDLL | None:
+    """`sources` built with `flags` into a shared library (cached), or None."""
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        logger.info("no C compiler found: using the pure-torch path instead of %s", name)
+        return None
+    source = b"".join(p.read_bytes() for p in sources) + " ".join(flags).encode()
+    key = hashlib.sha256(source + compiler.encode() + _cpu_fingerprint().encode()).hexdigest()[:16]
+    target = cache_root() / "kernels" / key / name
+    if not target.exists():
+        try:
+            _build(compiler, target, sources, flags)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            logger.warning("building %s failed (%s): using the torch path", name, exc)
+            return None
+    return ctypes.CDLL(str(target))
+
+
+def _build(compiler: str, target: Path, sources: list[Path], flags: tuple[str, ...]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [
-            compiler,
-            "-O3",
-            "-march=native",
-            "-fopenmp",
-            "-ffast-math",
-            "-shared",
-            "-fPIC",
-            *extra_flags,
-            *map(str, _SOURCES),
-            "-o",
-            str(out),
-            "-lm",
-        ]
+        cmd = [compiler, *flags, "-shared", "-fPIC", *map(str, sources), "-o", str(out), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True)
         os.replace(out, target)  # atomic: concurrent builders never see half a library
-    logger.info("built C attention kernel: %s", target)
+    logger.info("built C kernels: %s", target)

@@ -1,0 +1,313 @@
+"""`QuantizedLinear` and `QuantizedEmbedding`: weights kept in GGUF's quantized blocks.
+
+A GGUF file stores a matrix [N, K] as N rows of K / block_elems ggml blocks
+(Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, ...). These modules hold those bytes unchanged,
+as a uint8 tensor [N, row_bytes], so resident weight memory is the file's size
+and a batch-1 decode step reads the packed bytes instead of float32 (SmolLM2-
+135M: 85 MB per token instead of 540 MB).
+
+Products run in `kernels/quant_matmul.c`: a tile of W dequantized to float32
+in registers or L1 against float32 activations, so the result is the float32
+product with the dequantized weight up to summation order (no activation
+quantization). Where that kernel does not apply — no C compiler, a ggml type
+it does not know, an input that is not float32 on the CPU — the weight is
+dequantized for the call and `F.linear` runs instead (slow, for tests and
+fallbacks; `dequantize()` is also what float-dtype loading uses).
+
+`OMNISTAGE_QUANT_ISA` (`scalar`, `avx2`, `avx512`), read when a layer is built,
+caps the instruction set its kernels use, as the `isa` argument does; tests run
+every path on one machine with them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType, quants
+from gguf.constants import GGML_QUANT_SIZES
+from torch import nn
+
+from omnistage import kernels
+from omnistage.kernels import work_sharing
+
+KERNEL_TYPES = frozenset(
+    {
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q6_K,
+    }
+)
+"""The ggml types the C kernels run; other quantized types take the fallback."""
+
+ISA_ENV = "OMNISTAGE_QUANT_ISA"
+ISA_NAMES = {"scalar": kernels.ISA_SCALAR, "avx2": kernels.ISA_AVX2, "avx512": kernels.ISA_AVX512}
+
+PARALLEL_WEIGHT_BYTES = 1 << 18
+"""Weight bytes times rows of x from which a product is split between threads. Measured
+on Zen 4 (2 cores, batch 1, Q4_1): SmolLM2's 576->1536 (553 KB) runs 1.5x faster on two
+threads; 576->576 (207 KB, ~35 us) gains nothing, 576->192 (69 KB) loses."""
+
+
+_OPS = {"none": 0, "silu": 1, "mul": 2, "add": 3}
+
+
+def row_bytes(ggml_type: GGMLQuantizationType, in_features: int) -> int:
+    """Bytes of one row of `in_features` values stored as `ggml_type`."""
+    block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    if in_features % block_elems:
+        raise ValueError(
+            f"in_features: {in_features} is not a multiple of {ggml_type.name}'s "
+            f"block of {block_elems} values"
+        )
+    return in_features // block_elems * block_bytes
+
+
+def _as_uint8(data: Any) -> torch.Tensor:
+    """`data`'s bytes as a flat uint8 tensor: a tensor is viewed, anything else copied."""
+    if isinstance(data, torch.Tensor):
+        return data.detach().contiguous().view(torch.uint8).reshape(-1)
+    array = np.ascontiguousarray(np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data)
+    return torch.from_numpy(array.view(np.uint8).reshape(-1).copy())
+
+
+def _isa(override: int | None) -> int:
+    """`override`, else the level `OMNISTAGE_QUANT_ISA` names, else the best one."""
+    if override is not None:
+        return override
+    name = os.environ.get(ISA_ENV)
+    if name is None:
+        return kernels.ISA_AVX512  # the library caps it at what this CPU runs
+    if name not in ISA_NAMES:
+        raise ValueError(f"{ISA_ENV}: expected one of {sorted(ISA_NAMES)}, got {name!r}")
+    return ISA_NAMES[name]
+
+
+def _kernel_library(ggml_type: GGMLQuantizationType) -> Any:
+    return kernels.load_quant() if ggml_type in KERNEL_TYPES else None
+
+
+class _QuantizedMatrix(nn.Module):
+    """A matrix [rows, cols] held as the uint8 buffer `blocks` [rows, row_bytes]."""
+
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        ggml_type: GGMLQuantizationType,
+        rows: int,
+        cols: int,
+        isa: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.ggml_type = GGMLQuantizationType(ggml_type)
+        if self.ggml_type not in GGML_QUANT_SIZES:
+            raise ValueError(f"ggml_type: unknown type {ggml_type}")
+        expected = (rows, row_bytes(self.ggml_type, cols))
+        if blocks.dtype != torch.uint8 or blocks.numel() != expected[0] * expected[1]:
+            raise ValueError(
+                f"blocks: expected {expected[0] * expected[1]} uint8 bytes for a "
+                f"{self.ggml_type.name} matrix [{rows}, {cols}], got {blocks.numel()} {blocks.dtype}"
+            )
+        self.register_buffer("blocks", blocks.reshape(expected).contiguous())
+        self._type_id = int(self.ggml_type)
+        self.isa = _isa(isa)
+
+    def _dequantize_rows(self, rows: torch.Tensor | None, cols: int) -> torch.Tensor:
+        """float32 [len(rows), cols]: `rows` (int64, contiguous; None: all) dequantized."""
+        lib = _kernel_library(self.ggml_type)
+        if lib is None or self.blocks.device.type != "cpu":
+            if (
+                rows is not None
+                and rows.numel()
+                and not 0 <= rows.min() <= rows.max() < len(self.blocks)
+            ):
+                raise IndexError(f"row id out of range [0, {len(self.blocks)})")
+            picked = self.blocks if rows is None else self.blocks[rows]
+            values = quants.dequantize(picked.cpu().numpy(), self.ggml_type)
+            return torch.from_numpy(values).reshape(-1, cols).to(self.blocks.device)
+        n_rows = len(self.blocks) if rows is None else rows.numel()
+        out = torch.empty(n_rows, cols, dtype=torch.float32)
+        status = lib.quant_dequantize_rows_f32(
+            self.blocks.data_ptr(),
+            len(self.blocks),
+            cols,
+            int(self.ggml_type),
+            None if rows is None else rows.data_ptr(),
+            n_rows,
+            out.data_ptr(),
+            self.isa,
+        )
+        if status != 0:
+            raise IndexError(f"row id out of range [0, {len(self.blocks)})")
+        return out
+
+
+class QuantizedLinear(_QuantizedMatrix):
+    """`y = x W^T + b` with W [out_features, in_features] in a ggml quantized format.
+
+    The same interface as `models.linear.Linear`: `forward`, and the fused forms
+    `silu(x)`, `mul(x, other)`, `add(x, other)` (`silu(x W^T + b)`, `(x W^T + b) *
+    other`, `(x W^T + b) + other`), computed in the kernel's epilogue.
+    """
+
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        ggml_type: GGMLQuantizationType,
+        in_features: int,
+        out_features: int,
+        bias: torch.Tensor | None = None,
+        isa: int | None = None,
+    ) -> None:
+        super().__init__(blocks, ggml_type, out_features, in_features, isa)
+        self.in_features = in_features
+        self.out_features = out_features
+        if bias is not None and bias.shape != (out_features,):
+            raise ValueError(f"bias: expected shape ({out_features},), got {tuple(bias.shape)}")
+        # float32 whatever it came as: the kernels' epilogue adds it to float32 sums
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    @classmethod
+    def from_gguf_bytes(
+        cls,
+        data: Any,
+        ggml_type: GGMLQuantizationType | int,
+        in_features: int,
+        out_features: int,
+        bias: torch.Tensor | None = None,
+    ) -> QuantizedLinear:
+        """The layer over a GGUF tensor's raw bytes (bytes, a uint8 numpy array such as
+        `gguf.GGUFReader`'s `tensor.data`, copied; or a uint8 tensor, used as is).
+        GGUF lists the shape in this order too (ggml's [ne0, ne1]): `*tensor.shape`."""
+        return cls(
+            _as_uint8(data), GGMLQuantizationType(ggml_type), in_features, out_features, bias
+        )
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight [out_features, in_features] as floats."""
+        return self._dequantize_rows(None, self.in_features).to(dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"type={self.ggml_type.name}, bias={self.bias is not None}"
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "none", None)
+
+    def silu(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "silu", None)
+
+    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "mul", other)
+
+    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "add", other)
+
+    def _run(self, x: torch.Tensor, op: str, other: torch.Tensor | None) -> torch.Tensor:
+        # Called ~200 times per decode step of a small model: attribute reads of the
+        # buffers and reshapes of 2-D inputs are kept off this path.
+        lib = _kernel_library(self.ggml_type)
+        if (
+            lib is None
+            or x.dtype != torch.float32
+            or x.device.type != "cpu"
+            or x.shape[-1] != self.in_features
+            or (other is not None and other.dtype != torch.float32)
+        ):
+            return self._fallback(x, op, other)
+        out_shape = (*x.shape[:-1], self.out_features)
+        if other is not None and other.shape != out_shape:
+            return self._fallback(x, op, other)
+        x2 = (x if x.dim() == 2 else x.reshape(-1, self.in_features)).contiguous()
+        m = x2.shape[0]
+        y = torch.empty(m, self.out_features)
+        if m:
+            buffers = self._buffers
+            blocks, bias = buffers["blocks"], buffers["bias"]
+            if other is not None:
+                other = (other if other.dim() == 2 else other.reshape(y.shape)).contiguous()
+            work_sharing.run(
+                lib.quant_matmul_f32,
+                lib.quant_matmul_f32_team,
+                x2.data_ptr(),
+                blocks.data_ptr(),
+                None if bias is None else bias.data_ptr(),
+                None if other is None else other.data_ptr(),
+                y.data_ptr(),
+                m,
+                self.out_features,
+                self.in_features,
+                self._type_id,
+                _OPS[op],
+                self.isa,
+                parallel=blocks.numel() * m >= PARALLEL_WEIGHT_BYTES,
+            )
+        return y if x.dim() == 2 else y.reshape(out_shape)
+
+    def _fallback(self, x: torch.Tensor, op: str, other: torch.Tensor | None) -> torch.Tensor:
+        weight = self.dequantize(x.dtype).to(x.device)
+        bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
+        y = F.linear(x, weight, bias)
+        if op == "silu":
+            return F.silu(y)
+        if op == "mul":
+            return y.mul_(other)
+        if op == "add":
+            return y.add_(other)
+        return y
+
+
+class QuantizedEmbedding(_QuantizedMatrix):
+    """Token embeddings [num_embeddings, embedding_dim] in a ggml quantized format:
+    `forward(ids)` dequantizes the rows `ids` to float32. `as_linear()` is the tied
+    LM head over the same bytes."""
+
+    def __init__(
+        self,
+        blocks: torch.Tensor,
+        ggml_type: GGMLQuantizationType,
+        num_embeddings: int,
+        embedding_dim: int,
+        isa: int | None = None,
+    ) -> None:
+        super().__init__(blocks, ggml_type, num_embeddings, embedding_dim, isa)
+        self.num_embeddings = num_embeddings
+        self.embedding_dim = embedding_dim
+
+    @classmethod
+    def from_gguf_bytes(
+        cls,
+        data: Any,
+        ggml_type: GGMLQuantizationType | int,
+        num_embeddings: int,
+        embedding_dim: int,
+    ) -> QuantizedEmbedding:
+        """The table over a GGUF tensor's raw bytes (see `QuantizedLinear.from_gguf_bytes`;
+        GGUF lists the shape as [embedding_dim, num_embeddings])."""
+        return cls(_as_uint8(data), GGMLQuantizationType(ggml_type), num_embeddings, embedding_dim)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The table [num_embeddings, embedding_dim] as floats."""
+        return self._dequantize_rows(None, self.embedding_dim).to(dtype)
+
+    def as_linear(self) -> QuantizedLinear:
+        """`h -> h E^T`, a `QuantizedLinear` sharing this table's bytes (a tied LM head)."""
+        return QuantizedLinear(
+            self.blocks, self.ggml_type, self.embedding_dim, self.num_embeddings, isa=self.isa
+        )
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, type={self.ggml_type.name}"
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        return self._dequantize_rows(flat, self.embedding_dim).reshape(
+            *ids.shape, self.embedding_dim
+        )
