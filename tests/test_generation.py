@@ -158,3 +158,25 @@ def test_bfloat16_runs_and_stays_close_to_float32(tiny_llama):
     top32 = f32.logprobs[0][f32.token_ids[0]].logprob
     assert bf16.token_ids == f32.token_ids
     assert abs(bf16.logprobs[0][bf16.token_ids[0]].logprob - top32) < 0.1
+
+
+@pytest.mark.parametrize(
+    ("flags", "packed"),
+    [(frozenset({"avx2", "fma"}), False), (frozenset({"avx2", "avx512f", "avx512bw"}), True)],
+    ids=["zen2-avx2-only", "avx512bw"],
+)
+def test_bfloat16_packs_only_where_the_cpu_can(tiny_llama, monkeypatch, flags, packed):
+    """On an AVX2-only CPU (AMD Zen 2) oneDNN cannot pack bf16 weights: the linears stay plain
+    and the model still runs (it used to crash at start); with avx512bw they are packed."""
+    from omnistage.platforms import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "cpu_flags", lambda: flags)
+    llm = LLM(str(tiny_llama), dtype="bfloat16", async_scheduling=False)
+    model = llm.engine.core.executor.runner.model
+    kinds = {type(m) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert (cpu_linear.PackedLinear in kinds) == packed
+    if not packed:
+        assert not any(isinstance(m, cpu_linear.PackedLinear) for m in model.modules())
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    out = llm.generate({"prompt_token_ids": [11, 22, 33]}, params, use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4

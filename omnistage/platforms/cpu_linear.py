@@ -10,7 +10,9 @@ supports; float64 keeps plain `F.linear` (exact equivalence tests run there).
 
 from __future__ import annotations
 
+import functools
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -22,8 +24,33 @@ logger = logging.getLogger("omnistage")
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+BF16_PACKING_CPU_FLAGS = ("avx512bw", "avx_ne_convert", "amx_bf16")
+"""oneDNN reorders bf16 weights only on CPUs with one of these (else it raises in
+`_reorder_linear_weight`): Zen 4 and recent Intel have them, Zen 2 (AVX2 only) does not."""
+
+
 def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def packable_dtypes(flags: frozenset[str] | None = None) -> tuple[torch.dtype, ...]:
+    """The weight dtypes oneDNN can pack on this CPU (`flags`: its feature flags)."""
+    flags = cpu_flags() if flags is None else flags
+    if any(f in flags for f in BF16_PACKING_CPU_FLAGS):
+        return PACKABLE_DTYPES
+    return (torch.float32,)
 
 
 class PackedLinear(Linear):
@@ -57,16 +84,27 @@ def pack_linears(model: nn.Module) -> int:
     """Replace every `nn.Linear` of `model` by a `PackedLinear`; returns how many were packed."""
     if not onednn_available():
         return 0
+    dtypes = packable_dtypes()
+    if torch.bfloat16 not in dtypes and _has_linear(model, torch.bfloat16):
+        logger.info(
+            "bfloat16 linears stay unpacked (plain F.linear): this CPU has none of %s, "
+            "which oneDNN's bf16 weight packing needs",
+            ", ".join(BF16_PACKING_CPU_FLAGS),
+        )
     targets = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
         and not isinstance(child, PackedLinear)
-        and child.weight.dtype in PACKABLE_DTYPES
+        and child.weight.dtype in dtypes
     ]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child))
     if targets:
         logger.info("packed %d linear layers for oneDNN", len(targets))
     return len(targets)
+
+
+def _has_linear(model: nn.Module, dtype: torch.dtype) -> bool:
+    return any(isinstance(m, nn.Linear) and m.weight.dtype == dtype for m in model.modules())
