@@ -2,17 +2,18 @@
 
 Requests arrive with their prompt, resolved parameters and (for models that
 need them) prior tokens. They wait until there is room (`max_num_seqs`
-running), then are admitted together: one `encode` call for all of them,
-their own noise scheduler each, their initial noise from their own seed.
+running), then are admitted together: their prompts encoded, their own noise
+scheduler each, their initial noise from their own seed.
 
 Every `step()` runs one denoising step for one batch: the running requests of
 the oldest request's kind (equal height, width and step count), oldest
 first, up to `max_batch`, at whatever step each has reached (their
 timesteps go along per row). Each request's latents move with its own
-scheduler, so a request's image depends only on its prompt, parameters and
-seed — not on what shared its steps. A request whose last step ran is
-decoded in the same call (all finishing requests of the batch in one VAE
-call) and leaves the engine.
+scheduler, and the model runs on each request's own tensors (encode, predict,
+decode one request per call: a batched call's GEMM blocking depends on the
+batch size), so a request's image depends only on its prompt, parameters and
+seed — bit for bit, whatever shared its steps or when it joined. A request
+whose last step ran is decoded and leaves the engine.
 
 `abort(request_id)` forgets a request wherever it is; nothing else holds it.
 """
@@ -102,7 +103,11 @@ class DiffusionEngine:
         admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         if not admitted:
             return
-        conditions = self.model.encode([item for _, item, _ in admitted])
+        # One request at a time here and below (encode, predict, decode): batched GEMMs and
+        # convolutions pick their blocking by batch size, so a batched call would make a
+        # seeded image depend on its neighbours. Step-level scheduling stays (requests still
+        # advance together, join and leave between steps); the math is per request.
+        conditions = [self.model.encode([item])[0] for _, item, _ in admitted]
         for (request_id, item, order), condition in zip(admitted, conditions, strict=True):
             self.running[request_id] = _Running(
                 request_id=request_id,
@@ -125,11 +130,13 @@ class DiffusionEngine:
             return []
         batch = self._next_batch()
         timesteps = torch.stack([r.scheduler.timesteps[r.step] for r in batch])
-        pred = self.model.predict(
-            torch.cat([r.latents for r in batch]),
-            timesteps,
-            [r.condition for r in batch],
-            [r.params.guidance_scale for r in batch],
+        pred = torch.cat(
+            [
+                self.model.predict(
+                    r.latents, timesteps[i : i + 1], [r.condition], [r.params.guidance_scale]
+                )
+                for i, r in enumerate(batch)
+            ]
         )
         self.num_steps_run += 1
         for row, request in enumerate(batch):
@@ -141,7 +148,7 @@ class DiffusionEngine:
             )[0]
             request.step += 1
         done = [r for r in batch if r.step >= r.num_steps]
-        images = self.model.decode(torch.cat([r.latents for r in done])) if done else None
+        images = [self.model.decode(r.latents)[0] for r in done] if done else None
         events = []
         for request in batch:
             finished = request.step >= request.num_steps

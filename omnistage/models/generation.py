@@ -92,24 +92,19 @@ class TinyCodeVocoder(GenerationModel):
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         # Causal: the rows after a chunk's own (right context) change nothing; not decoded.
-        inputs = [item.rows[: item.own_end] for item in items]
-        outputs: list[torch.Tensor | None] = [None] * len(inputs)
-        by_length: dict[int, list[int]] = {}
-        for i, codes in enumerate(inputs):
-            by_length.setdefault(codes.numel(), []).append(i)
-        for length, group in by_length.items():  # one batched call per input length
-            if length == 0:
-                for i in group:
-                    outputs[i] = torch.zeros(0, dtype=torch.float32)
-                continue
-            codes = torch.stack([inputs[i].long() for i in group])  # [B, T]
-            x = self.embed(codes).transpose(1, 2)  # [B, hidden, T]
-            for conv in self.convs:
-                x = torch.tanh(conv(nn.functional.pad(x, (self.kernel_size - 1, 0))))
-            samples = torch.tanh(self.out(x.transpose(1, 2)))  # [B, T, samples_per_code]
-            for row, i in enumerate(group):
-                outputs[i] = samples[row, items[i].context_len :].reshape(-1).float()
-        return outputs
+        # One item per call, as the real vocoders do: a batched convolution may sum in another
+        # order than the same row alone, and a seeded audio must not depend on its neighbours.
+        return [self._generate_one(item) for item in items]
+
+    def _generate_one(self, item: GenerationItem) -> torch.Tensor:
+        codes = item.rows[: item.own_end]
+        if codes.numel() == 0:
+            return torch.zeros(0, dtype=torch.float32)
+        x = self.embed(codes.long()[None]).transpose(1, 2)  # [1, hidden, T]
+        for conv in self.convs:
+            x = torch.tanh(conv(nn.functional.pad(x, (self.kernel_size - 1, 0))))
+        samples = torch.tanh(self.out(x.transpose(1, 2)))  # [1, T, samples_per_code]
+        return samples[0, item.context_len :].reshape(-1).float()
 
 
 def load_part_module(module: nn.Module, path: Path, prefix: str, what: str) -> None:

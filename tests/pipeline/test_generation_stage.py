@@ -103,3 +103,19 @@ def test_without_right_context_every_chunk_decodes_at_once(tiny_omni):
     assert outputs[-1].numel() == 0  # the empty last chunk only finishes the request
     (whole,) = core.model.generate([GenerationItem(codes)])
     assert torch.equal(torch.cat(outputs), whole)
+
+
+def test_tiny_vocoder_audio_is_bit_identical_alone_and_among_others():
+    """float32: an item's audio is the same whatever else is in the call (10 compositions)."""
+    from omnistage.models.generation import TinyCodeVocoder
+
+    torch.manual_seed(0)
+    config = {"hidden_size": 32, "kernel_size": 3, "num_layers": 2, "vocab_size": 64}
+    model = TinyCodeVocoder(config | {"samples_per_code": 8, "sample_rate": 800}, torch.float32)
+    items = [GenerationItem(torch.randint(0, 64, (6 + i % 3,))) for i in range(9)]
+    alone = [model.generate([item])[0] for item in items]
+    for trial in range(10):
+        chosen = list(range(9))[trial % 9 :][: 2 + trial % 7]
+        together = model.generate([items[i] for i in chosen])
+        for i, audio in zip(chosen, together, strict=True):
+            assert torch.equal(audio, alone[i]), (trial, i)
