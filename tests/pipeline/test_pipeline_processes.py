@@ -7,33 +7,14 @@ import asyncio
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from omnistage.pipeline.omni import AsyncOmni, Omni
 from omnistage.testing.tiny_pipeline import tiny_pipeline_deploy
+from tests.process_helpers import descendants
 
 PROMPTS = ["hello world", "abc", "the quick brown fox jumps", "omni"]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, parent in parents.items() if parent == p]
-        found.update(kids)
-        todo += kids
-    return found
 
 
 def shm_segments(namespace: str) -> list[str]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
 from omnistage.child import ChildError, start_child
+from tests.process_helpers import alive
 from tests.processes import child_targets
 
 
@@ -97,14 +97,6 @@ def test_a_dropped_child_is_ended(form):
         child.channel.close()  # the target sees EOF and returns
         del child
     deadline = time.monotonic() + 30
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert not alive(pid)

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from omnistage.pipeline.connectors.shm import namespace_segments
+from tests.process_helpers import alive, descendants
 
 EXIT_WITHIN_S = 2.0
 
@@ -38,32 +39,6 @@ print("READY", omni.orchestrator.namespace, flush=True)
 while True:
     omni.generate(["hello world", "abc"])
 """
-
-
-def _descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, todo = set(), [pid]
-    while todo:
-        pid = todo.pop()
-        kids = [c for c, parent in parents.items() if parent == pid]
-        found.update(kids)
-        todo += kids
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _shm() -> set[str]:
@@ -95,7 +70,7 @@ def start():
 
     yield start
     for proc in started:  # whatever the test's outcome, nothing keeps running
-        for pid in _descendants(proc.pid):
+        for pid in descendants(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.kill()
@@ -119,7 +94,7 @@ def _wait_for_line(proc: subprocess.Popen, marker: str, timeout: float = 300) ->
 def _stop_and_check(proc: subprocess.Popen, signum: int, shm: Callable[[], set[str]]) -> float:
     """Signal `proc` mid-work; return how long it took to exit, having checked that its
     children are gone and that `shm()` (its shared-memory segments) is empty."""
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     assert children, "the engine should run at least one child process"
     time.sleep(0.5)  # mid-work
     start = time.monotonic()
@@ -131,9 +106,9 @@ def _stop_and_check(proc: subprocess.Popen, signum: int, shm: Callable[[], set[s
         raise AssertionError("did not exit within 30 s") from None
     elapsed = time.monotonic() - start
     deadline = time.monotonic() + 5  # an orphan would be reparented, not reaped, at once
-    while any(_alive(c) for c in children) and time.monotonic() < deadline:
+    while any(alive(c) for c in children) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [c for c in children if _alive(c)], "child processes left behind"
+    assert not [c for c in children if alive(c)], "child processes left behind"
     assert not shm(), "shared-memory segments left behind"
     return elapsed
 
