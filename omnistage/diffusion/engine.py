@@ -9,11 +9,17 @@ Every `step()` runs one denoising step for one batch: the running requests of
 the oldest request's kind (equal height, width and step count), oldest
 first, up to `max_batch`, at whatever step each has reached (their
 timesteps go along per row). Each request's latents move with its own
-scheduler, and the model runs on each request's own tensors (encode, predict,
-decode one request per call: a batched call's GEMM blocking depends on the
-batch size), so a request's image depends only on its prompt, parameters and
-seed — bit for bit, whatever shared its steps or when it joined. A request
-whose last step ran is decoded and leaves the engine.
+scheduler, and no request's floats depend on its neighbours (a batched GEMM
+sums in an order chosen by the batch's size): prompts are encoded one request
+per call; the denoising model and the decoder run either one request per call
+or, for small latents (and, for denoising, a model that supports it), on the
+whole batch padded to a fixed row count (`2 * max_batch` rows to denoise,
+`max_batch` to decode: every call has the same shape, so each row is computed
+the same way whoever shares it — batching is where a tiny model's throughput
+comes from). A request's image therefore depends only
+on its prompt, parameters and seed — bit for bit, whatever shared its steps or
+when it joined. A request whose last step ran is decoded and leaves the
+engine.
 
 `abort(request_id)` forgets a request wherever it is; nothing else holds it.
 """
@@ -29,6 +35,11 @@ import torch
 
 from omnistage.diffusion.model import DiffusionInput, DiffusionModel
 from omnistage.diffusion.params import ResolvedDiffusionParams
+
+PADDED_LATENT_LIMIT = 4096
+"""Largest latent (elements per request; 256x256 pixels through an 8x, 4-channel VAE) whose
+batches run padded in one call. Above it a request's own rows fill the GEMMs and one call per
+request costs little."""
 
 
 @dataclass
@@ -103,10 +114,8 @@ class DiffusionEngine:
         admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
         if not admitted:
             return
-        # One request at a time here and below (encode, predict, decode): batched GEMMs and
-        # convolutions pick their blocking by batch size, so a batched call would make a
-        # seeded image depend on its neighbours. Step-level scheduling stays (requests still
-        # advance together, join and leave between steps); the math is per request.
+        # One request per call (as decode below): a batched call's GEMMs and convolutions
+        # would sum in an order chosen by the batch size.
         conditions = [self.model.encode([item])[0] for _, item, _ in admitted]
         for (request_id, item, order), condition in zip(admitted, conditions, strict=True):
             self.running[request_id] = _Running(
@@ -124,13 +133,16 @@ class DiffusionEngine:
         same = [r for r in self.running.values() if r.params.batch_key == oldest.params.batch_key]
         return sorted(same, key=lambda r: r.order)[: self.max_batch]
 
-    def step(self) -> list[DiffusionEvent]:
-        self._admit()
-        if not self.running:
-            return []
-        batch = self._next_batch()
-        timesteps = torch.stack([r.scheduler.timesteps[r.step] for r in batch])
-        pred = torch.cat(
+    def _predict(self, batch: list[_Running], timesteps: torch.Tensor) -> torch.Tensor:
+        if self.model.supports_padded_rows and batch[0].latents.numel() <= PADDED_LATENT_LIMIT:
+            return self.model.predict(
+                torch.cat([r.latents for r in batch]),
+                timesteps,
+                [r.condition for r in batch],
+                [r.params.guidance_scale for r in batch],
+                pad_rows_to=2 * self.max_batch,
+            )
+        return torch.cat(
             [
                 self.model.predict(
                     r.latents, timesteps[i : i + 1], [r.condition], [r.params.guidance_scale]
@@ -138,6 +150,21 @@ class DiffusionEngine:
                 for i, r in enumerate(batch)
             ]
         )
+
+    def _decode(self, done: list[_Running]) -> list[torch.Tensor]:
+        if done[0].latents.numel() <= PADDED_LATENT_LIMIT:  # one call of max_batch rows
+            latents = [r.latents for r in done]
+            latents += latents[:1] * (self.max_batch - len(done))
+            return list(self.model.decode(torch.cat(latents))[: len(done)])
+        return [self.model.decode(r.latents)[0] for r in done]
+
+    def step(self) -> list[DiffusionEvent]:
+        self._admit()
+        if not self.running:
+            return []
+        batch = self._next_batch()
+        timesteps = torch.stack([r.scheduler.timesteps[r.step] for r in batch])
+        pred = self._predict(batch, timesteps)
         self.num_steps_run += 1
         for row, request in enumerate(batch):
             request.latents = request.scheduler.step(
@@ -148,7 +175,7 @@ class DiffusionEngine:
             )[0]
             request.step += 1
         done = [r for r in batch if r.step >= r.num_steps]
-        images = [self.model.decode(r.latents)[0] for r in done] if done else None
+        images = self._decode(done) if done else None
         events = []
         for request in batch:
             finished = request.step >= request.num_steps

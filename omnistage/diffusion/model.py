@@ -117,6 +117,9 @@ class DiffusionModel(ABC):
     needs_prior_tokens: ClassVar[bool] = False
     """Whether requests must bring `prior_token_ids` (from an upstream AR stage)."""
 
+    supports_padded_rows: ClassVar[bool] = False
+    """Whether `predict` takes `pad_rows_to` (batched calls of one fixed shape)."""
+
     default_height: int = 1024
     default_width: int = 1024
     default_steps: int = 50
@@ -207,10 +210,14 @@ class DiffusionModel(ABC):
         timesteps: torch.Tensor,
         conditions: list[Any],
         guidance_scales: list[float],
+        pad_rows_to: int = 0,
     ) -> torch.Tensor:
         """The guided model output for a batch (`[B, *latent_shape]`), requests of one size
         and step count, `timesteps` their schedulers' current timesteps (`[B]`). Requests
-        with guidance scale > 1 run their unconditional branch in the same call."""
+        with guidance scale > 1 run their unconditional branch in the same call. With
+        `pad_rows_to` (only where `supports_padded_rows`), the model runs on exactly that
+        many rows (conditional + unconditional, filled with copies): every call then has one
+        shape, and a row's floats do not depend on the batch."""
 
     @abstractmethod
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -61,6 +61,7 @@ def _settings(path: Path) -> dict[str, Any]:
 
 class TextDiT(DiffusionModel):
     pipeline_class_names = ("OmnistageTextToImagePipeline",)
+    supports_padded_rows = True
 
     def __init__(
         self,
@@ -179,15 +180,21 @@ class TextDiT(DiffusionModel):
         timesteps: torch.Tensor,
         conditions: list[_Caption],
         guidance_scales: list[float],
+        pad_rows_to: int = 0,
     ) -> torch.Tensor:
         guided = [i for i, g in enumerate(guidance_scales) if g > 1.0]
-        rows = torch.cat([latents, latents[guided]])
-        steps = torch.cat([timesteps, timesteps[guided]]).to(self.dtype)
+        fill = [0] * max(0, pad_rows_to - len(conditions) - len(guided))
+        rows = torch.cat([latents, latents[guided], latents[fill]])
+        steps = torch.cat([timesteps, timesteps[guided], timesteps[fill]]).to(self.dtype)
         embeds = torch.cat(
-            [c.embeds for c in conditions] + [conditions[i].negative_embeds for i in guided]
+            [c.embeds for c in conditions]
+            + [conditions[i].negative_embeds for i in guided]
+            + [conditions[i].embeds for i in fill]
         )
         mask = torch.cat(
-            [c.mask for c in conditions] + [conditions[i].negative_mask for i in guided]
+            [c.mask for c in conditions]
+            + [conditions[i].negative_mask for i in guided]
+            + [conditions[i].mask for i in fill]
         )
         out = self.transformer(
             hidden_states=rows,
@@ -199,7 +206,7 @@ class TextDiT(DiffusionModel):
         )[0]
         pred = out[: latents.shape[0]].clone()
         if guided:
-            uncond = out[latents.shape[0] :]
+            uncond = out[latents.shape[0] : latents.shape[0] + len(guided)]
             scales = torch.tensor([guidance_scales[i] for i in guided], dtype=out.dtype)
             scales = scales.to(out.device).view(-1, *[1] * (out.dim() - 1))
             pred[guided] = uncond + scales * (pred[guided] - uncond)
