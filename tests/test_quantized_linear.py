@@ -98,6 +98,24 @@ def test_kernel_matches_dequantized_reference(ggml_type, isa):
 @needs_kernels
 @pytest.mark.parametrize("isa", ALL_ISAS)
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
+def test_a_row_is_the_same_alone_and_in_any_batch(ggml_type, isa):
+    """Batch invariance: the small-M and the tiled paths sum in one order, so a row's output
+    is bit-identical alone, at any position of a batch of any size, and on several threads
+    (speculative verification must equal plain decode; batched must equal alone)."""
+    n, k = shape_for(ggml_type)
+    layer, _, _ = make_layer(ggml_type, n, k, bias=True, isa=isa, seed=5)
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(6))
+    full = layer.silu(x)
+    for i in (0, 3, 69):
+        assert torch.equal(layer.silu(x[i : i + 1])[0], full[i])
+    for m in (2, 3, 4, 5, 8, 17, 33):
+        assert torch.equal(layer.silu(x[:m]), full[:m])
+        assert torch.equal(layer.silu(x[70 - m :]), full[70 - m :])
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ALL_ISAS)
+@pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_kernel_dequantize_matches_gguf(ggml_type, isa):
     layer, weight, _ = make_layer(ggml_type, *shape_for(ggml_type), isa=isa)
     assert torch.equal(layer.dequantize().double(), weight)

@@ -16,6 +16,12 @@
  *   a buffer that stays in L1 while every row of x passes over it; the inner
  *   kernel is a register-blocked dot product (4 rows of x by 4 of W, one
  *   vector accumulator each, reduced once per tile).
+ * Batch invariance: whatever M and whichever path, every output is summed the same
+ * way — over K in chunks of KC values, each chunk in one vector accumulator per
+ * (x row, W row) (lane l takes the values l, l + width, ...), its lanes reduced by
+ * one fixed tree, the chunks added in order. So a row's result does not depend on
+ * the rows it is batched with (batched = alone, speculative verification = plain
+ * decode, bit for bit).
  * llama.cpp's way (x quantized to 8 bits per 32-block, integer dot products)
  * was measured too: a prototype ran batch-1 Q4_1 about 1.7x faster on Zen 4
  * (VNNI), but its results are ~0.4 % of the output scale away from the
@@ -49,6 +55,8 @@ enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3 };
 
 #define UNIT_ROWS 16   /* rows of W per unit of work */
 #define BUF_FLOATS 4096 /* the dequantized tile: 16 KB */
+#define KC 256          /* values of K summed before a reduction (a multiple of every block) */
+#define TILE_ROWS (BUF_FLOATS / KC)
 #define INLINE static inline __attribute__((always_inline))
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -280,25 +288,6 @@ static void chunk_scalar(const float *x, int64_t ldx, int64_t M, const float *w,
 }
 
 #if QM_X86
-/* Lane t of the result: the sum of the lanes of v[t] (as in paged_attention.c). */
-AVX512 INLINE __m512 sum_lanes16(const __m512 v[16])
-{
-    __m512 w[8], x[4];
-    for (int i = 0; i < 8; i++)
-        w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int j = 0; j < 4; j++) {
-        const __m512d a = _mm512_castps_pd(w[2 * j]), b = _mm512_castps_pd(w[2 * j + 1]);
-        x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    const __m512 p01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
-                                     _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
-    const __m512 p23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88),
-                                     _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(p01, p23, 0x88), _mm512_shuffle_f32x4(p01, p23, 0xDD));
-}
-
 /* Lane j of the result: the sum of the lanes of v[j], j < 4. */
 AVX512 INLINE __m128 sum_lanes4_512(__m512 v0, __m512 v1, __m512 v2, __m512 v3)
 {
@@ -345,18 +334,10 @@ AVX512 INLINE void tile512(const float *x, int64_t ldx, const float *w, int64_t 
             acc[m][3] = _mm512_fmadd_ps(a, b3, acc[m][3]);
         }
     }
-    if (MR == 1) {
-        put4(y, sum_lanes4_512(acc[0][0], acc[0][1], acc[0][2], acc[0][3]), nr, accumulate);
-        return;
-    }
-    __m512 v[16];
-    for (int m = 0; m < 4; m++)
-        for (int j = 0; j < 4; j++) v[4 * m + j] = m < MR ? acc[m][j] : _mm512_setzero_ps();
-    const __m512 s = sum_lanes16(v);
-    put4(y, _mm512_castps512_ps128(s), nr, accumulate);
-    put4(y + ldy, _mm512_extractf32x4_ps(s, 1), nr, accumulate);
-    if (MR > 2) put4(y + 2 * ldy, _mm512_extractf32x4_ps(s, 2), nr, accumulate);
-    if (MR > 3) put4(y + 3 * ldy, _mm512_extractf32x4_ps(s, 3), nr, accumulate);
+    /* the same reduction per (x row, W row) as the small-M kernel's (batch invariance) */
+    for (int m = 0; m < MR; m++)
+        put4(y + m * ldy, sum_lanes4_512(acc[m][0], acc[m][1], acc[m][2], acc[m][3]), nr,
+             accumulate);
 }
 
 AVX512 static void chunk_avx512(const float *x, int64_t ldx, int64_t M, const float *w,
@@ -497,9 +478,10 @@ AVX512 INLINE void fused512(const float *x, int64_t K, const uint8_t *w, int64_t
     const uint8_t *r1 = w + (rows > 1 ? row_bytes : 0), *r2 = w + (rows > 2 ? 2 * row_bytes : 0),
                   *r3 = w + (rows > 3 ? 3 * row_bytes : 0);
     __m512 acc[4][4];
-    for (int m = 0; m < MR; m++)
-        for (int r = 0; r < 4; r++) acc[m][r] = _mm512_setzero_ps();
     for (int64_t j = 0; j < K / 32; j++) {
+        if (j % (KC / 32) == 0)
+            for (int m = 0; m < MR; m++)
+                for (int r = 0; r < 4; r++) acc[m][r] = _mm512_setzero_ps();
         const int64_t ahead = PREFETCH_ROWS * row_bytes + j * block_bytes(type) * 32 / block_elems(type);
         __m512 xl[4], xh[4], lo, hi;
         for (int m = 0; m < MR; m++) {
@@ -516,9 +498,11 @@ AVX512 INLINE void fused512(const float *x, int64_t K, const uint8_t *w, int64_t
         QM_ROW(2, r2)
         QM_ROW(3, r3)
 #undef QM_ROW
+        if ((j + 1) % (KC / 32) == 0 || j + 1 == K / 32) /* a chunk of KC values ends */
+            for (int m = 0; m < MR; m++)
+                put4(y + m * ldy, sum_lanes4_512(acc[m][0], acc[m][1], acc[m][2], acc[m][3]),
+                     rows, j >= KC / 32);
     }
-    for (int m = 0; m < MR; m++)
-        put4(y + m * ldy, sum_lanes4_512(acc[m][0], acc[m][1], acc[m][2], acc[m][3]), rows, 0);
 }
 
 #define QM_FUSED_TYPES(fn, ...)                       \
@@ -613,9 +597,10 @@ AVX2 INLINE void fused256(const float *x, int64_t K, const uint8_t *w, int64_t r
     const uint8_t *rp[4];
     for (int r = 0; r < 4; r++) rp[r] = w + (rows > r ? r * row_bytes : 0);
     __m256 acc[2][4];
-    for (int m = 0; m < MR; m++)
-        for (int r = 0; r < 4; r++) acc[m][r] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < K / 32; j++)
+    for (int64_t j = 0; j < K / 32; j++) {
+        if (j % (KC / 32) == 0)
+            for (int m = 0; m < MR; m++)
+                for (int r = 0; r < 4; r++) acc[m][r] = _mm256_setzero_ps();
         for (int r = 0; r < 4; r++) {
             __m256 v[4];
             _mm_prefetch((const char *)rp[r] + PREFETCH_ROWS * row_bytes +
@@ -626,8 +611,11 @@ AVX2 INLINE void fused256(const float *x, int64_t K, const uint8_t *w, int64_t r
                 for (int i = 0; i < 4; i++)
                     acc[m][r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + m * K + 32 * j + 8 * i), v[i], acc[m][r]);
         }
-    for (int m = 0; m < MR; m++)
-        put4(y + m * ldy, sum_lanes4_256(acc[m][0], acc[m][1], acc[m][2], acc[m][3]), rows, 0);
+        if ((j + 1) % (KC / 32) == 0 || j + 1 == K / 32) /* a chunk of KC values ends */
+            for (int m = 0; m < MR; m++)
+                put4(y + m * ldy, sum_lanes4_256(acc[m][0], acc[m][1], acc[m][2], acc[m][3]),
+                     rows, j >= KC / 32);
+    }
 }
 
 AVX2 INLINE void fused256_m(const float *x, int64_t K, const uint8_t *w, int64_t row_bytes,
@@ -715,19 +703,18 @@ struct isa_ops {
     epilogue_fn epilogue;
     small_fn small;  /* NULL: small M goes through the tile buffer too */
     int64_t small_m; /* the most rows of x `small` takes */
-    int64_t mr;      /* rows of x per inner tile */
 };
 
 static struct isa_ops ops_for(int isa)
 {
 #if QM_X86
     if (isa >= ISA_AVX512 && quant_best_isa() >= ISA_AVX512)
-        return (struct isa_ops){dequant_avx512, chunk_avx512, epilogue_avx512, small_avx512, 4, 4};
+        return (struct isa_ops){dequant_avx512, chunk_avx512, epilogue_avx512, small_avx512, 4};
     if (isa >= ISA_AVX2 && quant_best_isa() >= ISA_AVX2)
-        return (struct isa_ops){dequant_avx2, chunk_avx2, epilogue_avx2, small_avx2, 2, 2};
+        return (struct isa_ops){dequant_avx2, chunk_avx2, epilogue_avx2, small_avx2, 2};
 #endif
     (void)isa;
-    return (struct isa_ops){dequant_scalar, chunk_scalar, epilogue_scalar, 0, 0, 1};
+    return (struct isa_ops){dequant_scalar, chunk_scalar, epilogue_scalar, 0, 0};
 }
 
 /* y[M,N] = op(x[M,K] . W[N,K]^T + bias); `bias` and `other` ([M,N]) may be NULL.
@@ -739,11 +726,9 @@ void quant_matmul_f32(const float *x, const uint8_t *w, const float *bias, const
     const struct isa_ops ops = ops_for(isa);
     const int64_t be = block_elems(type), bb = block_bytes(type);
     const int64_t row_bytes = K / be * bb;
-    /* Tile shape: with one inner tile of x rows the tile is used once, so make it long
-     * (fewer reductions); with more, short and tall so that it stays in L1 while every
-     * x row passes over it. KC is a multiple of 256, hence of every block size. */
-    const int64_t rows_per_tile = M <= ops.mr ? 4 : UNIT_ROWS;
-    const int64_t kc_max = BUF_FLOATS / rows_per_tile / 256 * 256;
+    /* The tile: TILE_ROWS rows of W by KC values, in L1 while every x row passes over
+     * it; KC is also the reduction chunk of the small-M kernels (batch invariance). */
+    const int64_t rows_per_tile = TILE_ROWS, kc_max = KC;
     float buf[BUF_FLOATS] __attribute__((aligned(64)));
     const int64_t units = (N + UNIT_ROWS - 1) / UNIT_ROWS;
     for (;;) {
