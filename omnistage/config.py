@@ -74,7 +74,9 @@ class EngineConfig:
     """Which part of a multi-part checkpoint this stage runs (e.g. "thinker" of Qwen3-Omni)."""
 
     dtype: str = "auto"
-    """Weight and activation dtype: auto (= float32), float32, bfloat16, float16, float64."""
+    """Weight and activation dtype: auto, float32, bfloat16, float16, float64. `auto` is
+    float32, except that a GGUF model keeps its quantized weights as the file stores them
+    (float32 activations); a named dtype dequantizes them."""
 
     max_model_len: int | None = None
     """Longest prompt + output a request may have; defaults to the model's own context length."""
@@ -190,6 +192,11 @@ class EngineConfig:
     def speculative(self) -> SpeculativeConfig | None:
         """The parsed `speculative_config` (None: no speculation)."""
         return SpeculativeConfig.parse(self.speculative_config)
+
+    @property
+    def keeps_quantized_weights(self) -> bool:
+        """A GGUF model's quantized weights stay quantized (`dtype` left at auto)."""
+        return self.dtype == "auto"
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -152,9 +152,13 @@ def llama_cpp_rope_freqs(params: dict, head_dim: int) -> np.ndarray:
 
 
 def write_gguf(
-    path: Path, model: transformers.PreTrainedModel, arch: str
+    path: Path,
+    model: transformers.PreTrainedModel,
+    arch: str,
+    types: dict[str, Q] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Write `model` as llama.cpp would; return the HF state dict the file encodes.
+    `types`: the GGUF tensor names stored quantized (or F16), everything else F32.
 
     Quantized tensors encode their quantize->dequantize round trip, not the original.
     """
@@ -183,7 +187,7 @@ def write_gguf(
             continue
         data = tensor.numpy()
         gname = gguf_name(name)
-        qtype = _TENSOR_TYPES.get(gname, Q.F32)
+        qtype = (_TENSOR_TYPES if types is None else types).get(gname, Q.F32)
         stored = gguf.quants.quantize(data, qtype)
         expected[name] = torch.from_numpy(gguf.quants.dequantize(stored, qtype).astype(np.float32))
         if arch == "llama" and (".attn_q." in gname or ".attn_k." in gname):
@@ -354,7 +358,10 @@ def test_tiny_gguf_resolve_with_tokenizer_and_cache(tmp_path, monkeypatch):
     assert resolve_model(str(path)).path == files.path
     assert json.loads(marker_path.read_text())["converter"] == gguf_cache.converter_fingerprint()
 
+    # Keyed by content: a touched file keeps its cache, a changed one gets another.
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    assert resolve_model(str(path)).path == files.path
+    write_gguf(path, tiny_model("llama", rms_norm_eps=1e-6), "llama")
     assert resolve_model(str(path)).path != files.path
 
 

@@ -29,6 +29,11 @@ from omnistage.core.process_executor import ProcessExecutor
 from omnistage.core.scheduler import Scheduler
 from omnistage.engine.worker_launch import WORKER_RUNNER, LaunchedWorker, launch_worker
 from omnistage.models.base import CausalLM
+from omnistage.models.gguf_quantized import (
+    install_quantized,
+    quantized_groups,
+    read_quantized_weights,
+)
 from omnistage.models.loader import (
     ModelFiles,
     iter_weights,
@@ -69,13 +74,22 @@ def build_model(
     dtype: torch.dtype,
     max_model_len: int,
     phases: StartupPhases | None = None,
+    keep_quantized: bool = False,
 ) -> CausalLM:
+    """The model with its weights; with `keep_quantized`, a GGUF's quantized weights stay in
+    their blocks (`gguf_quantized`) and only the rest loads as floats."""
     phases = phases or StartupPhases()
     cls = model_class_for(hf_config)
     with phases.phase("model build"), _skip_weight_init():
         model = cls(hf_config, dtype, max_model_len)
     with phases.phase("weights"):
-        loaded = model.load_weights(part_weights(iter_weights(files.path), hf_config))
+        groups, quantized = [], {}
+        if keep_quantized and files.gguf is not None and dtype == torch.float32:
+            quantized = read_quantized_weights(files.gguf, hf_config)
+            groups = quantized_groups(model, quantized)
+        skip = {name for group in groups for name in group.hf_names}
+        loaded = model.load_weights(part_weights(iter_weights(files.path, skip=skip), hf_config))
+        install_quantized(model, groups, quantized)
     missing = sorted(model.expected_weight_names() - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
@@ -151,7 +165,9 @@ def build_runner(
     platform = platform_for(config.device)
     platform.configure_threads(config.num_threads, text_hidden_size(hf_config))
     dtype = config.torch_dtype
-    model = build_model(files, hf_config, dtype, config.max_model_len, phases)
+    model = build_model(
+        files, hf_config, dtype, config.max_model_len, phases, config.keeps_quantized_weights
+    )
     model = model.to(platform.device)
     mtp = _mtp_module(config, model)
     with phases.phase("platform preparation (weight packing)"):

@@ -2,9 +2,9 @@
 
 `cached_gguf_checkpoint(path)` returns the converted directory, converting on
 first use into a temporary sibling that is renamed into place (atomic: a
-concurrent process never sees half a cache). A marker file records the
-converter's fingerprint and every file's size; a stale or damaged cache is
-rebuilt.
+concurrent process never sees half a cache). The directory is keyed by the
+GGUF's SHA-256 (`content_digest`). A marker file records the converter's
+fingerprint and every file's size; a stale or damaged cache is rebuilt.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omnistage.cache import cache_root
 
-_CONVERTER_SOURCE = Path(__file__).with_name("gguf_loader.py")
+_CONVERTER_SOURCES = tuple(Path(__file__).with_name(n) for n in ("gguf_loader.py", "gguf_names.py"))
 """The converter (imported only to convert: checking a cache must not import transformers)."""
 
 logger = logging.getLogger("omnistage")
@@ -32,16 +32,35 @@ _MARKER = "omnistage-gguf.json"
 
 
 def _identity(gguf_path: Path) -> dict:
-    st = gguf_path.stat()
-    return {"source": str(gguf_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    return {"source": str(gguf_path), "sha256": content_digest(gguf_path)}
+
+
+def content_digest(path: Path) -> str:
+    """The SHA-256 of the file's bytes, remembered per (path, size, mtime, inode) under the
+    cache dir: a file is read once to hash it (~0.1 s per 100 MB), not on every start."""
+    st = path.stat()
+    stamp = f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    memo = cache_root() / "file-digests" / hashlib.sha256(stamp.encode()).hexdigest()[:24]
+    with contextlib.suppress(OSError):
+        known = memo.read_text()
+        if len(known) == 64:
+            return known
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    with contextlib.suppress(OSError):  # a read-only cache only costs the hashing again
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".digest-", dir=memo.parent)
+        with os.fdopen(fd, "w") as out:
+            out.write(digest)
+        os.replace(tmp, memo)
+    return digest
 
 
 def gguf_cache_dir(gguf_path: Path) -> Path:
-    """Where the converted checkpoint of `gguf_path` lives (whether or not it exists yet)."""
+    """Where the converted checkpoint of `gguf_path` lives (whether or not it exists yet):
+    named by the file's content, so a changed file gets a new one and copies share one."""
     gguf_path = Path(gguf_path).resolve()
-    ident = json.dumps(_identity(gguf_path), sort_keys=True)
-    digest = hashlib.sha256(ident.encode()).hexdigest()[:12]
-    return cache_root() / "gguf" / f"{gguf_path.stem}-{digest}"
+    return cache_root() / "gguf" / f"{gguf_path.stem}-{content_digest(gguf_path)[:16]}"
 
 
 @functools.cache
@@ -52,7 +71,9 @@ def converter_fingerprint() -> str:
     fix to the conversion (or a transformers upgrade that changes the
     tokenizer) cannot leave a stale checkpoint behind.
     """
-    h = hashlib.sha256(_CONVERTER_SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for source in _CONVERTER_SOURCES:
+        h.update(source.read_bytes())
     versions = f"{_version('transformers')}|{_version('gguf')}"
     h.update(f"{_CACHE_VERSION}|{versions}".encode())
     return h.hexdigest()[:16]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,16 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType
 
+from omnistage.models.gguf_names import (
+    ROPE_FREQS,
+    ROPE_PERMUTED_ARCHITECTURES,
+    hf_tensor_name,
+    rope_heads,
+    unpermute_rows,
+)
+
 logger = logging.getLogger("omnistage")
 
-"""Part of `converter_fingerprint`; bump to force every cache to be rebuilt."""
 _SHARD_BYTES = 2 << 30
 """Largest safetensors file written; bounds memory during conversion."""
 
@@ -48,42 +54,15 @@ class _Arch:
 
     config_class: type[transformers.PretrainedConfig]
     hf_architecture: str
-    rope_permuted: bool
-    """llama.cpp's converter reorders q/k rows for its rope layout (llama only)."""
     has_head_dim: bool = True
     """The config class has a `head_dim` field; else it is set only when not hidden / heads."""
 
 
 _ARCHS: dict[str, _Arch] = {
-    "llama": _Arch(transformers.LlamaConfig, "LlamaForCausalLM", rope_permuted=True),
-    "qwen2": _Arch(
-        transformers.Qwen2Config, "Qwen2ForCausalLM", rope_permuted=False, has_head_dim=False
-    ),
-    "qwen3": _Arch(transformers.Qwen3Config, "Qwen3ForCausalLM", rope_permuted=False),
+    "llama": _Arch(transformers.LlamaConfig, "LlamaForCausalLM"),
+    "qwen2": _Arch(transformers.Qwen2Config, "Qwen2ForCausalLM", has_head_dim=False),
+    "qwen3": _Arch(transformers.Qwen3Config, "Qwen3ForCausalLM"),
 }
-
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_BLOCK_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-_ROPE_FREQS = "rope_freqs.weight"
-"""llama3-style rope scaling as per-frequency factors; folded into the config."""
-
 
 # -- reading --------------------------------------------------------------------------------
 
@@ -176,7 +155,7 @@ def _rope_kwargs(reader: gguf.GGUFReader, get, head_dim: int) -> dict:
         return {"rope_parameters": {"rope_type": "linear", "rope_theta": theta, "factor": factor}}
     if scaling != "none":
         raise ValueError(f"GGUF rope scaling {scaling!r} is not supported")
-    freqs = _tensor(reader, _ROPE_FREQS)
+    freqs = _tensor(reader, ROPE_FREQS)
     if freqs is None:
         return {"rope_theta": theta}
     return {"rope_parameters": _llama3_rope(np.asarray(freqs.data, np.float64), theta, head_dim)}
@@ -218,30 +197,6 @@ def llama3_rope_factors(params: dict, head_dim: int) -> np.ndarray:
 # -- weights --------------------------------------------------------------------------------
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """HF parameter name of a llama.cpp tensor name, or None if it is not a known one."""
-    stem, _, suffix = gguf_name.rpartition(".")
-    if stem in _GLOBAL_NAMES and suffix in ("weight", "bias"):
-        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
-    m = _BLOCK_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _BLOCK_NAMES:
-        return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
-    return None
-
-
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of llama.cpp's `permute`.
-
-    Within each head, HF orders rotary rows as (2 halves, half) and llama.cpp as
-    (half, 2 interleaved); this reads rows as (head, half, 2) and swaps back.
-    """
-    return (
-        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
 def iter_gguf_weights(
     reader: gguf.GGUFReader, config: transformers.PretrainedConfig
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -250,10 +205,10 @@ def iter_gguf_weights(
     Llama q/k rows are put back in HF order. ValueError for an unknown tensor
     name or a quantization type the gguf package cannot dequantize.
     """
-    _, spec = _architecture(reader)
-    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    arch, _ = _architecture(reader)
+    heads = (config.num_attention_heads, config.num_key_value_heads)
     for t in reader.tensors:
-        if t.name == _ROPE_FREQS:
+        if t.name == ROPE_FREQS:
             continue  # folded into config.rope_parameters
         name = hf_tensor_name(t.name)
         if name is None:
@@ -263,9 +218,9 @@ def iter_gguf_weights(
         except NotImplementedError as e:
             qtype = GGMLQuantizationType(t.tensor_type).name
             raise ValueError(f"GGUF tensor {t.name!r}: cannot dequantize {qtype}") from e
-        kind = t.name.split(".")[2] if t.name.startswith("blk.") else ""
-        if spec.rope_permuted and kind in heads:
-            w = _unpermute(w, heads[kind])
+        n_head = rope_heads(t.name, *heads)
+        if arch in ROPE_PERMUTED_ARCHITECTURES and n_head is not None:
+            w = unpermute_rows(w, n_head)
         if not (w.flags.writeable and w.flags.c_contiguous):
             w = np.array(w, order="C")  # F32 data is a read-only view of the mapped file
         yield name, torch.from_numpy(w)

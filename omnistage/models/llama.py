@@ -196,7 +196,7 @@ class LlamaForCausalLM(CausalLM):
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for hf_name, tensor in weights:
-            target = self._map_name(hf_name)
+            target = self.weight_target(hf_name)
             if target is None:
                 continue
             name, offset = target
@@ -217,8 +217,9 @@ class LlamaForCausalLM(CausalLM):
             loaded.add(hf_name if offset is None else f"{name}@{offset}")
         return loaded
 
-    def _map_name(self, hf_name: str) -> tuple[str, int | None] | None:
-        """HF name -> (our parameter name, row offset inside a fused parameter or None)."""
+    def weight_target(self, hf_name: str) -> tuple[str, int | None] | None:
+        """HF name -> (our parameter name, row offset inside a fused parameter or None);
+        None for a tensor this model does not load."""
         if "rotary_emb" in hf_name:
             return None
         name = hf_name.removeprefix("model.")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +57,9 @@ class ModelFiles:
     """Directory with config.json, *.safetensors and the tokenizer files (+ chat template)."""
     source: str
     """Where the files came from, for humans (logs, `omnistage models`)."""
+    gguf: Path | None = None
+    """The GGUF file the directory was converted from (its quantized weights can be loaded
+    as they are, see `gguf_quantized`); None for other checkpoints."""
 
 
 def resolve_model(model: str) -> ModelFiles:
@@ -75,9 +78,9 @@ def resolve_model(model: str) -> ModelFiles:
         path = cached_gguf_checkpoint(gguf_path)
         source = (
             f"built-in {model}: {BUILTIN_MODELS[model]} from package {builtin_model(model).package} "
-            f"({gguf_path}), dequantized cache at {path}"
+            f"({gguf_path}), converted cache at {path}"
         )
-        return ModelFiles(model, path, source)
+        return ModelFiles(model, path, source, gguf=gguf_path.resolve())
     given = Path(model).expanduser()
     if given.is_dir():
         _check_checkpoint_dir(given)
@@ -90,7 +93,12 @@ def resolve_model(model: str) -> ModelFiles:
                 "checkpoint directory"
             )
         path = cached_gguf_checkpoint(given)
-        return ModelFiles(model, path, f"GGUF file {given.resolve()}, dequantized cache at {path}")
+        return ModelFiles(
+            model,
+            path,
+            f"GGUF file {given.resolve()}, converted cache at {path}",
+            gguf=given.resolve(),
+        )
     builtins = ", ".join(sorted(BUILTIN_MODELS))
     raise ValueError(
         f"model: {model!r} is neither a built-in model ({builtins}) nor an existing path"
@@ -165,13 +173,13 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def iter_weights(
-    path: Path, prefixes: Sequence[str] | None = None
+    path: Path, prefixes: Sequence[str] | None = None, skip: Collection[str] = ()
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of every safetensors file of a checkpoint, as `(HF name, tensor)`;
     with `prefixes`, only those whose names start with one (other tensors, and shards
     the index says hold none of them, are never read).
 
-    Tensors are read lazily, one at a time. A corrupt or truncated file is a
+    Tensors are read lazily, one at a time; those named in `skip` are never read. A corrupt or truncated file is a
     ValueError naming it.
     """
     import safetensors
@@ -189,7 +197,7 @@ def iter_weights(
             raise ValueError(f"{file}: corrupt or truncated safetensors file ({e})") from e
         with handle as f:
             for key in f.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
-                if prefixes is not None and not key.startswith(tuple(prefixes)):
+                if key in skip or (prefixes is not None and not key.startswith(tuple(prefixes))):
                     continue
                 try:
                     tensor = f.get_tensor(key)
