@@ -177,7 +177,7 @@ def _llamacpp(server: str, gguf: str) -> dict[str, float]:
     return _serve_like(command, f"{base}/health", completion)
 
 
-def _cpu_flags() -> list[str]:
+def cpu_flags() -> list[str]:
     try:
         line = next(
             x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags")
@@ -224,7 +224,7 @@ def main(args: argparse.Namespace) -> int:
         "model": args.model,
         "runs": args.runs,
         "cpu": platform.processor() or platform.machine(),
-        "cpu_flags": _cpu_flags(),
+        "cpu_flags": cpu_flags(),
         "cores": os.cpu_count(),
         **{f"{p}_s": round(v, 3) for p, v in medians.items()},
     }

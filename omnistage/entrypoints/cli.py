@@ -240,6 +240,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench == "latency":
+        from omnistage.benchmarks import latency
+
+        return latency.main(args)
     if args.bench == "startup":
         from omnistage.benchmarks import startup
 
@@ -393,6 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     startup.add_arguments(st)
     st.set_defaults(func=cmd_bench)
+    lt = bench_sub.add_parser(
+        "latency", help="one request's decode tokens/s per GGUF format, vs llama-bench"
+    )
+    from omnistage.benchmarks import latency
+
+    latency.add_arguments(lt)
+    lt.set_defaults(func=cmd_bench)
     return parser
 
 
