@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from omnistage import LLM, SamplingParams, kernels
 from omnistage.layers.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from omnistage.models.gguf_index import read_gguf_index
 from omnistage.models.loader import resolve_model
 from tests.test_loading import tiny_model, write_gguf
 
@@ -139,3 +140,24 @@ def test_quantized_sync_async_batched_and_alone_agree(quantized_gguf):
     )
     assert run(spec) == base
     assert len(base) == len(PROMPTS)
+
+
+def test_fast_tensor_index_equals_gguf_reader(quantized_gguf, tmp_path):
+    """The header read that skips metadata finds the same tensors and bytes as gguf's."""
+    import gguf
+    import numpy as np
+
+    index = read_gguf_index(quantized_gguf)
+    reader = gguf.GGUFReader(quantized_gguf)
+    assert index.architecture == "llama"
+    assert [t.name for t in index.tensors] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(index.tensors, reader.tensors, strict=True):
+        assert ours.ggml_type == theirs.tensor_type
+        assert ours.shape == tuple(int(d) for d in theirs.shape)
+        assert np.array_equal(
+            ours.data.reshape(-1), np.asarray(theirs.data).view(np.uint8).reshape(-1)
+        )
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(quantized_gguf.read_bytes()[:300])
+    with pytest.raises(ValueError, match="bad.gguf: not a readable GGUF file"):
+        read_gguf_index(bad)

@@ -29,6 +29,7 @@ from omnistage.layers.quantized_linear import (
     QuantizedEmbedding,
     QuantizedLinear,
 )
+from omnistage.models.gguf_index import read_gguf_index
 from omnistage.models.gguf_names import (
     ROPE_PERMUTED_ARCHITECTURES,
     hf_tensor_name,
@@ -60,23 +61,19 @@ class QuantizedGroup:
 
 def read_quantized_weights(gguf_path: Path, hf_config: Any) -> dict[str, QuantizedWeight]:
     """Every 2-D tensor of the file whose type the C kernels run, by HF name."""
-    import gguf
-
-    reader = gguf.GGUFReader(gguf_path)
-    field = reader.fields.get("general.architecture")
-    arch = None if field is None else field.contents()
+    index = read_gguf_index(gguf_path)
     heads = (hf_config.num_attention_heads, hf_config.num_key_value_heads)
     out = {}
-    for t in reader.tensors:
+    for t in index.tensors:
         name = hf_tensor_name(t.name)
-        if name is None or t.tensor_type not in KERNEL_TYPES or len(t.shape) != 2:
+        if name is None or t.ggml_type not in KERNEL_TYPES or len(t.shape) != 2:
             continue
-        blocks = np.asarray(t.data)
+        blocks = t.data
         n_head = rope_heads(t.name, *heads)
-        if arch in ROPE_PERMUTED_ARCHITECTURES and n_head is not None:
+        if index.architecture in ROPE_PERMUTED_ARCHITECTURES and n_head is not None:
             blocks = unpermute_rows(blocks, n_head)
         blocks = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C"))  # off the map
-        out[name] = QuantizedWeight(blocks, t.tensor_type, int(t.shape[1]), int(t.shape[0]))
+        out[name] = QuantizedWeight(blocks, t.ggml_type, t.shape[1], t.shape[0])
     return out
 
 
