@@ -1,7 +1,9 @@
-"""Process-table helpers for tests that check nothing is left running (Linux /proc)."""
+"""Helpers for tests that start processes: the process table (Linux /proc), to check that
+nothing is left running, and a free local port for a server."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 
@@ -31,3 +33,10 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (at the time of asking)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

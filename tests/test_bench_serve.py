@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import signal
-import socket
 import sys
 import threading
 import time
@@ -20,6 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.process_helpers import free_port
 
 # omnistage is imported inside the tests: `--launch`'s test runs `serve_fake` from this
 # module in a subprocess, which should start in well under a second.
@@ -229,7 +230,7 @@ def test_launch_starts_the_server_waits_for_health_and_stops_it(monkeypatch, cap
         f"open({str(stopped)!r}, 'w').close()"
     )
     monkeypatch.setattr("omnistage.benchmarks.serve.SERVE_COMMAND", [sys.executable, "-c", script])
-    argv = ["--base-url", f"http://127.0.0.1:{_free_port()}/v1", "--launch", "--concurrency", "1"]
+    argv = ["--base-url", f"http://127.0.0.1:{free_port()}/v1", "--launch", "--concurrency", "1"]
     code, summary, _ = _bench(capsys, *argv, "--num-prompts", "2", "--launch-timeout", "20")
     assert code == 0 and summary["levels"][0]["completed"] == 2
     assert "launched here" in summary["machine"] and stopped.exists()  # stopped by SIGINT
@@ -240,15 +241,9 @@ def test_launch_without_a_serve_command_errors_clearly(monkeypatch, capsys):
 
     fail = "import sys; sys.exit(\"omnistage: error: argument command: invalid choice: 'serve'\")"
     monkeypatch.setattr("omnistage.benchmarks.serve.SERVE_COMMAND", [sys.executable, "-c", fail])
-    argv = ["bench", "serve", "--launch", "--base-url", f"http://127.0.0.1:{_free_port()}/v1"]
+    argv = ["bench", "serve", "--launch", "--base-url", f"http://127.0.0.1:{free_port()}/v1"]
     assert main(argv) == 2
     assert "no `serve` command" in capsys.readouterr().err
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_launch_refuses_a_port_already_in_use(fake_url, capsys):

@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.process_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -104,26 +105,27 @@ def _omnistage_command() -> list[str]:
     return [sys.executable, "-m", "omnistage.entrypoints.cli"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _run_python(script: Path, code: str, timeout: float) -> tuple[subprocess.CompletedProcess, str]:
+    """`code` written to `script` and run as `python script` in its folder; the result and a
+    report of its exit code and output for failed assertions."""
+    script.write_text(code)
+    proc = subprocess.run(
+        [sys.executable, script.name],
+        cwd=script.parent,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    report = f"exit code {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc, report
 
 
 @pytest.mark.slow
 def test_python_example_runs_as_a_plain_script(tmp_path):
     code = _block("python-example", "python")
     assert "__main__" not in code, "the README example must be a plain script"
-    (tmp_path / "first.py").write_text(code)
-    proc = subprocess.run(
-        [sys.executable, "first.py"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    report = f"exit code {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    proc, report = _run_python(tmp_path / "first.py", code, timeout=180)
     assert proc.returncode == 0, report
     assert proc.stdout.strip(), report
     assert _generated_words(proc.stdout, code), report
@@ -175,7 +177,7 @@ def test_server_example_answers_the_client_example(tmp_path):
 
     # The README serves on port 8000; another server may hold it on this machine, so the
     # test puts a free port in both the server's `--port` and the client's base_url.
-    port = _free_port()
+    port = free_port()
     assert "--port" in command, "the README's serve command should name its --port"
     readme_port = command[command.index("--port") + 1]
     command[command.index("--port") + 1] = str(port)
@@ -195,16 +197,7 @@ def test_server_example_answers_the_client_example(tmp_path):
         )
     try:
         _wait_for_health(f"http://127.0.0.1:{port}", server, log, timeout=120)
-        (tmp_path / "client.py").write_text(client)
-        proc = subprocess.run(
-            [sys.executable, "client.py"],
-            cwd=tmp_path,
-            env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        report = f"exit code {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+        proc, report = _run_python(tmp_path / "client.py", client, timeout=120)
         assert proc.returncode == 0, report + f"\nserver log:\n{log.read_text()}"
         assert proc.stdout.strip(), report
     finally:

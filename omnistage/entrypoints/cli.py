@@ -16,9 +16,11 @@ omnistage bench omni [--concurrency 1,16] [--thinker-tokens 32] [--talker-frames
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
+from typing import Any
 
 from omnistage.config import DEFAULT_MODEL
 
@@ -239,34 +241,25 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = {
+    "throughput": "output tokens/s against HF transformers",
+    "pipeline": "the tiny three-stage pipeline: overlap and time to first audio",
+    "omni": "speech out on demo-omni: time to first audio, streaming vs whole payload",
+    "image": "images out on demo-image: step-level batching vs one at a time",
+    "serve": "an OpenAI-compatible server over HTTP: TTFT, TPOT, ITL, throughput",
+    "startup": "fresh process to first token: script, serve, HF transformers",
+    "latency": "one request's decode tokens/s per GGUF format, vs llama-bench",
+}
+"""`omnistage bench NAME`: each is the module `omnistage.benchmarks.NAME`, with
+`add_arguments(parser)` and `main(args)`."""
+
+
+def _benchmark(name: str) -> Any:
+    return importlib.import_module(f"omnistage.benchmarks.{name}")
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.bench == "latency":
-        from omnistage.benchmarks import latency
-
-        return latency.main(args)
-    if args.bench == "startup":
-        from omnistage.benchmarks import startup
-
-        return startup.main(args)
-    if args.bench == "pipeline":
-        from omnistage.benchmarks import pipeline
-
-        return pipeline.main(args)
-    if args.bench == "omni":
-        from omnistage.benchmarks import omni
-
-        return omni.main(args)
-    if args.bench == "image":
-        from omnistage.benchmarks import image
-
-        return image.main(args)
-    if args.bench == "serve":
-        from omnistage.benchmarks import serve
-
-        return serve.main(args)
-    from omnistage.benchmarks import throughput
-
-    return throughput.main(args)
+    return _benchmark(args.bench).main(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -357,53 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
-    tp = bench_sub.add_parser("throughput", help="output tokens/s against HF transformers")
-    from omnistage.benchmarks.throughput import add_arguments
-
-    add_arguments(tp)
-    tp.set_defaults(func=cmd_bench)
-    pl = bench_sub.add_parser(
-        "pipeline", help="the tiny three-stage pipeline: overlap and time to first audio"
-    )
-    from omnistage.benchmarks import pipeline
-
-    pipeline.add_arguments(pl)
-    pl.set_defaults(func=cmd_bench)
-    om = bench_sub.add_parser(
-        "omni", help="speech out on demo-omni: time to first audio, streaming vs whole payload"
-    )
-    from omnistage.benchmarks import omni
-
-    omni.add_arguments(om)
-    om.set_defaults(func=cmd_bench)
-    im = bench_sub.add_parser(
-        "image", help="images out on demo-image: step-level batching vs one at a time"
-    )
-    from omnistage.benchmarks import image
-
-    image.add_arguments(im)
-    im.set_defaults(func=cmd_bench)
-    sv = bench_sub.add_parser(
-        "serve", help="an OpenAI-compatible server over HTTP: TTFT, TPOT, ITL, throughput"
-    )
-    from omnistage.benchmarks import serve
-
-    serve.add_arguments(sv)
-    sv.set_defaults(func=cmd_bench)
-    st = bench_sub.add_parser(
-        "startup", help="fresh process to first token: script, serve, HF transformers"
-    )
-    from omnistage.benchmarks import startup
-
-    startup.add_arguments(st)
-    st.set_defaults(func=cmd_bench)
-    lt = bench_sub.add_parser(
-        "latency", help="one request's decode tokens/s per GGUF format, vs llama-bench"
-    )
-    from omnistage.benchmarks import latency
-
-    latency.add_arguments(lt)
-    lt.set_defaults(func=cmd_bench)
+    for name, help_text in BENCHMARKS.items():
+        bench_parser = bench_sub.add_parser(name, help=help_text)
+        _benchmark(name).add_arguments(bench_parser)
+        bench_parser.set_defaults(func=cmd_bench)
     return parser
 
 

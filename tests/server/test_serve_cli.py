@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,18 +13,14 @@ import httpx
 import openai
 import pytest
 
+from tests.process_helpers import free_port
+
 KEY = "sekret"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def served(tiny_llama):
-    port = _free_port()
+    port = free_port()
     flags = f"--model {tiny_llama} --port {port} --api-key {KEY} --max-model-len 256"
     flags += " --served-model-name tiny keyed --no-async-scheduling --log-level warning"
     command = [sys.executable, "-m", "omnistage.entrypoints.cli", "serve", *flags.split()]
