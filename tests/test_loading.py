@@ -257,7 +257,7 @@ def test_tiny_gguf_weights_and_config(tmp_path, arch):
 
     config = load_hf_config(ModelFiles("tiny", out, "test"))
     want = model.config
-    assert type(config) is type(want)
+    assert config.model_type == want.model_type
     assert config.architectures == [type(model).__name__]
     for field in (
         "hidden_size",
@@ -405,7 +405,7 @@ def test_smollm2_tensors_match_transformers_gguf_loader(smollm2):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     files, _ = smollm2
-    config = load_hf_config(files)
+    config = transformers.AutoConfig.from_pretrained(files.path)
     with torch.device("meta"):
         meta = transformers.AutoModelForCausalLM.from_config(config)
     ref = load_gguf_checkpoint(
@@ -529,7 +529,7 @@ def test_hf_directory(tmp_path, shard):
     assert files == ModelFiles(
         str(tmp_path), tmp_path, f"HF checkpoint directory {tmp_path.resolve()}"
     )
-    assert type(load_hf_config(files)) is transformers.Qwen2Config
+    assert load_hf_config(files).model_type == "qwen2"  # a PlainConfig: tests/test_plain_config.py
     got = list(iter_weights(files.path))
     assert len(got) == len({name for name, _ in got})
     state = model.state_dict()

@@ -323,7 +323,7 @@ def build_worker_runner(config: EngineConfig, files: ModelFiles) -> ModelRunner:
     starts before the frontend has read the model's config (they overlap)."""
     phases = StartupPhases()
     phases.add("worker process start and imports", time.time() - CHILD_STARTED_AT)
-    with phases.phase("config (transformers)"):
+    with phases.phase("config"):
         config, hf_config = resolve_stage_config(config, files)
     return build_runner(config, files, hf_config, phases)
 

@@ -23,7 +23,7 @@ from omnistage.engine.builder import eos_token_id, start_stage
 from omnistage.engine.detokenizer import IncrementalDetokenizer
 from omnistage.engine.input_processor import InputProcessor, PromptType, child_seed
 from omnistage.engine.worker_launch import LaunchedWorker
-from omnistage.models.loader import load_tokenizer
+from omnistage.models.loader import load_frontend_tokenizer
 from omnistage.models.registry import model_class_for
 from omnistage.outputs import CompletionOutput, Logprob, RequestOutput
 from omnistage.sampling_params import SamplingParams
@@ -48,7 +48,7 @@ class LLMEngine:
         """`launched`: the runner worker, already started by `worker_launch.launch_worker`."""
         starting = start_stage(config, launched)
         try:  # the tokenizer loads while the runner starts in its worker process
-            self.tokenizer = load_tokenizer(starting.files)
+            self.tokenizer = load_frontend_tokenizer(starting.files)
             stage = starting.finish()
         except BaseException:
             starting.executor.shutdown()

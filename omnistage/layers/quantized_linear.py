@@ -27,20 +27,19 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType, quants
-from gguf.constants import GGML_QUANT_SIZES
 from torch import nn
 
 from omnistage import kernels
 from omnistage.kernels import work_sharing
+from omnistage.layers.ggml_types import BLOCK_SIZES, GGMLType
 
 KERNEL_TYPES = frozenset(
     {
-        GGMLQuantizationType.Q4_0,
-        GGMLQuantizationType.Q4_1,
-        GGMLQuantizationType.Q8_0,
-        GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q6_K,
+        GGMLType.Q4_0,
+        GGMLType.Q4_1,
+        GGMLType.Q8_0,
+        GGMLType.Q4_K,
+        GGMLType.Q6_K,
     }
 )
 """The ggml types the C kernels run; other quantized types take the fallback."""
@@ -57,9 +56,9 @@ threads; 576->576 (207 KB, ~35 us) gains nothing, 576->192 (69 KB) loses."""
 _OPS = {"none": 0, "silu": 1, "mul": 2, "add": 3}
 
 
-def row_bytes(ggml_type: GGMLQuantizationType, in_features: int) -> int:
+def row_bytes(ggml_type: GGMLType, in_features: int) -> int:
     """Bytes of one row of `in_features` values stored as `ggml_type`."""
-    block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
+    block_elems, block_bytes = BLOCK_SIZES[ggml_type]
     if in_features % block_elems:
         raise ValueError(
             f"in_features: {in_features} is not a multiple of {ggml_type.name}'s "
@@ -88,7 +87,7 @@ def _isa(override: int | None) -> int:
     return ISA_NAMES[name]
 
 
-def _kernel_library(ggml_type: GGMLQuantizationType) -> Any:
+def _kernel_library(ggml_type: GGMLType) -> Any:
     return kernels.load_quant() if ggml_type in KERNEL_TYPES else None
 
 
@@ -98,14 +97,14 @@ class _QuantizedMatrix(nn.Module):
     def __init__(
         self,
         blocks: torch.Tensor,
-        ggml_type: GGMLQuantizationType,
+        ggml_type: GGMLType,
         rows: int,
         cols: int,
         isa: int | None = None,
     ) -> None:
         super().__init__()
-        self.ggml_type = GGMLQuantizationType(ggml_type)
-        if self.ggml_type not in GGML_QUANT_SIZES:
+        self.ggml_type = GGMLType(ggml_type)
+        if self.ggml_type not in BLOCK_SIZES:
             raise ValueError(f"ggml_type: unknown type {ggml_type}")
         expected = (rows, row_bytes(self.ggml_type, cols))
         if blocks.dtype != torch.uint8 or blocks.numel() != expected[0] * expected[1]:
@@ -128,6 +127,8 @@ class _QuantizedMatrix(nn.Module):
             ):
                 raise IndexError(f"row id out of range [0, {len(self.blocks)})")
             picked = self.blocks if rows is None else self.blocks[rows]
+            from gguf import quants  # only types without a C kernel come here
+
             values = quants.dequantize(picked.cpu().numpy(), self.ggml_type)
             return torch.from_numpy(values).reshape(-1, cols).to(self.blocks.device)
         n_rows = len(self.blocks) if rows is None else rows.numel()
@@ -158,7 +159,7 @@ class QuantizedLinear(_QuantizedMatrix):
     def __init__(
         self,
         blocks: torch.Tensor,
-        ggml_type: GGMLQuantizationType,
+        ggml_type: GGMLType,
         in_features: int,
         out_features: int,
         bias: torch.Tensor | None = None,
@@ -176,7 +177,7 @@ class QuantizedLinear(_QuantizedMatrix):
     def from_gguf_bytes(
         cls,
         data: Any,
-        ggml_type: GGMLQuantizationType | int,
+        ggml_type: GGMLType | int,
         in_features: int,
         out_features: int,
         bias: torch.Tensor | None = None,
@@ -184,9 +185,7 @@ class QuantizedLinear(_QuantizedMatrix):
         """The layer over a GGUF tensor's raw bytes (bytes, a uint8 numpy array such as
         `gguf.GGUFReader`'s `tensor.data`, copied; or a uint8 tensor, used as is).
         GGUF lists the shape in this order too (ggml's [ne0, ne1]): `*tensor.shape`."""
-        return cls(
-            _as_uint8(data), GGMLQuantizationType(ggml_type), in_features, out_features, bias
-        )
+        return cls(_as_uint8(data), GGMLType(ggml_type), in_features, out_features, bias)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight [out_features, in_features] as floats."""
@@ -272,7 +271,7 @@ class QuantizedEmbedding(_QuantizedMatrix):
     def __init__(
         self,
         blocks: torch.Tensor,
-        ggml_type: GGMLQuantizationType,
+        ggml_type: GGMLType,
         num_embeddings: int,
         embedding_dim: int,
         isa: int | None = None,
@@ -285,13 +284,13 @@ class QuantizedEmbedding(_QuantizedMatrix):
     def from_gguf_bytes(
         cls,
         data: Any,
-        ggml_type: GGMLQuantizationType | int,
+        ggml_type: GGMLType | int,
         num_embeddings: int,
         embedding_dim: int,
     ) -> QuantizedEmbedding:
         """The table over a GGUF tensor's raw bytes (see `QuantizedLinear.from_gguf_bytes`;
         GGUF lists the shape as [embedding_dim, num_embeddings])."""
-        return cls(_as_uint8(data), GGMLQuantizationType(ggml_type), num_embeddings, embedding_dim)
+        return cls(_as_uint8(data), GGMLType(ggml_type), num_embeddings, embedding_dim)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The table [num_embeddings, embedding_dim] as floats."""

@@ -62,6 +62,13 @@ class CausalLM(nn.Module):
     of `recurrent_state_shapes()` and turns prefix caching off (a cached KV prefix cannot
     restore a recurrent state)."""
 
+    @classmethod
+    def reads_plain_config(cls, hf_config: Any) -> bool:
+        """Whether the class reads `hf_config` only as attribute values (no transformers
+        methods, no transformers module built from it), so that it can be served as a
+        cached `PlainConfig` and a start imports no transformers (`plain_config.py`)."""
+        return False
+
     @property
     def num_attention_layers(self) -> int:
         """How many KV cache tensors the builder allocates (one per full-attention layer, in

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType
-from gguf.constants import GGML_QUANT_SIZES
+
+from omnistage.layers.ggml_types import BLOCK_SIZES, GGMLType
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?"}
 _SCALARS |= {10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class GGUFTensor:
     name: str
     shape: tuple[int, ...]
     """ggml order: shape[0] is the length of a row (columns), shape[1] the rows."""
-    ggml_type: GGMLQuantizationType
+    ggml_type: GGMLType
     data: np.ndarray
     """The tensor's bytes: uint8 [rows, row_bytes] for a 2-D tensor, read-only (mapped)."""
 
@@ -65,11 +66,20 @@ class _Cursor:
             item, count = int(self.unpack("<I")), int(self.unpack("<Q"))
             if item in _SCALARS:
                 self.pos += count * struct.calcsize(_SCALARS[item])
+            elif item == _STRING:
+                self._skip_strings(count)
             else:
                 for _ in range(count):
                     self.skip_value(item)
         else:
             raise ValueError(f"unknown GGUF value type {vtype} at byte {self.pos}")
+
+    def _skip_strings(self, count: int) -> None:
+        """Skip `count` strings (a tokenizer's vocabulary: ~100k) in one tight loop."""
+        length_at, buf, pos = _U64.unpack_from, self.buf, self.pos
+        for _ in range(count):
+            pos += 8 + length_at(buf, pos)[0]
+        self.pos = pos
 
 
 def read_gguf_index(path: Path) -> GGUFIndex:
@@ -104,11 +114,11 @@ def _parse(buf: mmap.mmap) -> GGUFIndex:
     for _ in range(n_tensors):
         name = c.string()
         dims = tuple(int(c.unpack("<Q")) for _ in range(int(c.unpack("<I"))))
-        infos.append((name, dims, GGMLQuantizationType(int(c.unpack("<I"))), int(c.unpack("<Q"))))
+        infos.append((name, dims, GGMLType(int(c.unpack("<I"))), int(c.unpack("<Q"))))
     start = -(-c.pos // alignment) * alignment
     tensors = []
     for name, dims, ggml_type, offset in infos:
-        block_elems, block_bytes = GGML_QUANT_SIZES[ggml_type]
+        block_elems, block_bytes = BLOCK_SIZES[ggml_type]
         rows = int(np.prod(dims[1:], dtype=np.int64)) if len(dims) > 1 else 1
         row_bytes = dims[0] // block_elems * block_bytes
         data = np.frombuffer(buf, np.uint8, rows * row_bytes, start + offset)

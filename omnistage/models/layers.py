@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -22,15 +24,40 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class DefaultRope:
+    """transformers' `rope_type: default` frequencies, computed as its
+    `compute_default_rope_parameters` does (Llama, Qwen2, Qwen3 and their MoE
+    variants share it) but without importing transformers' modeling code (~0.35 s
+    at start): inv_freq = 1 / base^(2i / head_dim), no attention scaling."""
+
+    attention_scaling = 1.0
+
+    def __init__(self, config: Any) -> None:
+        base = config.rope_parameters["rope_theta"]
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+
+    @staticmethod
+    def applies_to(config: Any) -> bool:
+        """Whether `config` asks for plain RoPE (no scaling of any kind)."""
+        params = getattr(config, "rope_parameters", None)
+        return (
+            isinstance(params, dict)
+            and params.get("rope_type", "default") == "default"
+            and "rope_theta" in params
+        )
+
+
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding with a cos/sin table over every position.
 
     The inverse frequencies (and any rope scaling: llama3, yarn, linear…) come
     from the transformers rotary module of the architecture, so every rope type
-    transformers knows is handled the same way.
+    transformers knows is handled the same way; `DefaultRope` stands in for it
+    where a model asks for plain RoPE.
     """
 
-    def __init__(self, hf_rotary: nn.Module, max_positions: int, dtype: torch.dtype) -> None:
+    def __init__(self, hf_rotary: Any, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()
         inv_freq = hf_rotary.inv_freq.float()
         scaling = float(getattr(hf_rotary, "attention_scaling", 1.0))

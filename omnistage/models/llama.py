@@ -9,13 +9,13 @@ which is faster on CPU than three (or two) smaller ones.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from omnistage.models.base import CausalLM
-from omnistage.models.layers import RMSNorm, RotaryEmbedding, load_shard
+from omnistage.models.layers import DefaultRope, RMSNorm, RotaryEmbedding, load_shard
 from omnistage.models.linear import Linear
 from omnistage.worker.attention import attend, rope_and_write_kv, write_kv
 from omnistage.worker.forward_context import get_forward_context
@@ -120,12 +120,15 @@ class LlamaForCausalLM(CausalLM):
     architectures = ("LlamaForCausalLM", "MistralForCausalLM")
     qkv_bias = False
     qk_norm = False
+    llama_default_rope: ClassVar[bool] = True
+    """`_hf_rotary`'s `rope_type: default` equals `DefaultRope` (a test checks every class
+    that says so); a subclass with another rotary sets False."""
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
-        rotary = RotaryEmbedding(self._hf_rotary(config), max_positions, dtype)
+        rotary = RotaryEmbedding(self._rotary_frequencies(config), max_positions, dtype)
         qkv_bias = self.qkv_bias or getattr(config, "attention_bias", False)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.embed_tokens.requires_grad_(False)
@@ -148,6 +151,20 @@ class LlamaForCausalLM(CausalLM):
     def make_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module | None:
         """The feed-forward block of layer `layer_idx` (None: the dense SwiGLU)."""
         return None
+
+    @classmethod
+    def reads_plain_config(cls, hf_config: Any) -> bool:
+        """Plain RoPE is computed here (`DefaultRope`); other rope types are transformers'."""
+        return cls.llama_default_rope and DefaultRope.applies_to(hf_config)
+
+    @classmethod
+    def _rotary_frequencies(cls, config: Any) -> Any:
+        """What `RotaryEmbedding` takes its frequencies from: `DefaultRope` where the class's
+        transformers rotary computes plain RoPE as Llama's does and the config asks for it
+        (no transformers import), else the transformers rotary module itself."""
+        if cls.llama_default_rope and DefaultRope.applies_to(config):
+            return DefaultRope(config)
+        return cls._hf_rotary(config)
 
     @staticmethod
     def _hf_rotary(config: Any) -> nn.Module:

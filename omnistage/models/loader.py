@@ -14,7 +14,7 @@ import logging
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omnistage.models.builtin import (
     BUILTIN_MODELS,
@@ -120,14 +120,13 @@ def _check_checkpoint_dir(path: Path) -> None:
         )
 
 
-def load_hf_config(files: ModelFiles) -> transformers.PretrainedConfig:
-    """The transformers config of the checkpoint (local files only)."""
-    import transformers
+def load_hf_config(files: ModelFiles) -> Any:
+    """The checkpoint's config (local files only): transformers' config, or its values as
+    a `PlainConfig` for model classes that read nothing else (`plain_config`: no
+    transformers import once cached)."""
+    from omnistage.models.plain_config import load_config
 
-    try:
-        return transformers.AutoConfig.from_pretrained(files.path, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:
-        raise ValueError(f"{files.path / 'config.json'}: cannot load the config ({e})") from e
+    return load_config(Path(files.path))
 
 
 def load_tokenizer(files: ModelFiles) -> transformers.PreTrainedTokenizerBase:
@@ -149,6 +148,15 @@ def load_tokenizer(files: ModelFiles) -> transformers.PreTrainedTokenizerBase:
         return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: cannot load the tokenizer ({e})") from e
+
+
+def load_frontend_tokenizer(files: ModelFiles) -> Any:
+    """The tokenizer a text frontend encodes, decodes and renders chats with: a
+    `TextTokenizer` (no transformers import) for a plain fast tokenizer, else
+    `load_tokenizer`'s."""
+    from omnistage.models.text_tokenizer import load_text_tokenizer
+
+    return load_text_tokenizer(Path(files.path)) or load_tokenizer(files)
 
 
 def safetensors_files(path: Path) -> list[Path]:

@@ -68,6 +68,8 @@ class Qwen3OmniThinker(Qwen3MoeForCausalLM):
     (`Qwen3OmniMoeThinkerTextModel._deepstack_process`); the hidden states sent to the
     talker are taken before that addition, as transformers records them."""
 
+    llama_default_rope = False  # its rotary is the omni (multimodal) one
+
     architectures = ("OmnistageQwen3OmniThinker",)
     supports_mrope = True
     supports_deepstack = True
