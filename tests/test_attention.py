@@ -155,3 +155,13 @@ def test_engine_tokens_same_with_and_without_c_kernels(tiny_llama, monkeypatch):
         for o in LLM(str(tiny_llama)).generate(prompts, params, use_tqdm=False)
     ]
     assert with_kernels == torch_only
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_cpu_kv_cache_is_zeroed_writable_and_its_own(dtype):
+    a = A.allocate_kv_cache(64, 16, 2, 8, dtype, torch.device("cpu"))
+    b = A.allocate_kv_cache(64, 16, 2, 8, dtype, torch.device("cpu"))
+    assert a.shape == (2, 2, 64, 16, 8) and a.dtype == dtype and a.is_contiguous()
+    assert not a.any()
+    a[1, 1, 63, 15] = 3.0
+    assert a[1, 1, 63, 15].eq(3.0).all() and not b.any()
