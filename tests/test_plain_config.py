@@ -16,8 +16,8 @@ import transformers
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from omnistage.layers.ggml_types import BLOCK_SIZES, GGMLType
+from omnistage.layers.rotary import DefaultRope
 from omnistage.models import registry
-from omnistage.models.layers import DefaultRope
 from omnistage.models.llama import LlamaForCausalLM
 from omnistage.models.loader import ModelFiles, load_hf_config
 from omnistage.models.plain_config import PlainConfig

@@ -35,9 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from omnistage.layers.linear import Linear, load_shard
+from omnistage.layers.norm import RMSNorm
+from omnistage.layers.rotary import RotaryEmbedding, rotate
 from omnistage.models.base import CausalLM
-from omnistage.models.layers import RMSNorm, RotaryEmbedding, _rotate, load_shard
-from omnistage.models.linear import Linear
 from omnistage.models.llama import DecoderMLP
 from omnistage.models.parts import ROOT_CONFIG_ATTR
 from omnistage.worker.attention import attend, write_kv
@@ -92,8 +93,8 @@ class GlmImageAttention(nn.Module):
         """Rotate the first `rotary_dim` features of each head (neox halves), keep the rest."""
         d = self.rotary_dim
         if d == self.head_dim:
-            return _rotate(x, cos, sin)
-        return torch.cat([_rotate(x[..., :d], cos, sin), x[..., d:]], dim=-1)
+            return rotate(x, cos, sin)
+        return torch.cat([rotate(x[..., :d], cos, sin), x[..., d:]], dim=-1)
 
 
 class GlmImageDecoderLayer(nn.Module):

@@ -14,9 +14,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from omnistage.layers.linear import Linear, load_shard
+from omnistage.layers.norm import RMSNorm
+from omnistage.layers.rotary import DefaultRope, RotaryEmbedding
 from omnistage.models.base import CausalLM
-from omnistage.models.layers import DefaultRope, RMSNorm, RotaryEmbedding, load_shard
-from omnistage.models.linear import Linear
 from omnistage.worker.attention import attend, rope_and_write_kv, write_kv
 from omnistage.worker.forward_context import get_forward_context
 

@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.layers.linear import Linear
+from omnistage.layers.norm import RMSNorm
 from omnistage.models.base import CausalLM
-from omnistage.models.layers import RMSNorm
-from omnistage.models.linear import Linear
 from omnistage.worker.forward_context import get_forward_context
 from omnistage.worker.recurrent import RecurrentLayerState, RecurrentMetadata
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistage.models.linear import Linear
+from omnistage.layers.linear import Linear
 from omnistage.models.llama import DecoderMLP, Qwen2ForCausalLM, Qwen3ForCausalLM
 
 _EXPERT = re.compile(

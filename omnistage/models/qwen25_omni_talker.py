@@ -103,7 +103,7 @@ import torch
 from torch import nn
 
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
-from omnistage.models.linear import Linear
+from omnistage.layers.linear import Linear
 from omnistage.models.llama import Qwen2ForCausalLM
 
 DEFAULT_SPEAKER = "Chelsie"  # transformers' `generate(speaker="Chelsie")`

@@ -29,10 +29,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from omnistage.layers.linear import Linear, load_shard
+from omnistage.layers.norm import RMSNorm
+from omnistage.layers.rotary import RotaryEmbedding
 from omnistage.models.base import CausalLM
 from omnistage.models.gated_delta_net import GatedDeltaNet
-from omnistage.models.layers import RMSNorm, RotaryEmbedding, load_shard
-from omnistage.models.linear import Linear
 from omnistage.models.llama import DecoderMLP
 from omnistage.models.moe import _MoeMixin
 from omnistage.worker.attention import attend, write_kv

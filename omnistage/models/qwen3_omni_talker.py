@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.layers.norm import RMSNorm
+from omnistage.layers.rotary import RotaryEmbedding, rotate
 from omnistage.models.base import DeepstackRows
-from omnistage.models.layers import RMSNorm, RotaryEmbedding, _rotate
 from omnistage.models.moe import Qwen3MoeForCausalLM, Qwen3OmniTalkerDecoder
 from omnistage.models.parts import ROOT_CONFIG_ATTR
 from omnistage.sample import Sampler, SamplingMetadata
@@ -159,7 +160,7 @@ class CodePredictorLayer(nn.Module):
         k = attn.k_norm(attn.k_proj(h).view(b, t, self.num_kv_heads, self.head_dim))
         v = attn.v_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
         cos, sin = cos[None, :, None], sin[None, :, None]
-        q, k = _rotate(q, cos, sin).transpose(1, 2), _rotate(k, cos, sin).transpose(1, 2)
+        q, k = rotate(q, cos, sin).transpose(1, 2), rotate(k, cos, sin).transpose(1, 2)
         v = v.transpose(1, 2)
         if cache:
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from omnistage.models.linear import Linear
+from omnistage.layers.linear import Linear
 
 logger = logging.getLogger("omnistage")
 

@@ -1,4 +1,6 @@
-"""Building blocks of decoder models: RMSNorm, rotary embedding, fused linear loading."""
+"""Rotary position embedding: plain RoPE frequencies (`DefaultRope`), the cos/sin tables
+over every position (`RotaryEmbedding`, any rope type through transformers' rotary
+module) and multimodal RoPE's choice of position row per frequency."""
 
 from __future__ import annotations
 
@@ -6,22 +8,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
-
-class RMSNorm(nn.Module):
-    """RMS normalisation, computed in at least float32 (as transformers does)."""
-
-    def __init__(self, size: int, eps: float, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
-        self.eps = eps
-        self.compute_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(self.compute_dtype)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
 
 
 class DefaultRope:
@@ -96,7 +82,7 @@ class RotaryEmbedding(nn.Module):
         """q: [T, heads, d], k: [T, kv_heads, d]; positions [T] or (mrope) [3, T]."""
         cos, sin = self.tables(positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 def mrope_frequency_rows(half: int, section: list[int], interleaved: bool) -> torch.Tensor:
@@ -118,18 +104,8 @@ def mrope_frequency_rows(half: int, section: list[int], interleaved: bool) -> to
     return rows
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`x` rotated by (cos, sin), neox style (the two halves of each head pair up)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
-
-
-def load_shard(param: torch.Tensor, shard: torch.Tensor, offset: int) -> None:
-    """Copy one part of a fused weight (q of qkv, gate of gate_up…) into rows [offset, offset+n)."""
-    rows = shard.shape[0]
-    if offset + rows > param.shape[0] or shard.shape[1:] != param.shape[1:]:
-        raise ValueError(
-            f"weight shape {tuple(shard.shape)} does not fit fused parameter "
-            f"{tuple(param.shape)} at row {offset}"
-        )
-    param[offset : offset + rows].copy_(shard)

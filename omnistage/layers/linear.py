@@ -1,4 +1,5 @@
-"""`Linear`: `nn.Linear` plus the fused forms the decoder layers use.
+"""`Linear`: `nn.Linear` plus the fused forms the decoder layers use, and `load_shard`,
+which loads one part of a fused weight.
 
 `silu(x)`, `mul(x, other)` and `add(x, other)` compute `silu(x W^T + b)`,
 `(x W^T + b) * other` and `(x W^T + b) + other`. Here they are plain torch;
@@ -27,3 +28,14 @@ class Linear(nn.Linear):
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         return self(x).add_(other)
+
+
+def load_shard(param: torch.Tensor, shard: torch.Tensor, offset: int) -> None:
+    """Copy one part of a fused weight (q of qkv, gate of gate_up…) into rows [offset, offset+n)."""
+    rows = shard.shape[0]
+    if offset + rows > param.shape[0] or shard.shape[1:] != param.shape[1:]:
+        raise ValueError(
+            f"weight shape {tuple(shard.shape)} does not fit fused parameter "
+            f"{tuple(param.shape)} at row {offset}"
+        )
+    param[offset : offset + rows].copy_(shard)
