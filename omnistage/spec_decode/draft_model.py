@@ -20,7 +20,7 @@ import torch
 
 from omnistage.models.base import CausalLM
 from omnistage.spec_decode.greedy_drafts import extend_drafts
-from omnistage.worker.forward_context import forward_context
+from omnistage.spec_decode.proposer import DraftHost, PassLayout
 
 
 class DraftModelProposer:
@@ -30,7 +30,7 @@ class DraftModelProposer:
 
     @torch.inference_mode()
     def propose(
-        self, runner: Any, inputs: Any, wanted: dict[int, int], hidden: Any = None
+        self, runner: DraftHost, inputs: Any, wanted: dict[int, int], hidden: Any = None
     ) -> dict[int, list[int]]:
         """Catch up on every row of the step; drafts for the rows in `wanted` (the target's
         `hidden` states are not used)."""
@@ -68,8 +68,8 @@ class DraftModelProposer:
             lambda ids, layout, keep: self.model.compute_logits(self._forward(ids, layout)),
         )
 
-    def _forward(self, ids: torch.Tensor, layout: Any) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, layout: PassLayout) -> torch.Tensor:
         device = next(self.model.parameters()).device
         positions = torch.from_numpy(layout.positions).to(device)
-        with forward_context(layout.attn):
+        with layout.forward_context():
             return self.model(ids.to(device), positions)

@@ -12,18 +12,19 @@ that carry a hidden state from pass to pass).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 
+from omnistage.spec_decode.proposer import DraftHost, PassLayout
+
 
 def extend_drafts(
-    runner: Any,
+    runner: DraftHost,
     drafts: dict[int, list[int]],
     wanted: dict[int, int],
     next_position: dict[int, int],
-    step: Callable[[torch.Tensor, Any, list[int]], torch.Tensor],
+    step: Callable[[torch.Tensor, PassLayout, list[int]], torch.Tensor],
 ) -> dict[int, list[int]]:
     """Grow each row's drafts (its first one given) greedily up to `wanted[row]`."""
     active = list(drafts)

@@ -35,7 +35,7 @@ import torch
 
 from omnistage.models.base import CausalLM
 from omnistage.spec_decode.greedy_drafts import extend_drafts
-from omnistage.worker.forward_context import forward_context
+from omnistage.spec_decode.proposer import DraftHost, PassLayout
 
 
 class MtpProposer:
@@ -52,12 +52,11 @@ class MtpProposer:
 
     @torch.inference_mode()
     def propose(
-        self, runner: Any, inputs: Any, wanted: dict[int, int], hidden: torch.Tensor
+        self, runner: DraftHost, inputs: Any, wanted: dict[int, int], hidden: torch.Tensor
     ) -> dict[int, list[int]]:
         """Catch up on every row of the step from the target's `hidden` (one row per flat
         token of `inputs`); drafts (up to `wanted[row]`) for the rows in `wanted`."""
         batch = runner.batch
-        skipped = runner._own_embeds | runner._mrope
         firsts = np.cumsum([0, *inputs.row_counts[:-1]])  # each row's first flat token
         flat_positions = inputs.positions if inputs.positions.ndim == 1 else inputs.positions[0]
         fed_from = flat_positions[torch.from_numpy(firsts).to(flat_positions.device)].tolist()
@@ -68,7 +67,7 @@ class MtpProposer:
             # step of a request); only the accepted ones of the step's are computed.
             start = max(state.draft_num_computed, step_start)
             end = state.num_computed_tokens
-            if end > start and state.req_id not in skipped:
+            if end > start and runner.drafts_allowed(state.req_id):
                 rows.append(row)
                 starts.append(start)
                 counts.append(end - start)
@@ -94,7 +93,7 @@ class MtpProposer:
         drafts = {r: [int(t)] for r, t in zip(drafting, tokens.tolist(), strict=True)}
         carried = [out]  # each pass continues from the MTP's own output of the last
 
-        def step(ids: torch.Tensor, layout: Any, keep: list[int]) -> torch.Tensor:
+        def step(ids: torch.Tensor, layout: PassLayout, keep: list[int]) -> torch.Tensor:
             previous = carried[0][torch.tensor(keep, device=carried[0].device)]
             carried[0] = self._forward(ids, previous, layout)
             return self.model.compute_logits(carried[0])
@@ -102,10 +101,10 @@ class MtpProposer:
         next_position = {r: batch.states[r].draft_num_computed for r in drafting}
         return extend_drafts(runner, drafts, wanted, next_position, step)
 
-    def _forward(self, ids: torch.Tensor, hidden: torch.Tensor, layout: Any) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, hidden: torch.Tensor, layout: PassLayout) -> torch.Tensor:
         device = hidden.device
         positions = torch.from_numpy(layout.positions).to(device)
-        with forward_context(layout.attn):
+        with layout.forward_context():
             return self.mtp(
                 self.model.embed_input_ids(ids.to(device)), hidden, positions, self.MTP_LAYER
             )

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from omnistage.spec_decode.proposer import DraftHost
+
 
 class NgramProposer:
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int) -> None:
@@ -21,7 +23,7 @@ class NgramProposer:
         self.max_n = prompt_lookup_max
 
     def propose(
-        self, runner: Any, inputs: Any, wanted: dict[int, int], hidden: Any = None
+        self, runner: DraftHost, inputs: Any, wanted: dict[int, int], hidden: Any = None
     ) -> dict[int, list[int]]:
         """Drafts of each batch row in `wanted` (row -> most drafts), from its history."""
         batch = runner.batch

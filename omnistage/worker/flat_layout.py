@@ -5,17 +5,20 @@ rows one after another in a flat token order. Each token gets its position and
 its KV cache slot (from the row's block table); rows with one token are
 decodes, attended together, the others prefill chunks (or verification rows),
 attended one by one (worker/attention.py). The runner's step and the draft
-model / MTP passes over the same blocks all build their layout here.
+model / MTP passes over the same blocks all build their layout here, and a
+pass runs inside `layout.forward_context()`.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from omnistage.worker.attention import AttentionMetadata, PrefillSeq
+from omnistage.worker.forward_context import forward_context
 
 
 @dataclass
@@ -29,6 +32,11 @@ class FlatLayout:
     ends: np.ndarray
     """Flat index one past each row's last token."""
     attn: AttentionMetadata
+
+    def forward_context(self) -> AbstractContextManager[None]:
+        """The forward context of this pass: a model called inside it attends as laid out
+        (how a proposer runs its passes without importing the worker)."""
+        return forward_context(self.attn)
 
 
 def build_flat_layout(

@@ -18,7 +18,8 @@ end of a step, kept in its `RequestState`, never by row) and its true
 its newest token and up to that many drafts; the target's token is sampled at
 each of those positions through the same dispatch, each position seeing the
 history it would have (spec_decode/verify.py), and the drafts that match are
-accepted. Rejected positions are simply not counted as computed.
+accepted. Rejected positions are simply not counted as computed. Proposers
+(spec_decode/) read the runner through `spec_decode.proposer.DraftHost`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +44,7 @@ from omnistage.sample import (
 )
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.spec_decode.config import SpeculativeConfig
+from omnistage.spec_decode.proposer import Proposer
 from omnistage.spec_decode.verify import accepted_counts
 from omnistage.worker.attention import AttentionMetadata
 from omnistage.worker.flat_layout import FlatLayout, build_flat_layout
@@ -96,7 +97,7 @@ class ModelRunner:
         stage_transitions: StageTransitions | None = None,
         output_hidden_states: bool = False,
         speculative: SpeculativeConfig | None = None,
-        proposer: Any = None,
+        proposer: Proposer | None = None,
         recurrent_states: list[RecurrentLayerState] | None = None,
     ) -> None:
         self.model = model
@@ -142,6 +143,11 @@ class ModelRunner:
             "requests": len(self.requests),
             "busy_ms": int(1000 * self.busy_seconds),
         }
+
+    def drafts_allowed(self, req_id: str) -> bool:
+        """False for a request whose inputs are more than token ids (input embeddings, 3-D
+        positions): no drafts for it (spec_decode.proposer.DraftHost)."""
+        return req_id not in self._own_embeds and req_id not in self._mrope
 
     # -- batch bookkeeping ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -557,7 +563,7 @@ class ModelRunner:
         for row in step.tokens:
             state = self.batch.states[row]
             state.draft_token_ids = []
-            if state.req_id in self._own_embeds or state.req_id in self._mrope:
+            if not self.drafts_allowed(state.req_id):
                 continue  # positions carry more than a token id: no drafts for them
             room = self.max_model_len - int(self.batch.num_tokens[row]) - 1
             wanted[row] = min(self.speculative.num_speculative_tokens, room)
