@@ -17,16 +17,10 @@ PROMPTS = [
 
 
 def capture_logits(llm: LLM) -> list[torch.Tensor]:
-    """Wrap the runner's sampling dispatch to record the logits it is given."""
+    """Record the logits of every sampling step (a sample observer on the runner)."""
     runner = llm.engine.core.executor.runner
     seen: list[torch.Tensor] = []
-    original = runner._sample
-
-    def recording(logits, rows, *args):
-        seen.append(logits.clone())
-        return original(logits, rows, *args)
-
-    runner._sample = recording
+    runner.add_sample_observer(lambda event: seen.append(event.logits))
     return seen
 
 

@@ -12,6 +12,9 @@ own `sample()` when it prefers it, then the default sampler. Platform runners
 (CPU, CUDA) subclass this for device details only and must not override
 `_sample` (seeds/001: a platform runner that skipped the dispatch).
 
+What was sampled is observed through `add_sample_observer`
+(worker/sample_observer.py), never by wrapping the runner's methods.
+
 Speculative decoding: the runner owns each request's drafts (proposed at the
 end of a step, kept in its `RequestState`, never by row) and its true
 `num_computed_tokens`. A decoding request scheduled with draft slots feeds
@@ -26,6 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +56,7 @@ from omnistage.worker.flat_layout import FlatLayout, build_flat_layout
 from omnistage.worker.forward_context import forward_context
 from omnistage.worker.input_batch import InputBatch, RequestState
 from omnistage.worker.recurrent import RecurrentLayerState, RecurrentSlots, commit_accepted
+from omnistage.worker.sample_observer import SampleEvent, SampleObserver
 
 
 @dataclass
@@ -117,6 +123,9 @@ class ModelRunner:
         self._deepstack: set[str] = set()
         """Requests with deepstack features."""
         self.sampler = Sampler()
+        self.sample_observers: list[SampleObserver] = []
+        """Installed sample observers. Replaced, never changed in place, so a step running
+        on another thread iterates a list nobody modifies."""
         self.busy_seconds = 0.0
         """Time spent executing steps (telemetry: how loaded the runner is)."""
         self.stage_transitions = stage_transitions
@@ -143,6 +152,29 @@ class ModelRunner:
             "requests": len(self.requests),
             "busy_ms": int(1000 * self.busy_seconds),
         }
+
+    # -- observing ------------------------------------------------------------------------
+    def add_sample_observer(self, observer: SampleObserver) -> SampleObserver:
+        """Call `observer` with a `SampleEvent` after every step that samples, until it is
+        removed; returns it (worker/sample_observer.py)."""
+        self.sample_observers = [*self.sample_observers, observer]
+        return observer
+
+    def remove_sample_observer(self, observer: SampleObserver) -> None:
+        """Stop calling `observer` (one installation of it; a no-op if none is left)."""
+        observers = list(self.sample_observers)
+        if observer in observers:
+            observers.remove(observer)
+        self.sample_observers = observers
+
+    @contextmanager
+    def observing_samples(self, observer: SampleObserver) -> Iterator[SampleObserver]:
+        """`add_sample_observer` for the duration of a block."""
+        self.add_sample_observer(observer)
+        try:
+            yield observer
+        finally:
+            self.remove_sample_observer(observer)
 
     def drafts_allowed(self, req_id: str) -> bool:
         """False for a request whose inputs are more than token ids (input embeddings, 3-D
@@ -461,6 +493,8 @@ class ModelRunner:
         the token then its codes."""
         drafts = drafts or {}
         md = self._sampling_metadata(rows, drafts)
+        observers = self.sample_observers
+        raw = logits.clone() if observers else None  # processors change `logits` in place
         raw_logprobs = compute_logprobs(logits, md) if md.max_num_logprobs is not None else None
         logits = apply_logits_processors(logits, md)
         if self.stage_transitions is not None:
@@ -470,6 +504,15 @@ class ModelRunner:
             tokens = self.model.sample(logits, md)
         if tokens is None:
             tokens = self.sampler(logits, md)
+        if observers:
+            event = SampleEvent(
+                md.req_ids,
+                raw,
+                tokens[:, 0] if tokens.ndim == 2 else tokens,
+                tokens[:, 1:] if tokens.ndim == 2 else None,
+            )
+            for observer in observers:
+                observer(event)
         codes: dict[int, list[int]] = {}
         if tokens.ndim == 2:  # token, then its codes (never with drafts)
             codes = dict(zip(rows, tokens[:, 1:].tolist(), strict=True))

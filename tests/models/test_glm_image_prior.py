@@ -143,11 +143,7 @@ def test_logits_and_greedy_tokens_match_transformers(ckpt, prompter, reference):
     eng = engine(ckpt, async_scheduling=False)
     runner = eng.core.executor.runner
     seen: list[torch.Tensor] = []
-    original = runner._sample
-    runner._sample = lambda logits, rows, *args: (
-        seen.append(logits.clone()),
-        original(logits, rows, *args),
-    )[1]
+    runner.add_sample_observer(lambda event: seen.append(event.logits))
     try:
         for name in ("wide", "tall"):
             seen.clear()

@@ -66,11 +66,7 @@ def talker_engine(ckpt) -> LLMEngine:
 def record_logits(engine: LLMEngine) -> list[torch.Tensor]:
     runner = engine.core.executor.runner
     seen: list[torch.Tensor] = []
-    original = runner._sample
-    runner._sample = lambda logits, rows, *args: (
-        seen.append(logits.clone()),
-        original(logits, rows, *args),
-    )[1]
+    runner.add_sample_observer(lambda event: seen.append(event.logits))
     return seen
 
 

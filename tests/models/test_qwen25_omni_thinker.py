@@ -106,11 +106,7 @@ def test_thinker_logits_and_greedy_tokens_match_transformers(ckpt, reference):
     llm = LLM(str(ckpt), model_part="thinker", dtype="float64", async_scheduling=False)
     runner = llm.engine.core.executor.runner
     seen: list[torch.Tensor] = []
-    original = runner._sample
-    runner._sample = lambda logits, rows, *args: (
-        seen.append(logits.clone()),
-        original(logits, rows, *args),
-    )[1]
+    runner.add_sample_observer(lambda event: seen.append(event.logits))
     outs = llm.generate(
         [{"prompt_token_ids": p} for p in PROMPTS],
         SamplingParams(temperature=0, max_tokens=16, min_tokens=16),

@@ -33,11 +33,7 @@ def test_talker_decoder_logits_match_transformers(ckpt):
     )
     runner = engine.core.executor.runner
     seen: list[torch.Tensor] = []
-    original = runner._sample
-    runner._sample = lambda logits, rows, *args: (
-        seen.append(logits.clone()),
-        original(logits, rows, *args),
-    )[1]
+    runner.add_sample_observer(lambda event: seen.append(event.logits))
     hidden = ref.config.text_config.hidden_size
     g = torch.Generator().manual_seed(0)
     embeds = [torch.randn(n, hidden, generator=g, dtype=torch.float64) for n in (9, 17, 4)]

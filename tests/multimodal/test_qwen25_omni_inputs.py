@@ -126,11 +126,7 @@ def _engine_run(engine: LLMEngine, encoded, max_tokens: int):
     """Our thinker on an encoded prompt: the first step's logits and the greedy tokens."""
     runner = engine.core.executor.runner
     seen: list[torch.Tensor] = []
-    original = runner._sample
-    runner._sample = lambda logits, rows, *args: (
-        seen.append(logits.clone()),
-        original(logits, rows, *args),
-    )[1]
+    observer = runner.add_sample_observer(lambda event: seen.append(event.logits))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     try:
         engine.add_encoded_request("mm", encoded, params)
@@ -140,7 +136,7 @@ def _engine_run(engine: LLMEngine, encoded, max_tokens: int):
                 if out.finished:
                     tokens = out.outputs[0].token_ids
     finally:
-        runner._sample = original
+        runner.remove_sample_observer(observer)
     return seen[0][0], tokens
 
 

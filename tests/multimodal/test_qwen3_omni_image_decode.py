@@ -36,9 +36,10 @@ from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.engine.llm_engine import LLMEngine
-from omnistage.models.layers import mrope_frequency_rows
+from omnistage.layers.rotary import mrope_frequency_rows
 from omnistage.multimodal import Qwen3OmniInputEncoder
 from omnistage.testing.tiny_qwen3_omni import ACCEPT_HIDDEN_LAYER, make_tiny_qwen3_omni
+from omnistage.worker.sample_observer import SampleEvent, SampleObserver
 from tests.multimodal.media_helpers import RATE
 from tests.multimodal.media_helpers import random_audio as _audio
 from tests.multimodal.media_helpers import random_image as _image
@@ -161,19 +162,23 @@ def _params(logprobs: int | None = None) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=STEPS, min_tokens=STEPS, logprobs=logprobs)
 
 
-def _record_logits(engine: LLMEngine) -> dict[str, list[torch.Tensor]]:
-    """Per request, the logits of each of its sampling steps (the sync runner's)."""
-    runner = engine.core.executor.runner
+def _record_logits(engine: LLMEngine) -> tuple[dict[str, list[torch.Tensor]], SampleObserver]:
+    """Per request, the logits of each of its sampling steps (the sync runner's), and the
+    observer that records them."""
     seen: dict[str, list[torch.Tensor]] = {}
-    original = type(runner)._sample
 
-    def sample(logits, rows, *args):
-        for i, row in enumerate(rows):
-            seen.setdefault(runner.batch.states[row].req_id, []).append(logits[i].clone())
-        return original(runner, logits, rows, *args)
+    def observe(event: SampleEvent) -> None:
+        for req_id, logits in zip(event.req_ids, event.logits, strict=True):
+            seen.setdefault(req_id, []).append(logits)
 
-    runner._sample = sample
-    return seen
+    return seen, engine.core.executor.runner.add_sample_observer(observe)
+
+
+def _stop_recording(engine: LLMEngine, observer: SampleObserver) -> None:
+    """Remove `_record_logits`' observer and `_record_forward`'s wrapper."""
+    runner = engine.core.executor.runner
+    runner.remove_sample_observer(observer)
+    del runner.model.forward
 
 
 def _record_forward(engine: LLMEngine) -> list[tuple[int, bool]]:
@@ -247,7 +252,7 @@ def test_rotary_tables_of_3d_positions_equal_transformers(ckpt, thinker, sync_en
 @pytest.mark.parametrize("name", ["image", "image_audio"])
 def test_image_prompt_logits_tokens_and_talker_hidden_states(sync_engine, prompts, name):
     case = prompts[name]
-    seen = _record_logits(sync_engine)
+    seen, observer = _record_logits(sync_engine)
     calls = _record_forward(sync_engine)
     hidden: list[torch.Tensor] = []
     sync_engine.core_output_listener = lambda rid, out: (
@@ -258,7 +263,7 @@ def test_image_prompt_logits_tokens_and_talker_hidden_states(sync_engine, prompt
         out = _run(sync_engine)[name]
     finally:
         sync_engine.core_output_listener = None
-        del sync_engine.core.executor.runner._sample, sync_engine.core.executor.runner.model.forward
+        _stop_recording(sync_engine, observer)
     # 3-D positions and deepstack for the prompt only: the decode steps take the 1-D path.
     assert calls == [(2, True)] + [(1, False)] * (STEPS - 1)
     assert out.outputs[0].token_ids == case["tokens"]
@@ -291,7 +296,7 @@ def test_async_scheduling_gives_the_same_tokens_and_logprobs(ckpt, prompts, text
 def test_chunked_prefill_batched_with_a_text_request(ckpt, prompts, text_reference):
     # 5-token chunks: boundaries fall inside the image tokens and between deepstack rows.
     engine = _engine(ckpt, max_num_batched_tokens=5, enable_chunked_prefill=True)
-    seen = _record_logits(engine)
+    seen, _ = _record_logits(engine)
     engine.add_tokenized_request("text", None, TEXT_IDS, _params())
     for name, case in prompts.items():
         _add(engine, name, case)
@@ -307,7 +312,7 @@ def test_chunked_prefill_batched_with_a_text_request(ckpt, prompts, text_referen
 def test_text_request_logits_unchanged_next_to_an_image_request(
     sync_engine, prompts, text_reference
 ):
-    seen = _record_logits(sync_engine)
+    seen, observer = _record_logits(sync_engine)
     calls = _record_forward(sync_engine)
     try:
         sync_engine.add_tokenized_request("alone", None, TEXT_IDS, _params())
@@ -318,7 +323,7 @@ def test_text_request_logits_unchanged_next_to_an_image_request(
         sync_engine.add_tokenized_request("text", None, TEXT_IDS, _params())
         done = _run(sync_engine)
     finally:
-        del sync_engine.core.executor.runner._sample, sync_engine.core.executor.runner.model.forward
+        _stop_recording(sync_engine, observer)
     assert done["text"].outputs[0].token_ids == text_reference["tokens"]
     alone, beside = torch.stack(seen["alone"]), torch.stack(seen["text"])
     torch.testing.assert_close(beside, alone, rtol=1e-12, atol=1e-12)

@@ -93,11 +93,7 @@ def thinker(ckpt):
 def _first_step_logits(engine: LLMEngine, ids, embeds, max_tokens: int):
     runner = engine.core.executor.runner
     seen: list[torch.Tensor] = []
-    original = runner._sample
-    runner._sample = lambda logits, rows, *args: (
-        seen.append(logits.clone()),
-        original(logits, rows, *args),
-    )[1]
+    observer = runner.add_sample_observer(lambda event: seen.append(event.logits))
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine.add_tokenized_request("mm", None, ids, params, prompt_embeds=embeds)
     tokens = None
@@ -105,7 +101,7 @@ def _first_step_logits(engine: LLMEngine, ids, embeds, max_tokens: int):
         for out in engine.step():
             if out.finished:
                 tokens = out.outputs[0].token_ids
-    runner._sample = original
+    runner.remove_sample_observer(observer)
     return seen[0][0], tokens
 
 
