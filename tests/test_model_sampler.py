@@ -23,6 +23,7 @@ from omnistage.sample import Sampler
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.testing.tiny_models import make_checkpoint
 from omnistage.worker.model_runner import ModelRunner
+from omnistage.worker.sampling_dispatch import SamplingDispatch
 
 THINK_TOKENS = ["<think>", "</think>", "<recaption>", "</recaption>", "<answer>", "<boi>"]
 
@@ -200,7 +201,7 @@ def test_every_platform_runner_reaches_the_model_sampler(name, think_ckpt):
     cls = runner_classes()[name]
     assert issubclass(cls, ModelRunner)
     # Nothing on the way from execute_model to sampling is overridden (source 001).
-    for method in ("execute_model", "_sample", "_sampling_metadata", "_finish_step"):
+    for method in ("__init__", "execute_model", "_execute", "_finish_step"):
         assert getattr(cls, method) is getattr(ModelRunner, method), (
             f"{cls.__name__} overrides {method}"
         )
@@ -209,6 +210,7 @@ def test_every_platform_runner_reaches_the_model_sampler(name, think_ckpt):
     llm = LLM(str(path), async_scheduling=False)
     runner = llm.engine.core.executor.runner
     runner.__class__ = cls
+    assert type(runner.sampling) is SamplingDispatch  # the one dispatch, not a platform's
     before = runner.model.calls
     llm.generate("hi", SamplingParams(max_tokens=3), use_tqdm=False)
     assert runner.model.calls == before + 3

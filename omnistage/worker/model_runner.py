@@ -1,17 +1,18 @@
 """`ModelRunner`: executes one scheduled step on a model and samples.
 
 Per step (`execute_model`):
-  update the persistent batch from the `SchedulerOutput` (drop ended and
-  preempted requests, add new ones, extend block tables) → build the flat
-  inputs and the attention metadata → forward in a forward context → logits
-  of the rows that sample → sampling → append the sampled tokens to each
+  update the requests the runner holds from the `SchedulerOutput` (drop ended
+  and preempted ones, add new ones, extend block tables) → build the flat
+  inputs and the attention metadata (worker/step_inputs.py) and, where rows
+  carry more than token ids, the input embeddings (worker/input_embeds.py) →
+  forward in a forward context → logits of the rows that sample → the sampling
+  dispatch (worker/sampling_dispatch.py) → append the sampled tokens to each
   request's real history → `ModelRunnerOutput`.
 
-Sampling dispatch is written here, once: logits processors, then the model's
-own `sample()` when it prefers it, then the default sampler. Platform runners
-(CPU, CUDA) subclass this for device details only and must not override
-`_sample` (seeds/001: a platform runner that skipped the dispatch).
-
+The runner is the one owner of what it holds per request; the parts above are
+composed once at construction and each follows the requests it cares about.
+Platform runners (CPU, CUDA) subclass this for device details only and never
+replace the sampling dispatch (seeds/001: a platform runner that skipped it).
 What was sampled is observed through `add_sample_observer`
 (worker/sample_observer.py), never by wrapping the runner's methods.
 
@@ -27,65 +28,28 @@ accepted. Rejected positions are simply not counted as computed. Proposers
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
-from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from omnistage.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
-from omnistage.models.base import CausalLM, DeepstackRows
-from omnistage.sample import (
-    Sampler,
-    SamplingMetadata,
-    apply_logits_processors,
-    compute_logprobs,
-    gather_logprobs,
-)
+from omnistage.models.base import CausalLM
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.spec_decode.config import SpeculativeConfig
 from omnistage.spec_decode.proposer import Proposer
-from omnistage.spec_decode.verify import accepted_counts
-from omnistage.worker.attention import AttentionMetadata
-from omnistage.worker.flat_layout import FlatLayout, build_flat_layout
+from omnistage.worker.flat_layout import FlatLayout
 from omnistage.worker.forward_context import forward_context
 from omnistage.worker.input_batch import InputBatch, RequestState
+from omnistage.worker.input_embeds import InputEmbeds
 from omnistage.worker.recurrent import RecurrentLayerState, RecurrentSlots, commit_accepted
-from omnistage.worker.sample_observer import SampleEvent, SampleObserver
-
-
-@dataclass
-class StepInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    attn: AttentionMetadata
-    rows: list[int]
-    """Batch rows scheduled this step, in flat order."""
-    row_counts: list[int]
-    """Tokens of each of those rows this step."""
-    sample_rows: list[int]
-    """Rows that sample a token this step (their prompt is fully computed)."""
-    logits_indices: torch.Tensor
-    """Flat index of the last token of each sampling row (of its last 1 + len(drafts)
-    tokens when it verifies drafts)."""
-    drafts: dict[int, list[int]]
-    """Rows that verify drafts this step: the drafts, fed after their newest token."""
-
-
-@dataclass
-class SampledRows:
-    """What one step sampled, by batch row: one token, or with drafts the accepted ones
-    and the target's token after them."""
-
-    tokens: dict[int, list[int]]
-    codes: dict[int, list[int]]
-    """Models with `num_token_codes`: the codes sampled with each row's token."""
-    logprobs: dict[int, list[tuple[list[int], list[float], int]]]
+from omnistage.worker.sample_observer import SampleObserver
+from omnistage.worker.sampling_dispatch import SampledRows, SamplingDispatch
+from omnistage.worker.step_inputs import StepInputBuilder, StepInputs
 
 
 class ModelRunner:
@@ -106,6 +70,11 @@ class ModelRunner:
         proposer: Proposer | None = None,
         recurrent_states: list[RecurrentLayerState] | None = None,
     ) -> None:
+        if speculative is not None and (model.num_token_codes > 0 or output_hidden_states):
+            raise ValueError(
+                "speculative_config: not available for models that sample extra codes per "
+                "token or stages that send hidden states downstream"
+            )
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -115,29 +84,15 @@ class ModelRunner:
         max_blocks = -(-max_model_len // block_size)
         self.batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
         self.requests: dict[str, RequestState] = {}
-        self._own_embeds: set[str] = set()
-        """Requests that bring input embeddings (prompt embeddings, conditioning rows)."""
-        self._mrope: set[str] = set()
-        """Requests with 3-D rotary positions of their prompt or outputs (an empty set: every
-        step keeps 1-D positions)."""
-        self._deepstack: set[str] = set()
-        """Requests with deepstack features."""
-        self.sampler = Sampler()
-        self.sample_observers: list[SampleObserver] = []
-        """Installed sample observers. Replaced, never changed in place, so a step running
-        on another thread iterates a list nobody modifies."""
-        self.busy_seconds = 0.0
-        """Time spent executing steps (telemetry: how loaded the runner is)."""
-        self.stage_transitions = stage_transitions
-        self.output_hidden_states = output_hidden_states
         self.recurrent = RecurrentSlots(max_num_reqs) if model.has_recurrent_state else None
         """State slots of the requests held (models with recurrent layers), by request id."""
+        self.step_inputs = StepInputBuilder(self.batch, block_size, device, self.recurrent)
+        self.embeds = InputEmbeds(model, self.batch, device)
+        self.sampling = SamplingDispatch(model, device, stage_transitions)
+        self.busy_seconds = 0.0
+        """Time spent executing steps (telemetry: how loaded the runner is)."""
+        self.output_hidden_states = output_hidden_states
         self.max_model_len = max_model_len
-        if speculative is not None and (model.num_token_codes > 0 or output_hidden_states):
-            raise ValueError(
-                "speculative_config: not available for models that sample extra codes per "
-                "token or stages that send hidden states downstream"
-            )
         self.speculative = speculative
         self.proposer = proposer
         """Proposes each sampled request's drafts for its next step (see spec_decode/)."""
@@ -157,15 +112,15 @@ class ModelRunner:
     def add_sample_observer(self, observer: SampleObserver) -> SampleObserver:
         """Call `observer` with a `SampleEvent` after every step that samples, until it is
         removed; returns it (worker/sample_observer.py)."""
-        self.sample_observers = [*self.sample_observers, observer]
+        self.sampling.observers = [*self.sampling.observers, observer]
         return observer
 
     def remove_sample_observer(self, observer: SampleObserver) -> None:
         """Stop calling `observer` (one installation of it; a no-op if none is left)."""
-        observers = list(self.sample_observers)
+        observers = list(self.sampling.observers)
         if observer in observers:
             observers.remove(observer)
-        self.sample_observers = observers
+        self.sampling.observers = observers
 
     @contextmanager
     def observing_samples(self, observer: SampleObserver) -> Iterator[SampleObserver]:
@@ -176,54 +131,32 @@ class ModelRunner:
         finally:
             self.remove_sample_observer(observer)
 
+    # -- what the proposers read (spec_decode.proposer.DraftHost) ------------------------------
+    def flat_layout(self, rows: np.ndarray, start: np.ndarray, n: np.ndarray) -> FlatLayout:
+        """The layout of a pass over `n[i]` tokens of row `rows[i]` from position `start[i]`
+        (the step's, or a draft model's / MTP layer's pass over the same blocks)."""
+        return self.step_inputs.flat_layout(rows, start, n)
+
     def drafts_allowed(self, req_id: str) -> bool:
         """False for a request whose inputs are more than token ids (input embeddings, 3-D
-        positions): no drafts for it (spec_decode.proposer.DraftHost)."""
-        return req_id not in self._own_embeds and req_id not in self._mrope
+        positions): no drafts for it."""
+        return req_id not in self.embeds.own and req_id not in self.step_inputs.mrope
 
-    # -- batch bookkeeping ---------------------------------------------------------------
+    # -- the requests held --------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in so.finished_req_ids | so.preempted_req_ids:
             self.requests.pop(req_id, None)
-            self._own_embeds.discard(req_id)
-            self._mrope.discard(req_id)
-            self._deepstack.discard(req_id)
+            self.step_inputs.forget(req_id)
+            self.embeds.forget(req_id)
             self.batch.remove(req_id)
             if self.recurrent is not None:
                 self.recurrent.remove(req_id)
         for new in so.scheduled_new_reqs:
             if self.recurrent is not None:
                 self.recurrent.add(new.req_id)
-            state = RequestState(
-                req_id=new.req_id,
-                prompt_token_ids=list(new.prompt_token_ids),
-                output_token_ids=list(new.output_token_ids),
-                sampling_params=new.sampling_params,
-                sample_seed=new.sample_seed,
-                block_ids=list(new.block_ids),
-                num_computed_tokens=new.num_computed_tokens,
-                draft_num_computed=new.num_computed_tokens,
-                eos_token_id=self.eos_token_id,
-                prompt_embeds=None
-                if new.prompt_embeds is None
-                else blob_to_tensor(new.prompt_embeds).to(self.device, self.model.dtype),
-            )
-            if new.stream_conditioning:
-                state.conditioning = self._rows(new.conditioning)
-                if new.conditioning_fill is not None:
-                    state.conditioning_fill = self._rows(new.conditioning_fill)
-            state.output_codes = [list(c) for c in new.output_codes]
-            if state.prompt_embeds is not None or state.conditioning is not None:
-                self._own_embeds.add(new.req_id)
-            if new.mm_decoder_inputs is not None:
-                mm = MultimodalDecoderInputs.from_data(
-                    new.mm_decoder_inputs, self.device, self.model.dtype
-                )
-                state.mm_decoder_inputs = mm
-                if mm.mrope_positions is not None or mm.decode_positions is not None:
-                    self._mrope.add(new.req_id)
-                if mm.deepstack_embeds is not None:
-                    self._deepstack.add(new.req_id)
+            state = self._request_state(new)
+            self.step_inputs.track(state)
+            self.embeds.track(state)
             self.requests[new.req_id] = state
             self.batch.add(state)
         for req_id, blob in so.new_conditioning.items():
@@ -241,152 +174,38 @@ class ModelRunner:
                 self.batch.append_blocks(self.batch.req_id_to_row[req_id], new_blocks)
         self.batch.condense()
 
-    # -- inputs ---------------------------------------------------------------------------------
-    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
-        """Flat token ids, positions, cache slots and attention metadata of the step (numpy)."""
-        batch = self.batch
-        live = batch.states[: batch.num_rows]
-        counts = np.array([so.num_scheduled_tokens.get(s.req_id, 0) for s in live], dtype=np.int64)
-        computed = np.array([s.num_computed_tokens for s in live], dtype=np.int64)
-        drafts = self._place_drafts(so, counts, computed) if so.scheduled_spec_tokens else {}
-        rows = np.flatnonzero(counts)
-        n, start = counts[rows], computed[rows]
-        layout = self.flat_layout(rows, start, n)
-        if self.recurrent is not None:  # verifying rows keep a state per position
-            layout.attn.recurrent = self.recurrent.metadata(
-                [batch.states[r].req_id for r in rows],
-                n.tolist(),
-                start.tolist(),
-                [1 + len(drafts[r]) if r in drafts else 0 for r in rows.tolist()],
-                self.device,
-            )
-        sampling = start + n >= batch.num_tokens[rows]
-        sample_rows = rows[sampling].tolist()
-        ends = layout.ends[sampling]
-        if drafts:
-            widths = [1 + len(drafts.get(r, ())) for r in sample_rows]
-            logits_indices = np.concatenate(
-                [np.arange(e - w, e) for e, w in zip(ends, widths, strict=True)]
-            )
-        else:
-            logits_indices = ends - 1
-        pos = layout.positions
-        return StepInputs(
-            input_ids=torch.from_numpy(batch.token_ids[layout.tok_rows, pos]).to(self.device),
-            positions=torch.from_numpy(
-                self._rotary_positions(rows, layout.first, n, start, pos) if self._mrope else pos
-            ).to(self.device),
-            attn=layout.attn,
-            rows=rows.tolist(),
-            row_counts=n.tolist(),
-            sample_rows=sample_rows,
-            logits_indices=torch.from_numpy(logits_indices).to(self.device),
-            drafts=drafts,
+    def _request_state(self, new: NewRequestData) -> RequestState:
+        """The runner's state of a request it has not held (or lost on preemption)."""
+        state = RequestState(
+            req_id=new.req_id,
+            prompt_token_ids=list(new.prompt_token_ids),
+            output_token_ids=list(new.output_token_ids),
+            sampling_params=new.sampling_params,
+            sample_seed=new.sample_seed,
+            block_ids=list(new.block_ids),
+            num_computed_tokens=new.num_computed_tokens,
+            draft_num_computed=new.num_computed_tokens,
+            eos_token_id=self.eos_token_id,
+            prompt_embeds=None
+            if new.prompt_embeds is None
+            else blob_to_tensor(new.prompt_embeds).to(self.device, self.model.dtype),
         )
+        if new.stream_conditioning:
+            state.conditioning = self._rows(new.conditioning)
+            if new.conditioning_fill is not None:
+                state.conditioning_fill = self._rows(new.conditioning_fill)
+        state.output_codes = [list(c) for c in new.output_codes]
+        if new.mm_decoder_inputs is not None:
+            state.mm_decoder_inputs = MultimodalDecoderInputs.from_data(
+                new.mm_decoder_inputs, self.device, self.model.dtype
+            )
+        return state
 
-    def _place_drafts(
-        self, so: SchedulerOutput, counts: np.ndarray, computed: np.ndarray
-    ) -> dict[int, list[int]]:
-        """Rows given draft slots: feed up to that many of the drafts they hold, written
-        past their history in the token rows (never into it); `counts` shrinks to what
-        is fed. Returns the drafts each such row verifies."""
-        placed: dict[int, list[int]] = {}
-        for req_id, slots in so.scheduled_spec_tokens.items():
-            row = self.batch.req_id_to_row[req_id]
-            state = self.batch.states[row]
-            num_tokens = int(self.batch.num_tokens[row])
-            if computed[row] != num_tokens - 1 or computed[row] < len(state.prompt_token_ids):
-                drafts = []  # not decoding yet (async: its prompt's last token is in this step)
-            else:
-                drafts = state.draft_token_ids[:slots]
-            counts[row] = min(counts[row], num_tokens - computed[row]) + len(drafts)
-            if drafts:
-                self.batch.token_ids[row, num_tokens : num_tokens + len(drafts)] = drafts
-                placed[row] = drafts
-        return placed
-
-    def flat_layout(self, rows: np.ndarray, start: np.ndarray, n: np.ndarray) -> FlatLayout:
-        """The layout of a pass over `n[i]` tokens of row `rows[i]` from position `start[i]`
-        (the step's, or a draft model's / MTP layer's pass over the same blocks)."""
-        return build_flat_layout(
-            self.batch.block_table, self.block_size, self.device, rows, start, n
-        )
-
-    def _rotary_positions(
-        self,
-        rows: np.ndarray,
-        first: np.ndarray,
-        counts: np.ndarray,
-        starts: np.ndarray,
-        pos: np.ndarray,
-    ) -> np.ndarray:
-        """Rotary positions of the step's tokens when some request has 3-D positions: a
-        prompt token `i` of such a request takes `mrope_positions[:, i]`, a generated token
-        `j` `decode_positions[:, j]` (GLM-Image) or else its sequence index plus
-        `rope_delta`, every other token its sequence index. [3, T] when a scheduled token
-        takes 3-D positions, else [T] (Qwen decode steps stay 1-D)."""
-        out, parts = pos, []
-        for req_id in self._mrope:
-            row = self.batch.req_id_to_row[req_id]
-            i = int(np.searchsorted(rows, row))
-            if i == len(rows) or rows[i] != row:
-                continue  # not scheduled this step
-            state = self.batch.states[row]
-            mm = state.mm_decoder_inputs
-            f, n, s = int(first[i]), int(counts[i]), int(starts[i])
-            length = len(state.prompt_token_ids)
-            if s < length and mm.mrope_positions is not None:
-                parts.append((f, mm.mrope_positions[:, s : min(s + n, length)]))
-            if s + n <= length:
-                continue
-            out_at = f + max(length - s, 0)  # flat index of the first generated token
-            if mm.decode_positions is not None:
-                parts.append((out_at, mm.output_positions(max(s - length, 0), f + n - out_at)))
-            elif mm.rope_delta:
-                if out is pos:
-                    out = pos.copy()
-                out[out_at : f + n] += mm.rope_delta
-        if not parts:
-            return out
-        out = np.repeat(out[None], 3, axis=0)
-        for at, positions in parts:
-            out[:, at : at + positions.shape[1]] = positions.numpy()
-        return out
-
-    def _deepstack_rows(self, inputs: StepInputs) -> DeepstackRows | None:
-        """The deepstack features of the step's prompt tokens at visual positions (a chunk
-        `[s, e)` of a prompt takes the visual rows between the mask's counts before `s`
-        and before `e`); None when no scheduled token has any. A request whose prompt is
-        done leaves `_deepstack` and drops its features (a recompute brings them again)."""
-        spans, at = {}, 0
-        for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
-            spans[row] = (at, n)
-            at += n
-        flat, feats, done = [], [], []
-        for req_id in self._deepstack:
-            row = self.batch.req_id_to_row[req_id]
-            if row not in spans:
-                continue  # not scheduled this step
-            mm = self.batch.states[row].mm_decoder_inputs
-            mask, (offset, n) = mm.visual_pos_mask, spans[row]
-            start = self.batch.states[row].num_computed_tokens
-            if start + n >= mask.shape[0]:
-                done.append(req_id)
-            local = mask[start : start + n].nonzero().flatten()
-            if len(local):
-                before = int(mask[:start].sum())
-                flat.append(local + offset)
-                feats.append(mm.deepstack_embeds[:, before : before + len(local)])
-        for req_id in done:
-            self._deepstack.discard(req_id)
-            mm = self.batch.states[self.batch.req_id_to_row[req_id]].mm_decoder_inputs
-            mm.visual_pos_mask = mm.deepstack_embeds = None
-        if not flat:
-            return None
-        layers = max(f.shape[0] for f in feats)
-        if any(f.shape[0] != layers for f in feats):  # requests may differ: pad with zeros
-            feats = [torch.cat([f, f.new_zeros(layers - len(f), *f.shape[1:])]) for f in feats]
-        return DeepstackRows(rows=torch.cat(flat).to(self.device), embeds=torch.cat(feats, dim=1))
+    def _rows(self, blob: TensorBlob | None) -> torch.Tensor:
+        if blob is None:
+            width = self.model.input_width
+            return torch.zeros(0, width, dtype=self.model.dtype, device=self.device)
+        return blob_to_tensor(blob).to(self.device, self.model.dtype)
 
     # -- the step -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -401,9 +220,9 @@ class ModelRunner:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[], logprobs=[])
-        inputs = self._prepare_inputs(so)
-        embeds = self._prompt_embeds(inputs)
-        deepstack = self._deepstack_rows(inputs) if self._deepstack else None
+        inputs = self.step_inputs.build(so)
+        embeds = self.embeds.prompt_embeds(inputs)
+        deepstack = self.embeds.deepstack_rows(inputs) if self.embeds.deepstack else None
         with forward_context(inputs.attn):
             if deepstack is None:
                 hidden = self.model(inputs.input_ids, inputs.positions, embeds)
@@ -412,7 +231,11 @@ class ModelRunner:
         step = SampledRows({}, {}, {})
         if inputs.sample_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            step = self._sample(logits, inputs.sample_rows, inputs.drafts)
+            step = self.sampling.sample(
+                logits, self.batch.states, inputs.sample_rows, inputs.drafts
+            )
+            if step.accepted is not None:
+                self._commit_recurrent_states(inputs.sample_rows, inputs.drafts, step.accepted)
         starts = [self.batch.states[r].num_computed_tokens for r in inputs.rows]
         output = self._finish_step(inputs, step)
         if self.output_hidden_states:
@@ -421,125 +244,6 @@ class ModelRunner:
         if self.proposer is not None:
             output.proposed_drafts = self._propose_drafts(inputs, step, hidden)
         return output
-
-    def _rows(self, blob: TensorBlob | None) -> torch.Tensor:
-        if blob is None:
-            width = self.model.input_width
-            return torch.zeros(0, width, dtype=self.model.dtype, device=self.device)
-        return blob_to_tensor(blob).to(self.device, self.model.dtype)
-
-    def _prompt_embeds(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Input embeddings of the step when a scheduled request brings its own (prompt
-        embeddings, conditioning rows) or the model embeds its tokens' codes, else None:
-        the model embeds the token ids."""
-        with_codes = self.model.num_token_codes > 0
-        if not self._own_embeds and not with_codes:  # the common case: no row is touched
-            return None
-        embeds = self.model.embed_input_ids(inputs.input_ids)
-        offset = 0
-        for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
-            state = self.batch.states[row]
-            start, prompt_len = state.num_computed_tokens, len(state.prompt_token_ids)
-            if state.prompt_embeds is not None:
-                stop = min(start + n, prompt_len)
-                if stop > start:
-                    embeds[offset : offset + stop - start] = state.prompt_embeds[start:stop]
-            # Positions past the prompt hold output tokens: output `first - prompt_len` first.
-            first, last = max(start, prompt_len), start + n
-            if first < last:
-                out = embeds[offset + first - start : offset + last - start]
-                self._add_output_rows(state, out, first - prompt_len)
-            offset += n
-        return embeds
-
-    def _add_output_rows(self, state: RequestState, out: torch.Tensor, first: int) -> None:
-        """Add to the input embeddings `out` of outputs `first, first + 1, ...` their
-        conditioning rows (then the fill row) and the embeddings of their extra codes."""
-        count = out.shape[0]
-        if state.conditioning is not None:
-            rows = state.conditioning[first : first + count]
-            out[: rows.shape[0]] += rows
-            if state.conditioning_fill is not None and rows.shape[0] < count:
-                out[rows.shape[0] :] += state.conditioning_fill
-        if self.model.num_token_codes > 0:
-            codes = state.output_codes[first : first + count]
-            if codes:
-                ids = torch.tensor(codes, dtype=torch.long, device=out.device)
-                out[: len(codes)] += self.model.embed_token_codes(ids)
-
-    def _sampling_metadata(self, rows: list[int], drafts: dict[int, list[int]]) -> SamplingMetadata:
-        """One sampling row per sampled position: a row verifying drafts samples after its
-        newest token and after each draft, position `j` seeing the history plus the first
-        `j` drafts (what it would be had they been sampled)."""
-        entries = []
-        for r in rows:
-            s = self.batch.states[r]
-            entries.append(s.sampling_row)
-            for j in range(1, len(drafts.get(r, ())) + 1):
-                entries.append(
-                    dataclasses.replace(
-                        s.sampling_row, output_token_ids=s.output_token_ids + drafts[r][:j]
-                    )
-                )
-        return SamplingMetadata.from_requests(entries, self.device)
-
-    def _sample(
-        self, logits: torch.Tensor, rows: list[int], drafts: dict[int, list[int]] | None = None
-    ) -> SampledRows:
-        """The one sampling dispatch of every platform: processors → model sampler → default,
-        then draft verification (spec_decode/verify.py) for rows that bring drafts.
-
-        A model with `num_token_codes` samples in its own `sample()` and returns, per row,
-        the token then its codes."""
-        drafts = drafts or {}
-        md = self._sampling_metadata(rows, drafts)
-        observers = self.sample_observers
-        raw = logits.clone() if observers else None  # processors change `logits` in place
-        raw_logprobs = compute_logprobs(logits, md) if md.max_num_logprobs is not None else None
-        logits = apply_logits_processors(logits, md)
-        if self.stage_transitions is not None:
-            self.stage_transitions.apply(logits, md.output_token_ids)
-        tokens = None
-        if self.model.prefer_model_sampler:
-            tokens = self.model.sample(logits, md)
-        if tokens is None:
-            tokens = self.sampler(logits, md)
-        if observers:
-            event = SampleEvent(
-                md.req_ids,
-                raw,
-                tokens[:, 0] if tokens.ndim == 2 else tokens,
-                tokens[:, 1:] if tokens.ndim == 2 else None,
-            )
-            for observer in observers:
-                observer(event)
-        codes: dict[int, list[int]] = {}
-        if tokens.ndim == 2:  # token, then its codes (never with drafts)
-            codes = dict(zip(rows, tokens[:, 1:].tolist(), strict=True))
-            tokens = tokens[:, 0]
-        flat = tokens.tolist()
-        sampled: dict[int, list[int]] = {}
-        picks: list[tuple[int, int]] = []  # (row, flat sampling row) of each emitted token
-        accepted = None
-        if drafts:
-            accepted = accepted_counts(tokens, [drafts.get(r, []) for r in rows])
-            self._commit_recurrent_states(rows, drafts, accepted)
-        num_accepted = accepted.tolist() if accepted is not None else [0] * len(rows)
-        at = 0
-        for row, a in zip(rows, num_accepted, strict=True):
-            sampled[row] = flat[at : at + a + 1]
-            picks.extend((row, at + j) for j in range(a + 1))
-            at += len(drafts.get(row, ())) + 1
-        logprobs: dict[int, list[tuple[list[int], list[float], int]]] = {}
-        if raw_logprobs is not None:
-            ids, lps, ranks = gather_logprobs(raw_logprobs, tokens, md.max_num_logprobs)
-            for row, i in picks:
-                k = self.batch.states[row].sampling_params.logprobs
-                if k is not None:
-                    logprobs.setdefault(row, []).append(
-                        (ids[i, : k + 1].tolist(), lps[i, : k + 1].tolist(), int(ranks[i]))
-                    )
-        return SampledRows(sampled, codes, logprobs)
 
     def _commit_recurrent_states(
         self, rows: list[int], drafts: dict[int, list[int]], accepted: torch.Tensor
