@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from omnistage import kernels
 from omnistage.kernels import work_sharing
-from omnistage.worker import attention as A
+from omnistage.layers import attention as A
 
 KERNEL_SHAPES = [
     dict(heads=8, kv_heads=2),

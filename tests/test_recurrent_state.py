@@ -15,11 +15,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from omnistage.layers.forward_context import forward_context
+from omnistage.layers.recurrent_state import RecurrentMetadata
 from omnistage.models.mamba2 import Mamba2Mixer
 from omnistage.testing.tiny_models import tiny_config
-from omnistage.worker.forward_context import forward_context
 from omnistage.worker.recurrent import (
-    RecurrentMetadata,
     RecurrentSlots,
     allocate_recurrent_state,
     commit_accepted,

@@ -28,6 +28,7 @@ from omnistage.core.kv_cache_manager import KVCacheManager
 from omnistage.core.process_executor import ProcessExecutor
 from omnistage.core.scheduler import Scheduler
 from omnistage.engine.worker_launch import WORKER_RUNNER, LaunchedWorker, launch_worker
+from omnistage.layers.attention import allocate_kv_cache
 from omnistage.models.base import CausalLM
 from omnistage.models.gguf_quantized import (
     install_quantized,
@@ -49,7 +50,6 @@ from omnistage.spec_decode.draft_model import DraftModelProposer
 from omnistage.spec_decode.mtp import MtpProposer
 from omnistage.spec_decode.ngram import NgramProposer
 from omnistage.startup_phases import StartupPhases
-from omnistage.worker.attention import allocate_kv_cache
 from omnistage.worker.model_runner import ModelRunner
 from omnistage.worker.recurrent import allocate_recurrent_state
 

@@ -130,7 +130,7 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
-        """Give each attention layer its cache tensor (see worker/attention.py)."""
+        """Give each attention layer its cache tensor (see layers/attention.py)."""
         raise NotImplementedError
 
     def sample(self, logits: torch.Tensor, metadata: Any) -> torch.Tensor | None:

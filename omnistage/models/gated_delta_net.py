@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear, load_shard
-from omnistage.worker.forward_context import get_forward_context
 
 DEFAULT_CHUNK_SIZE = 64
 

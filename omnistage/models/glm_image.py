@@ -35,14 +35,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from omnistage.layers.attention import attend, write_kv
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
 from omnistage.models.base import CausalLM
 from omnistage.models.llama import DecoderMLP
 from omnistage.models.parts import ROOT_CONFIG_ATTR
-from omnistage.worker.attention import attend, write_kv
-from omnistage.worker.forward_context import get_forward_context
 
 MODEL_TYPE = "glm_image"
 _SKIPPED_PREFIXES = ("model.visual.", "model.vqmodel.")

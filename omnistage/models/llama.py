@@ -14,12 +14,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from omnistage.layers.attention import attend, rope_and_write_kv, write_kv
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import DefaultRope, RotaryEmbedding
 from omnistage.models.base import CausalLM
-from omnistage.worker.attention import attend, rope_and_write_kv, write_kv
-from omnistage.worker.forward_context import get_forward_context
 
 
 class DecoderAttention(nn.Module):

@@ -29,11 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear
 from omnistage.layers.norm import RMSNorm
+from omnistage.layers.recurrent_state import RecurrentLayerState, RecurrentMetadata
 from omnistage.models.base import CausalLM
-from omnistage.worker.forward_context import get_forward_context
-from omnistage.worker.recurrent import RecurrentLayerState, RecurrentMetadata
 
 
 class GatedRMSNorm(nn.Module):

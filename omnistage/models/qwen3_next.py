@@ -29,6 +29,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from omnistage.layers.attention import attend, write_kv
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding
@@ -36,8 +38,6 @@ from omnistage.models.base import CausalLM
 from omnistage.models.gated_delta_net import GatedDeltaNet
 from omnistage.models.llama import DecoderMLP
 from omnistage.models.moe import _MoeMixin
-from omnistage.worker.attention import attend, write_kv
-from omnistage.worker.forward_context import get_forward_context
 
 LINEAR, FULL = "linear_attention", "full_attention"
 _SKIPPED = re.compile(r"^(model\.visual\.|visual\.)|rotary_emb")

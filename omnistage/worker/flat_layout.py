@@ -4,7 +4,7 @@ A pass computes `n[i]` tokens of batch row `rows[i]` from position `start[i]`,
 rows one after another in a flat token order. Each token gets its position and
 its KV cache slot (from the row's block table); rows with one token are
 decodes, attended together, the others prefill chunks (or verification rows),
-attended one by one (worker/attention.py). The runner's step and the draft
+attended one by one (layers/attention.py). The runner's step and the draft
 model / MTP passes over the same blocks all build their layout here, and a
 pass runs inside `layout.forward_context()`.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omnistage.worker.attention import AttentionMetadata, PrefillSeq
-from omnistage.worker.forward_context import forward_context
+from omnistage.layers.attention import AttentionMetadata, PrefillSeq
+from omnistage.layers.forward_context import forward_context
 
 
 @dataclass

@@ -38,15 +38,16 @@ import torch
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
+from omnistage.layers.forward_context import forward_context
+from omnistage.layers.recurrent_state import RecurrentLayerState
 from omnistage.models.base import CausalLM
 from omnistage.sample.stage_transitions import StageTransitions
 from omnistage.spec_decode.config import SpeculativeConfig
 from omnistage.spec_decode.proposer import Proposer
 from omnistage.worker.flat_layout import FlatLayout
-from omnistage.worker.forward_context import forward_context
 from omnistage.worker.input_batch import InputBatch, RequestState
 from omnistage.worker.input_embeds import InputEmbeds
-from omnistage.worker.recurrent import RecurrentLayerState, RecurrentSlots, commit_accepted
+from omnistage.worker.recurrent import RecurrentSlots, commit_accepted
 from omnistage.worker.sample_observer import SampleObserver
 from omnistage.worker.sampling_dispatch import SampledRows, SamplingDispatch
 from omnistage.worker.step_inputs import StepInputBuilder, StepInputs

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from omnistage.core.sched_output import SchedulerOutput
-from omnistage.worker.attention import AttentionMetadata
+from omnistage.layers.attention import AttentionMetadata
 from omnistage.worker.flat_layout import FlatLayout, build_flat_layout
 from omnistage.worker.input_batch import InputBatch, RequestState
 from omnistage.worker.recurrent import RecurrentSlots

@@ -24,6 +24,8 @@ from transformers import AutoModelForCausalLM
 from transformers.models.qwen3_next import modeling_qwen3_next as hf_next
 
 from omnistage import LLM, SamplingParams
+from omnistage.layers.forward_context import forward_context
+from omnistage.layers.recurrent_state import RecurrentMetadata
 from omnistage.models.gated_delta_net import (
     GatedDeltaNet,
     causal_conv1d,
@@ -33,9 +35,7 @@ from omnistage.models.gated_delta_net import (
     recurrent_gated_delta_rule,
 )
 from omnistage.testing.tiny_models import tiny_config
-from omnistage.worker.forward_context import forward_context
 from omnistage.worker.recurrent import (
-    RecurrentMetadata,
     allocate_recurrent_state,
     commit_accepted,
 )

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from omnistage import kernels
 from omnistage.kernels import work_sharing
-from omnistage.worker.recurrent import RecurrentMetadata
+from omnistage.layers.recurrent_state import RecurrentMetadata
 
 PARALLEL_DECODE_WORK = 16384
 """Context tokens x KV heads of a decode step from which its attention kernel runs on
