@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
-from omnistage.pipeline.processors import StageInput
+from omnistage.core.stage_input import StageInput
 
 GRID_FACTOR = 32
 """Pixels per cell of the large grid (`GlmImageProcessor._get_target_shape`)."""

@@ -19,6 +19,7 @@ import torch
 from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
+from omnistage.core.stage_input import StageInput
 from omnistage.core.tensor_blob import blob_to_tensor
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.models.glm_image import is_glm_image_prior
@@ -32,7 +33,7 @@ from omnistage.pipeline.messages import (
     SubmitRequest,
 )
 from omnistage.pipeline.payload import Payload
-from omnistage.pipeline.processors import IMAGE_GRID_KEY, StageInput
+from omnistage.pipeline.processors import IMAGE_GRID_KEY
 from omnistage.pipeline.prompt_inputs import AUDIO_RATE
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.sampling_params import SamplingParams

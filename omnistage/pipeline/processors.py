@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from omnistage.core.stage_input import StageInput
 from omnistage.pipeline.payload import Payload
 from omnistage.pipeline.voices import QWEN3_OMNI_DEFAULT_VOICE, QWEN25_OMNI_DEFAULT_VOICE
 
@@ -32,24 +33,6 @@ class Accumulate(enum.Enum):
     """Append each step's rows along dim 0 (per position for hidden states)."""
     REPLACE = "replace"
     """Keep only the latest value."""
-
-
-@dataclass
-class StageInput:
-    """What an AR consumer stage starts a request from."""
-
-    prompt: str | None = None
-    prompt_token_ids: list[int] | None = None
-    prompt_embeds: torch.Tensor | None = None
-    conditioning: torch.Tensor | None = None
-    """Rows added to the input embeddings of the generated positions, one each."""
-    conditioning_fill: torch.Tensor | None = None
-    """The row of every generated position past the last of `conditioning`."""
-    mm_decoder_inputs: Any = None
-    """`MultimodalDecoderInputs` of a prompt with images (3-D positions, deepstack)."""
-    image_grid_thw: torch.Tensor | None = None
-    """`[images, 3]` patch grids of the prompt's images (an entry stage's encoded media);
-    the stage hands them on to edges that collect `IMAGE_GRID_KEY`."""
 
 
 @dataclass
