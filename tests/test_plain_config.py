@@ -54,7 +54,7 @@ def test_plain_config_has_every_value_and_alias_of_transformers(tmp_path, arch):
         assert getattr(config, "no_such_value", 7) == 7
 
 
-def test_a_warm_start_reads_the_config_without_importing_transformers(tmp_path):
+def test_a_warm_start_reads_the_config_without_importing_transformers_or_torch(tmp_path):
     path = make_checkpoint(tmp_path / "llama", "llama")
     load_hf_config(_files(path))  # writes the entry
     code = (
@@ -63,13 +63,14 @@ def test_a_warm_start_reads_the_config_without_importing_transformers(tmp_path):
         "from omnistage.models.loader import ModelFiles, load_hf_config\n"
         f"p = Path({str(path)!r})\n"
         "c = load_hf_config(ModelFiles(str(p), p, 'test'))\n"
-        "print(type(c).__name__, c.hidden_size, 'transformers' in sys.modules)\n"
+        "print(type(c).__name__, c.hidden_size, 'transformers' in sys.modules, "
+        "'torch' in sys.modules, c.dtype)\n"
     )
     env = {**__import__("os").environ}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
-    assert out.stdout.split() == ["PlainConfig", "64", "False"]
+    assert out.stdout.split() == ["PlainConfig", "64", "False", "False", "torch.float32"]
 
 
 def test_an_unreadable_cache_entry_is_rebuilt(tmp_path):

@@ -32,6 +32,9 @@ _FORMAT = 1
 """Bumped when what an entry holds changes, so old entries are not read as new ones."""
 
 
+_INTERNAL = frozenset({"_aliases", "_dtype_name"})
+
+
 class PlainConfig:
     """A flat model config: its values as attributes (and `attribute_map` aliases, as
     transformers resolves them)."""
@@ -40,13 +43,16 @@ class PlainConfig:
         self.__dict__.update(values)
         if isinstance(values.get("id2label"), dict):  # JSON keys are strings; transformers'
             self.__dict__["id2label"] = {int(k): v for k, v in values["id2label"].items()}
-        if isinstance(values.get("dtype"), str):  # transformers' `dtype` is a torch.dtype
-            import torch
-
-            self.__dict__["dtype"] = getattr(torch, values["dtype"])
+        if isinstance(values.get("dtype"), str):  # a torch.dtype when read (as transformers')
+            object.__setattr__(self, "_dtype_name", self.__dict__.pop("dtype"))
         object.__setattr__(self, "_aliases", dict(aliases))
 
     def __getattr__(self, name: str) -> Any:  # only reached for names not set
+        if name == "dtype" and "_dtype_name" in self.__dict__:
+            import torch  # only when read: reading a config must not import torch
+
+            self.__dict__["dtype"] = getattr(torch, self.__dict__["_dtype_name"])
+            return self.__dict__["dtype"]
         target = self.__dict__.get("_aliases", {}).get(name)
         if target is not None and target in self.__dict__:
             return self.__dict__[target]
@@ -58,9 +64,9 @@ class PlainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The values as transformers' `to_dict` gives them (`dtype` by name)."""
-        values = {k: v for k, v in self.__dict__.items() if k != "_aliases"}
-        if "dtype" in values and not isinstance(values["dtype"], str | None):
-            values["dtype"] = str(values["dtype"]).removeprefix("torch.")
+        values = {k: v for k, v in self.__dict__.items() if k not in _INTERNAL}
+        if "_dtype_name" in self.__dict__:
+            values["dtype"] = self.__dict__["_dtype_name"]
         return values
 
     def __repr__(self) -> str:
