@@ -44,6 +44,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from omnistage.config import DEFAULT_MODEL, EngineConfig
+from omnistage.engine.worker_launch import LaunchedWorker
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
 from omnistage.entrypoints.openai.errors import error_response, install_error_handlers
 from omnistage.entrypoints.openai.metrics import HttpMetricsMiddleware, ServerMetrics
@@ -182,12 +183,14 @@ def serve(
     log_level: str = "info",
     deploy: str | None = None,
     in_process: bool = False,
+    launched: LaunchedWorker | None = None,
 ) -> int:
     """Load `model` and serve it until SIGINT / SIGTERM (what `omnistage serve` runs).
     A multi-stage deploy (`deploy`, or the packaged one of a demo / pipeline checkpoint
     `model`) is served through an `AsyncOmni` (`in_process`: all stages in this process;
     `engine_args` do not apply: each stage's come from the deploy); anything else (None:
-    the default model) as one `LLMEngine`."""
+    the default model) as one `LLMEngine` (adopting `launched`, its runner worker started
+    before this module was imported, see `cli._early_text_worker`)."""
     client: AsyncEngineClient | PipelineClient
     spec = pipeline_deploy(model, deploy)
     if spec is not None:
@@ -202,7 +205,7 @@ def serve(
         try:
             from omnistage.engine.llm_engine import LLMEngine
 
-            engine = LLMEngine(EngineConfig(model=model, **engine_args))
+            engine = LLMEngine(EngineConfig(model=model, **engine_args), launched)
         finally:
             signal.signal(signal.SIGINT, previous)
         client = AsyncEngineClient(engine, stage="llm")
