@@ -11,13 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from omnistage.child import CHILD_STARTED_AT
 from omnistage.config import EngineConfig, parse_dtype
@@ -80,7 +77,7 @@ def build_model(
     their blocks (`gguf_quantized`) and only the rest loads as floats."""
     phases = phases or StartupPhases()
     cls = model_class_for(hf_config)
-    with phases.phase("model build"), _skip_weight_init():
+    with phases.phase("model build"):
         model = cls(hf_config, dtype, max_model_len)
     with phases.phase("weights"):
         groups, quantized = [], {}
@@ -95,17 +92,6 @@ def build_model(
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
         raise ValueError(f"checkpoint {files.path}: {len(missing)} weights missing: {shown}")
     return model.eval()
-
-
-@contextmanager
-def _skip_weight_init() -> Iterator[None]:
-    """Build layers without random init: every weight is loaded (or the load fails)."""
-    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
-    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
-    try:
-        yield
-    finally:
-        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
 
 
 def model_max_len(hf_config: Any) -> int:

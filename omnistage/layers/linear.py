@@ -1,5 +1,9 @@
-"""`Linear`: `nn.Linear` plus the fused forms the decoder layers use, and `load_shard`,
-which loads one part of a fused weight.
+"""`Linear`: `nn.Linear` plus the fused forms the decoder layers use; `Embedding`; and
+`load_shard`, which loads one part of a fused weight.
+
+Neither initializes its weights: every weight of a served model is loaded from its
+checkpoint (the builder fails on a missing one), and random init of a large matrix costs
+seconds at start. Their memory is uninitialized until loaded.
 
 `silu(x)`, `mul(x, other)` and `add(x, other)` compute `silu(x W^T + b)`,
 `(x W^T + b) * other` and `(x W^T + b) + other`. Here they are plain torch;
@@ -16,9 +20,14 @@ from torch import nn
 
 
 class Linear(nn.Linear):
-    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> None:
+    def __init__(
+        self, n_in: int, n_out: int, bias: bool = True, dtype: torch.dtype | None = None
+    ) -> None:
         super().__init__(n_in, n_out, bias=bias, dtype=dtype)
         self.requires_grad_(False)
+
+    def reset_parameters(self) -> None:
+        """No init: the weights are loaded."""
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         return F.silu(self(x))
@@ -28,6 +37,15 @@ class Linear(nn.Linear):
 
     def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         return self(x).add_(other)
+
+
+class Embedding(nn.Embedding):
+    def __init__(self, num: int, dim: int, dtype: torch.dtype | None = None) -> None:
+        super().__init__(num, dim, dtype=dtype)
+        self.requires_grad_(False)
+
+    def reset_parameters(self) -> None:
+        """No init: the weights are loaded."""
 
 
 def load_shard(param: torch.Tensor, shard: torch.Tensor, offset: int) -> None:

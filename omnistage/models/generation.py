@@ -24,6 +24,8 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from omnistage.layers.linear import Embedding, Linear
+
 
 @dataclass
 class GenerationItem:
@@ -81,11 +83,11 @@ class TinyCodeVocoder(GenerationModel):
         super().__init__()
         hidden, k = config["hidden_size"], config["kernel_size"]
         self.kernel_size = k
-        self.embed = nn.Embedding(config["vocab_size"], hidden, dtype=dtype)
+        self.embed = Embedding(config["vocab_size"], hidden, dtype=dtype)
         self.convs = nn.ModuleList(
             nn.Conv1d(hidden, hidden, k, dtype=dtype) for _ in range(config["num_layers"])
         )
-        self.out = nn.Linear(hidden, config["samples_per_code"], dtype=dtype)
+        self.out = Linear(hidden, config["samples_per_code"], dtype=dtype)
         self.sample_rate = int(config["sample_rate"])
         self.receptive_field = config["num_layers"] * (k - 1)
 

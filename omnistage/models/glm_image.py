@@ -37,7 +37,7 @@ from torch import nn
 
 from omnistage.layers.attention import attend, write_kv
 from omnistage.layers.forward_context import get_forward_context
-from omnistage.layers.linear import Linear, load_shard
+from omnistage.layers.linear import Embedding, Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
 from omnistage.models.base import CausalLM
@@ -150,8 +150,7 @@ class GlmImagePrior(CausalLM):
                 f"the rotary dimension ({rotary.cos.shape[1] // 2})"
             )
         rotary.enable_mrope(section, interleaved=False)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.embed_tokens.requires_grad_(False)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
             GlmImageDecoderLayer(config, dtype, rotary) for _ in range(config.num_hidden_layers)
         )

@@ -16,7 +16,7 @@ from torch import nn
 
 from omnistage.layers.attention import attend, rope_and_write_kv, write_kv
 from omnistage.layers.forward_context import get_forward_context
-from omnistage.layers.linear import Linear, load_shard
+from omnistage.layers.linear import Embedding, Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import DefaultRope, RotaryEmbedding
 from omnistage.models.base import CausalLM
@@ -131,8 +131,7 @@ class LlamaForCausalLM(CausalLM):
         self.dtype = dtype
         rotary = RotaryEmbedding(self._rotary_frequencies(config), max_positions, dtype)
         qkv_bias = self.qkv_bias or getattr(config, "attention_bias", False)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.embed_tokens.requires_grad_(False)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
             DecoderLayer(
                 config, dtype, rotary, qkv_bias, self.qk_norm, self.make_mlp(config, i, dtype)

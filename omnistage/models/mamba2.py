@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.layers.forward_context import get_forward_context
-from omnistage.layers.linear import Linear
+from omnistage.layers.linear import Embedding, Linear
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.recurrent_state import RecurrentLayerState, RecurrentMetadata
 from omnistage.models.base import CausalLM
@@ -328,8 +328,7 @@ class Mamba2ForCausalLM(CausalLM):
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.embeddings.requires_grad_(False)
+        self.embeddings = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
             Mamba2Block(config, dtype) for _ in range(config.num_hidden_layers)
         )

@@ -103,7 +103,7 @@ import torch
 from torch import nn
 
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
-from omnistage.layers.linear import Linear
+from omnistage.layers.linear import Embedding, Linear
 from omnistage.models.llama import Qwen2ForCausalLM
 
 DEFAULT_SPEAKER = "Chelsie"  # transformers' `generate(speaker="Chelsie")`
@@ -187,8 +187,7 @@ class Qwen25OmniTalker(Qwen2ForCausalLM):
                 f"head_dim / 2 = {half}"
             )
         self.layers[0].self_attn.rotary.enable_mrope(section, interleaved=False)
-        self.embed_tokens = nn.Embedding(config.vocab_size, self.input_width, dtype=dtype)
-        self.embed_tokens.requires_grad_(False)
+        self.embed_tokens = Embedding(config.vocab_size, self.input_width, dtype=dtype)
         self.thinker_to_talker_proj = Linear(self.input_width, config.hidden_size, True, dtype)
         self.codec_start_token_id = int(config.tts_codec_start_token_id)
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from omnistage.layers.attention import attend, write_kv
 from omnistage.layers.forward_context import get_forward_context
-from omnistage.layers.linear import Linear, load_shard
+from omnistage.layers.linear import Embedding, Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding
 from omnistage.models.base import CausalLM
@@ -215,8 +215,7 @@ class Qwen3_5ForCausalLM(CausalLM):
                 f"layer_types: {len(layer_types)} entries for {config.num_hidden_layers} layers"
             )
         rotary = RotaryEmbedding(self._hf_rotary(config), max_positions, dtype)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.embed_tokens.requires_grad_(False)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(
             HybridDecoderLayer(config, kind, dtype, rotary, self.make_mlp(config, i, dtype))
             for i, kind in enumerate(layer_types)

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.layers.linear import Embedding, Linear
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
 from omnistage.models.base import DeepstackRows
@@ -131,16 +132,16 @@ class CodePredictorLayer(nn.Module):
         bias = getattr(config, "attention_bias", False)
         self.self_attn = nn.Module()
         attn = self.self_attn
-        attn.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias, dtype=dtype)
-        attn.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias, dtype=dtype)
-        attn.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias, dtype=dtype)
-        attn.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias, dtype=dtype)
+        attn.q_proj = Linear(hidden, self.num_heads * self.head_dim, bias, dtype=dtype)
+        attn.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias, dtype=dtype)
+        attn.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias, dtype=dtype)
+        attn.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias, dtype=dtype)
         attn.q_norm = RMSNorm(self.head_dim, eps, dtype)
         attn.k_norm = RMSNorm(self.head_dim, eps, dtype)
         self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(hidden, config.intermediate_size, False, dtype=dtype)
-        self.mlp.up_proj = nn.Linear(hidden, config.intermediate_size, False, dtype=dtype)
-        self.mlp.down_proj = nn.Linear(config.intermediate_size, hidden, False, dtype=dtype)
+        self.mlp.gate_proj = Linear(hidden, config.intermediate_size, False, dtype=dtype)
+        self.mlp.up_proj = Linear(hidden, config.intermediate_size, False, dtype=dtype)
+        self.mlp.down_proj = Linear(config.intermediate_size, hidden, False, dtype=dtype)
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
 
@@ -189,11 +190,11 @@ class CodePredictor(nn.Module):
         )
         self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.model.codec_embedding = nn.ModuleList(
-            nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+            Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
             for _ in range(self.num_codes)
         )
         self.lm_head = nn.ModuleList(
-            nn.Linear(config.hidden_size, config.vocab_size, False, dtype=dtype)
+            Linear(config.hidden_size, config.vocab_size, False, dtype=dtype)
             for _ in range(self.num_codes)
         )
         self.rotary = RotaryEmbedding(Qwen3OmniMoeRotaryEmbedding(config), groups + 1, dtype)

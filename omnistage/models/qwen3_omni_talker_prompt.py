@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
+from omnistage.layers.linear import Embedding, Linear
 
 
 class ResizeMLP(nn.Module):
@@ -25,8 +26,8 @@ class ResizeMLP(nn.Module):
 
     def __init__(self, inner: int, outer: int, inter: int, dtype: torch.dtype) -> None:
         super().__init__()
-        self.linear_fc1 = nn.Linear(inner, inter, True, dtype=dtype)
-        self.linear_fc2 = nn.Linear(inter, outer, True, dtype=dtype)
+        self.linear_fc1 = Linear(inner, inter, True, dtype=dtype)
+        self.linear_fc2 = Linear(inter, outer, True, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
@@ -86,7 +87,7 @@ class Qwen3OmniTalkerPrompter(nn.Module):
         inter, hidden = talker.text_config.intermediate_size, talker.text_config.hidden_size
         self.text_projection = ResizeMLP(thinker_hidden, hidden, inter, dtype)
         self.hidden_projection = ResizeMLP(thinker_hidden, hidden, inter, dtype)
-        self.codec_embedding = nn.Embedding(talker.text_config.vocab_size, hidden, dtype=dtype)
+        self.codec_embedding = Embedding(talker.text_config.vocab_size, hidden, dtype=dtype)
         self.register_buffer("tts_rows", torch.zeros(3, thinker_hidden, dtype=dtype))
         self.requires_grad_(False)
         self.dtype = dtype
