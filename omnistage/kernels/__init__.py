@@ -7,7 +7,7 @@ called through ctypes. Where no compiler is found or the build fails, the
 loaders return None (logged once) and callers use their pure-torch path.
 
 Two libraries:
-- `load()`: attention and rotary kernels, `cc -O3 -march=native -fopenmp` and
+- `load()`: attention, rotary and RMSNorm kernels, `cc -O3 -march=native -fopenmp` and
   -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
   whose start-up code would flush subnormals for the whole process;
 - `load_quant()`: matrix products on GGUF-quantized weights
@@ -35,7 +35,9 @@ from omnistage.cache import cache_root
 
 logger = logging.getLogger("omnistage")
 
-_SOURCES = [Path(__file__).with_name(n) for n in ("paged_attention.c", "rope_cache.c")]
+_SOURCES = [
+    Path(__file__).with_name(n) for n in ("paged_attention.c", "rope_cache.c", "rms_norm.c")
+]
 _QUANT_SOURCES = [Path(__file__).with_name("quant_matmul.c")]
 _DISABLE_ENV = "OMNISTAGE_DISABLE_C_KERNELS"
 _FAST_MATH = (
@@ -104,6 +106,9 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         + [ctypes.c_void_p] * 4
         + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     )
+    norm = lib.rms_norm_f32
+    norm.restype = None
+    norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
     lib.paged_decode_limits_ok.restype = ctypes.c_int
     lib.paged_decode_limits_ok.argtypes = [ctypes.c_int64] * 3
     return lib
