@@ -373,7 +373,7 @@ def _talker_positions(
     or None where they are the ordinary ones (no image in the prompt)."""
     if image_grid_thw is None or len(image_grid_thw) == 0:
         return None
-    from omnistage.multimodal.base import mrope_positions
+    from omnistage.multimodal.mrope import mrope_positions
 
     grids = torch.as_tensor(image_grid_thw, dtype=torch.long).reshape(-1, 3)
     # The speaker bos and out[0] are text to `get_rope_index` (it pairs grids only with the

@@ -1,7 +1,8 @@
 """Multimodal (audio, image) input: media loading and per-model input encoders."""
 
-from omnistage.multimodal.base import ChatPrompt, EncodedPrompt, OmniInputEncoder
+from omnistage.multimodal.input_encoder import OmniInputEncoder
 from omnistage.multimodal.media import load_audio, load_image, resample_audio
+from omnistage.multimodal.prompts import ChatPrompt, EncodedPrompt
 from omnistage.multimodal.qwen3_omni import (
     Qwen3OmniInputEncoder,
     mrope_positions,

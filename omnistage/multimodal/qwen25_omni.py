@@ -24,7 +24,7 @@ renders them) plus the media into an `EncodedPrompt` for the thinker decoder:
   and delta 0 (transformers does not even take its 3-D branch without image /
   video grids); with images the image tokens get (t, h, w) grid positions, and
   what follows continues at `max + 1` — the same rule as Qwen3-Omni's
-  (`omnistage.multimodal.base.mrope_positions`). The thinker rotates them with
+  (`omnistage.multimodal.mrope.mrope_positions`). The thinker rotates them with
   *non-interleaved* mrope (`Qwen25OmniThinker`);
 - no deepstack (`deepstack_embeds` is empty).
 
@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from omnistage.multimodal.base import MediaTokens, OmniInputEncoder
+from omnistage.multimodal.input_encoder import OmniInputEncoder
+from omnistage.multimodal.modalities import MediaTokens
 
 TOKENS = MediaTokens(
     audio=("<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"),

@@ -36,7 +36,7 @@ are transformers' modules with the checkpoint's `thinker.audio_tower.*` /
 through the feature extractor together (padded to the longest, not truncated) and
 all images through the image processor and the vision encoder together. Videos are
 not supported. What this shares with Qwen2.5-Omni's encoder lives in
-`omnistage.multimodal.base`.
+`omnistage.multimodal.input_encoder`.
 """
 
 from __future__ import annotations
@@ -46,15 +46,11 @@ from typing import Any
 
 import torch
 
-from omnistage.multimodal.base import (
-    MODALITIES,
-    ChatPrompt,
-    EncodedPrompt,
-    MediaTokens,
-    OmniInputEncoder,
-    mrope_positions,
-)
-from omnistage.multimodal.base import render_chat as _render_chat
+from omnistage.multimodal.chat import render_chat as _render_chat
+from omnistage.multimodal.input_encoder import OmniInputEncoder
+from omnistage.multimodal.modalities import MODALITIES, MediaTokens
+from omnistage.multimodal.mrope import mrope_positions
+from omnistage.multimodal.prompts import ChatPrompt, EncodedPrompt
 from omnistage.multimodal.registry import check_input_modalities, supported_input_modalities
 
 TOKENS = MediaTokens(

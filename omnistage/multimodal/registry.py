@@ -16,7 +16,10 @@ from typing import Any
 
 import torch
 
-from omnistage.multimodal.base import ChatPrompt, check_modalities, load_config, render_chat
+from omnistage.multimodal.chat import render_chat
+from omnistage.multimodal.checkpoint import load_config
+from omnistage.multimodal.modalities import check_modalities
+from omnistage.multimodal.prompts import ChatPrompt
 
 INPUT_ENCODERS: dict[str, tuple[str, str]] = {
     "qwen3_omni_moe": ("omnistage.multimodal.qwen3_omni", "Qwen3OmniInputEncoder"),
