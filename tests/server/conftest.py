@@ -23,7 +23,8 @@ from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.entrypoints.openai.api_server import Server, build_app
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
-from omnistage.entrypoints.openai.pipeline_client import PipelineClient, pipeline_deploy
+from omnistage.entrypoints.openai.pipeline_client import PipelineClient
+from omnistage.entrypoints.openai.pipeline_deploy import pipeline_deploy
 
 TINY = "tiny"
 

@@ -30,13 +30,17 @@ def _record_prompt_lengths(server: PipelineServer, monkeypatch: pytest.MonkeyPat
     """The length of every prompt the thinker's engine is given from now on."""
     engine = _thinker_engine(server)
     lengths: list[int] = []
-    original = engine.add_tokenized_request
+    if hasattr(engine, "add_tokenized_request"):  # an LLMEngine: (request_id, text, ids, ...)
+        name, position = "add_tokenized_request", 2
+    else:  # a stage engine: (request_id, ids, ...)
+        name, position = "add_request", 1
+    original = getattr(engine, name)
 
-    def recording(request_id: str, text: Any, ids: list[int], *args: Any) -> Any:
-        lengths.append(len(ids))
-        return original(request_id, text, ids, *args)
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        lengths.append(len(args[position]))
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "add_tokenized_request", recording)
+    monkeypatch.setattr(engine, name, recording)
     return lengths
 
 
@@ -189,7 +193,7 @@ def test_completions_on_a_pipeline(
             pieces.append(choice.text)
             finish = choice.finish_reason or finish
     assert "".join(pieces) == reply.choices[0].text and finish == reply.choices[0].finish_reason
-    assert usage is not None and usage.prompt_tokens == lengths[0]
+    assert usage is not None and usage.prompt_tokens == lengths[-1]  # the streamed one
 
     ids = speech_server.client.tokenizer.encode("Once upon a time")
     by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=4, temperature=0)

@@ -4,19 +4,17 @@
     omnistage serve --model demo-image|demo-omni|PIPELINE_CHECKPOINT  (or --deploy FILE|NAME)
 
 Routes: the endpoints of each serving class (`DEFAULT_SERVINGS`: /v1/models,
-/v1/chat/completions, /v1/completions), plus GET /health and GET /metrics. With an
-API key, every /v1 route wants `Authorization: Bearer <key>` (401 otherwise);
-/health and /metrics stay open, as in vLLM.
+/v1/chat/completions, /v1/completions, and where the model draws or speaks
+/v1/images/generations and /v1/audio/speech), plus GET /health and GET /metrics.
+With an API key, every /v1 route wants `Authorization: Bearer <key>` (401
+otherwise); /health and /metrics stay open, as in vLLM.
 
-Pipelines: a model whose deploy has more than one stage (or `--deploy`) is served
-through a `PipelineClient` (an `AsyncOmni`) with `PIPELINE_SERVINGS`: /v1/models,
-/v1/chat/completions (text, and audio where a final stage speaks; see
-`serving_pipeline_chat`), /v1/completions (the thinker's text for raw prompts, as
-vLLM-Omni serves it; `serving_pipeline_completion`), /v1/images/generations where a
-final stage draws, /v1/audio/speech where one speaks. On a pipeline that produces no
-text, chat and completions answer a 400 saying so; an endpoint whose modality the
-pipeline cannot produce is not registered (404). /metrics asks every stage for its
-queue depth and KV cache use at each scrape (gauges labelled by stage name).
+One serving path: a text model (`AsyncEngineClient`) and a model whose deploy has
+more than one stage, or `--deploy` (`PipelineClient`, an `AsyncOmni`) are both an
+`EngineClient`, answered by the same handlers with the same errors. On a pipeline
+that produces no text, chat and completions answer a 400 saying so; an endpoint
+whose modality the model cannot produce is not registered (404). /metrics asks
+every stage of a pipeline for its queue depth and KV cache use at each scrape.
 
 Lifecycle: the app's lifespan starts the engine thread and, at the end, aborts
 what is left and stops it. On SIGINT / SIGTERM `serve` first aborts every
@@ -29,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import secrets
 import signal
@@ -45,37 +42,33 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from omnistage.config import DEFAULT_MODEL, EngineConfig
 from omnistage.engine.worker_launch import LaunchedWorker
+from omnistage.entrypoints.openai.client import EngineClient
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
 from omnistage.entrypoints.openai.errors import error_response, install_error_handlers
 from omnistage.entrypoints.openai.metrics import HttpMetricsMiddleware, ServerMetrics
-from omnistage.entrypoints.openai.pipeline_client import PipelineClient, pipeline_deploy
+from omnistage.entrypoints.openai.pipeline_client import PipelineClient
+from omnistage.entrypoints.openai.pipeline_deploy import pipeline_deploy
 from omnistage.entrypoints.openai.serving import OpenAIServing, ServingContext
 from omnistage.entrypoints.openai.serving_chat import ChatServing
 from omnistage.entrypoints.openai.serving_completion import CompletionServing
 from omnistage.entrypoints.openai.serving_images import ImagesServing
 from omnistage.entrypoints.openai.serving_models import ModelsServing
-from omnistage.entrypoints.openai.serving_pipeline_chat import PipelineChatServing
-from omnistage.entrypoints.openai.serving_pipeline_completion import PipelineCompletionServing
 from omnistage.entrypoints.openai.serving_speech import SpeechServing
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (ModelsServing, ChatServing, CompletionServing)
+DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (
+    ModelsServing,
+    ChatServing,
+    CompletionServing,
+    ImagesServing,
+    SpeechServing,
+)
 """Endpoint families every app gets (each only where its `enabled` says so)."""
 
 
-PIPELINE_SERVINGS: tuple[type[OpenAIServing], ...] = (
-    ModelsServing,
-    ImagesServing,
-    SpeechServing,
-    PipelineChatServing,
-    PipelineCompletionServing,
-)
-"""Endpoint families of an app serving a multi-stage pipeline (`PipelineClient`)."""
-
-
 def build_app(
-    client: AsyncEngineClient | PipelineClient,
+    client: EngineClient,
     served_model_names: Sequence[str],
     *,
     model_path: str | None = None,
@@ -83,22 +76,15 @@ def build_app(
     servings: Sequence[type[OpenAIServing]] | None = None,
     metrics: ServerMetrics | None = None,
 ) -> FastAPI:
-    """The app serving `client`'s engine (or pipeline) under `served_model_names`. The app
-    owns the client: its lifespan starts the engine thread and shuts it down (a pipeline's
-    stage processes included). `servings` default: `DEFAULT_SERVINGS`, or
-    `PIPELINE_SERVINGS` for a `PipelineClient`."""
+    """The app serving `client`'s model (a text model's engine, or a pipeline) under
+    `served_model_names`. The app owns the client: its lifespan starts the engine thread
+    and shuts it down (a pipeline's stage processes included). `servings` default:
+    `DEFAULT_SERVINGS`."""
     if not served_model_names:
         raise ValueError("served_model_names: give at least one name")
-    pipeline = isinstance(client, PipelineClient)
-    if servings is None:
-        servings = PIPELINE_SERVINGS if pipeline else DEFAULT_SERVINGS
+    servings = DEFAULT_SERVINGS if servings is None else servings
     metrics = metrics or ServerMetrics()
-    client.observer = metrics
-    if pipeline:
-        for stage in client.stage_names:
-            metrics.track_stage(stage, functools.partial(client.stage_stats, stage))
-    else:
-        metrics.track_stage(client.stage, client.stats)
+    client.observe(metrics)
     ctx = ServingContext(client, list(served_model_names), model_path, metrics)
 
     @contextlib.asynccontextmanager
@@ -131,8 +117,8 @@ def _add_core_routes(router: APIRouter, ctx: ServingContext) -> None:
         return JSONResponse({"status": "ok"})
 
     async def metrics() -> Response:
-        if isinstance(ctx.client, PipelineClient):  # the stages answer between their steps
-            await asyncio.to_thread(ctx.client.refresh_stage_stats)
+        # A pipeline's stages answer between their steps (blocks: off the event loop).
+        await asyncio.to_thread(ctx.client.refresh_stage_stats)
         return Response(ctx.metrics.render(), media_type=ctx.metrics.content_type)
 
     router.add_api_route("/health", health, methods=["GET"])
@@ -164,7 +150,7 @@ class ApiKeyMiddleware:
 class Server(uvicorn.Server):
     """uvicorn's server, aborting every in-flight request when it is told to stop."""
 
-    def __init__(self, config: uvicorn.Config, client: AsyncEngineClient | PipelineClient) -> None:
+    def __init__(self, config: uvicorn.Config, client: EngineClient) -> None:
         super().__init__(config)
         self.client = client
 
@@ -191,7 +177,7 @@ def serve(
     `engine_args` do not apply: each stage's come from the deploy); anything else (None:
     the default model) as one `LLMEngine` (adopting `launched`, its runner worker started
     before this module was imported, see `cli._early_text_worker`)."""
-    client: AsyncEngineClient | PipelineClient
+    client: EngineClient
     spec = pipeline_deploy(model, deploy)
     if spec is not None:
         client = PipelineClient(spec, in_process=in_process)

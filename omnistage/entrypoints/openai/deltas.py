@@ -53,6 +53,8 @@ class RequestDelta:
     finished: bool
     num_prompt_tokens: int
     num_cached_tokens: int = 0
+    audio: Any = None
+    """New audio samples (float, mono) of a speaking pipeline's audio stage, if any."""
 
 
 def _byte_level_alphabet() -> dict[str, int]:

@@ -14,6 +14,9 @@ Tokenization, validation and the context-length check run on the engine thread
 inside the add command, so `add_request` raises the engine's `ValueError` (naming
 the field) before any response is started. An abort frees everything the request
 holds in the engine (KV blocks, batch rows), as `LLMEngine.abort_request` does.
+
+It is the text model's `client.EngineClient`: to the serving layer, a one-stage
+pipeline ("llm") that writes text, with `n` samples and logprobs.
 """
 
 from __future__ import annotations
@@ -26,93 +29,25 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from omnistage.engine.llm_engine import LLMEngine
+from omnistage.entrypoints.openai.client import (
+    ChatPrompt,
+    EngineDeadError,
+    EngineObserver,
+    EngineStats,
+)
 from omnistage.entrypoints.openai.deltas import DeltaTracker, RequestDelta, TokenTexts
+from omnistage.entrypoints.openai.request_stream import RequestStream
 from omnistage.sampling_params import SamplingParams
-from omnistage.spec_decode.stats import SpecDecodeStats
 
 logger = logging.getLogger(__name__)
 
 _STOP = object()
 """The last command: the engine thread returns when it reaches it."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped (shut down, or the engine failed); no request can run."""
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot the engine thread publishes after every step and command."""
-
-    num_waiting: int = 0
-    num_running: int = 0
-    num_unfinished: int = 0
-    """Requests the engine still tracks (an n>1 request counts once)."""
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    spec_decode: SpecDecodeStats | None = None
-    """Speculation totals (a copy), when the engine speculates."""
-
-    @property
-    def kv_cache_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-
-
-class EngineObserver(Protocol):
-    """Per-request events for metrics; called on the engine thread (keep them cheap)."""
-
-    def on_first_token(self, stage: str, seconds: float) -> None: ...
-    def on_inter_token(self, stage: str, seconds: float) -> None: ...
-    def on_finished(
-        self, stage: str, reason: str, prompt_tokens: int, generated_tokens: int, seconds: float
-    ) -> None: ...
-
-
-class RequestStream:
-    """The deltas of one request, in order; ends after the one marked `finished`."""
-
-    def __init__(self, request_id: str, client: AsyncEngineClient) -> None:
-        self.request_id = request_id
-        self.prompt_token_ids: list[int] = []
-        self._client = client
-        self._queue: asyncio.Queue[RequestDelta | BaseException] = asyncio.Queue()
-        self._loop = asyncio.get_running_loop()
-        self.finished = False
-
-    def _put(self, item: RequestDelta | BaseException) -> None:
-        """Called from the engine thread."""
-        with contextlib.suppress(RuntimeError):  # the event loop is closed
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestDelta:
-        if self.finished:
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        self.finished = item.finished
-        return item
-
-    def abort(self) -> None:
-        """Abort the request unless it already ended (idempotent, never blocks)."""
-        if not self.finished:
-            self.finished = True
-            self._client.abort(self.request_id)
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        self.abort()
 
 
 @dataclass
@@ -126,6 +61,16 @@ class _Entry:
 
 class AsyncEngineClient:
     """Runs `engine` on a thread named after `stage` (the label of its metrics)."""
+
+    produces: tuple[str, ...] = ("text",)
+    multiple_samples = True
+    reports_logprobs = True
+    input_modalities: frozenset[str] = frozenset()
+    draws = False
+    speaks = False
+    other_endpoints = "no other generating endpoint"
+    default_sampling: Mapping[str, Any] = {"max_tokens": None}
+    """A chat without max_tokens generates until the context ends, as OpenAI's does."""
 
     def __init__(
         self, engine: LLMEngine, stage: str = "llm", observer: EngineObserver | None = None
@@ -158,6 +103,37 @@ class AsyncEngineClient:
         if not self._thread.is_alive():
             self._thread.start()
 
+    def observe(self, observer: EngineObserver) -> None:
+        self.observer = observer
+        observer.track_stage(self.stage, self.stats)
+
+    def refresh_stage_stats(self) -> None:
+        """Nothing to ask: the engine thread publishes its stats after every step."""
+
+    def check_voice(self, voice: str | None, param: str) -> None:
+        return None  # never asked: a text model produces no audio
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> ChatPrompt:
+        """The prompt text: `messages` (text only) through the model's chat template."""
+        from jinja2 import TemplateError
+
+        tokenizer = self.engine.tokenizer
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("messages: this model has no chat template; use /v1/completions")
+        conversation = []
+        for message in messages:
+            content = message["content"]
+            if not isinstance(content, str):
+                content = "".join(part["text"] for part in content)
+            conversation.append({**message, "content": content})
+        try:
+            text = tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=True
+            )
+        except TemplateError as exc:
+            raise ValueError(f"messages: the chat template refused them: {exc}") from None
+        return ChatPrompt(text)
+
     def stats(self) -> EngineStats:
         """The latest snapshot (cheap; may predate commands still queued)."""
         return self._stats
@@ -177,18 +153,24 @@ class AsyncEngineClient:
     # -- the event loop's side ----------------------------------------------------------------
     async def add_request(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | ChatPrompt,
         params: SamplingParams,
         request_id: str | None = None,
         add_special_tokens: bool = True,
         clamp_max_tokens: bool = False,
+        *,
+        modalities: Sequence[str] = ("text",),
+        voice: str | None = None,
     ) -> RequestStream:
-        """Tokenize (a str), validate and add a request; returns its stream.
+        """Tokenize (a str; a rendered chat without special tokens), validate and add a
+        request; returns its stream. `modalities` and `voice`: text is all it writes.
 
         Raises the engine's ValueError for bad input, and ValueError("max_tokens: ...")
         when the prompt plus `params.max_tokens` exceeds the context, unless
         `clamp_max_tokens` (then the engine generates what fits). EngineDeadError when
         the engine no longer runs."""
+        if isinstance(prompt, ChatPrompt):
+            prompt, add_special_tokens = prompt.prompt, False  # the template wrote them
         self._check_alive()
         stream = RequestStream(request_id or uuid.uuid4().hex, self)
         done: concurrent.futures.Future[list[int]] = concurrent.futures.Future()

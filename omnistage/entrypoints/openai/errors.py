@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omnistage.entrypoints.openai.engine_client import EngineDeadError
+from omnistage.entrypoints.openai.client import EngineDeadError
 from omnistage.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ single models and pipelines alike:
 
 Stage-level histograms for other outputs (time to first audio packet) belong here
 too, added with the stage kinds that produce them, labelled the same way.
-`ServerMetrics` implements `engine_client.EngineObserver`; gauges read the
+`ServerMetrics` implements `client.EngineObserver`; gauges read the
 stage's `EngineStats` snapshot when scraped (a pipeline's: each stage's
 `StageGauges`, asked of the stages at each scrape). Pipelines do not feed the
 per-token series (TTFT, ITL, tokens, e2e) yet; they report TTFA of their audio
@@ -46,8 +46,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from omnistage.entrypoints.openai.engine_client import EngineStats
-from omnistage.entrypoints.openai.pipeline_client import StageGauges
+from omnistage.entrypoints.openai.client import EngineStats, StageGauges
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -1,78 +1,63 @@
-"""`PipelineClient`: a multi-stage pipeline (`AsyncOmni`) behind the OpenAI server.
+"""`PipelineClient`: a multi-stage pipeline (`AsyncOmni`) as the server's `EngineClient`.
 
-`omnistage serve` serves a model whose deploy has more than one stage (the
-built-in `demo-image` / `demo-omni`, an omni or image checkpoint, or `--deploy
-FILE|NAME`) through this client instead of `AsyncEngineClient`. It offers the
-part of `AsyncEngineClient`'s surface the app itself uses (`start`, `shutdown`,
-`begin_shutdown`, `is_alive`, `max_model_len`) plus `generate`, which streams a
-request's `OmniRequestOutput` updates and aborts the request in every stage when
-the caller stops listening (a client that disconnects, a shutdown).
+`omnistage serve` serves a model whose deploy has more than one stage (`demo-image`,
+`demo-omni`, an omni or image checkpoint, `--deploy FILE|NAME`) through it. Chat and
+completions reach it through `add_request` (a `PipelineStream` of deltas); the speech
+and image endpoints read `generate`'s raw `OmniRequestOutput` updates. Either way a
+request is aborted in every stage when its caller stops listening.
 
-What the pipeline can answer follows from its deploy: `draws` (a final stage
-with `final_output_type: image`) enables POST /v1/images/generations, `speaks`
-(`final_output_type: audio`) POST /v1/audio/speech.
-
-`max_model_len` is the entry (thinker) stage's context length, resolved from the
-deploy as its engine will resolve it (the stage's `engine_args.max_model_len`, else
-the model part's own), without asking the stage processes; `count_prompt_tokens`
-counts a prompt as the thinker's tokenizer will. `refresh_stage_stats` asks every
-stage for its scheduler gauges (queue depth, KV cache use); `stage_stats` reads the
-last answer (what /metrics exports per stage).
+What it answers follows from its deploy: text where a final stage writes it, `speaks`
+(`final_output_type: audio`: chat audio, POST /v1/audio/speech), `draws` (`image`:
+POST /v1/images/generations). `max_model_len` is the entry (thinker) stage's, read
+from configuration (`pipeline_deploy`); `refresh_stage_stats` asks every stage for
+its gauges (queue depth, KV cache use), which /metrics exports per stage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
 import os
+import re
 import signal
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from omnistage.entrypoints.openai.client import (
+    ChatPrompt,
+    EngineDeadError,
+    EngineObserver,
+    StageGauges,
+)
 from omnistage.entrypoints.openai.errors import OpenAIError
-from omnistage.pipeline.deploy_spec import DeploySpec, StageSpec
+from omnistage.entrypoints.openai.pipeline_deploy import (
+    check_context,
+    entry_max_model_len,
+    stage_params,
+)
+from omnistage.entrypoints.openai.pipeline_stream import PipelineStream
+from omnistage.pipeline.deploy_spec import DeploySpec
 from omnistage.pipeline.omni import AsyncOmni
 from omnistage.pipeline.outputs import OmniRequestOutput
+from omnistage.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class StageGauges:
-    """One stage's scheduler state as its last stats reply gave it (metrics read it)."""
-
-    num_waiting: int = 0
-    """Requests waiting for input or to be scheduled."""
-    num_running: int = 0
-    """Requests being computed."""
-    kv_cache_usage: float = 0.0
-    """Fraction of the stage's KV cache blocks in use (0 for stages without one)."""
-
-
-def pipeline_deploy(
-    model: str | None, deploy: str | os.PathLike | Mapping[str, Any] | DeploySpec | None
-) -> DeploySpec | None:
-    """The multi-stage deploy `omnistage serve` should run for `model` / `deploy`, or None
-    when it is one text model (served by `AsyncEngineClient` as before)."""
-    from omnistage.pipeline.deploy import deploy_for_model, load_deploy
-    from omnistage.pipeline.omni import _deploy_source
-
-    if deploy is not None:
-        spec = deploy if isinstance(deploy, DeploySpec) else load_deploy(_deploy_source(deploy))
-        return spec.with_model(model) if model is not None else spec
-    if model is None:
-        return None
-    spec = deploy_for_model(model)
-    return spec if len(spec.stages) > 1 else None
+_REFUSED = re.compile(r"^stage (\S+): ([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?: .*)", re.DOTALL)
+"""A failure that is a stage refusing the request's input: "stage NAME: field: why"."""
 
 
 class PipelineClient:
-    """An `AsyncOmni` driven by the server (the app starts nothing: the stages start here)."""
+    """An `AsyncOmni` driven by the server (the app starts nothing: the stages start here);
+    a `client.EngineClient` (one sequence per request, no logprobs)."""
 
     stage = "pipeline"
+    multiple_samples = False
+    reports_logprobs = False
 
     def __init__(
         self,
@@ -114,17 +99,28 @@ class PipelineClient:
         return self.final_stage("audio") is not None
 
     @property
+    def produces(self) -> tuple[str, ...]:
+        """What a chat can ask for: text (where a final stage writes it), and audio where
+        one speaks; nothing for a pipeline that only draws or speaks."""
+        if self.final_stage("text") is None:
+            return ()
+        return ("text", "audio") if self.speaks else ("text",)
+
+    @functools.cached_property
+    def input_modalities(self) -> frozenset[str]:
+        return frozenset(self.omni._prompts.input_modalities)
+
+    @property
+    def default_sampling(self) -> Mapping[str, Any]:
+        """The entry stage's deploy defaults (what a request leaves out keeps them)."""
+        (entry,) = self.deploy.entry_stages
+        return entry.default_sampling
+
+    @property
     def other_endpoints(self) -> str:
         """The generating endpoints a pipeline without text answers (for its 400s)."""
-        served = [
-            path
-            for path, ok in (
-                ("/v1/images/generations", self.draws),
-                ("/v1/audio/speech", self.speaks),
-            )
-            if ok
-        ]
-        return ", ".join(served) or "no generating endpoint"
+        paths = {"/v1/images/generations": self.draws, "/v1/audio/speech": self.speaks}
+        return ", ".join(p for p, ok in paths.items() if ok) or "no generating endpoint"
 
     @property
     def diffusion_limits(self):
@@ -181,9 +177,9 @@ class PipelineClient:
     def entry_builds_its_prompt(self) -> bool:
         """Whether the entry stage renders its prompt itself (GLM-Image's prior states the
         image size in its prompt): requests then pass the text as it is, not as a chat."""
-        from omnistage.entrypoints.cli import _entry_builds_its_prompt
+        from omnistage.entrypoints.entry_prompt import entry_builds_its_prompt
 
-        return _entry_builds_its_prompt(self.deploy)
+        return entry_builds_its_prompt(self.deploy)
 
     # -- lifecycle (the app's lifespan, `Server`) ----------------------------------------------
     @property
@@ -219,6 +215,12 @@ class PipelineClient:
     @property
     def stage_names(self) -> list[str]:
         return [s.name for s in self.deploy.stages]
+
+    def observe(self, observer: EngineObserver) -> None:
+        """Report time to first audio to `observer`, and every stage's gauges."""
+        self.observer = observer
+        for stage in self.stage_names:
+            observer.track_stage(stage, functools.partial(self.stage_stats, stage))
 
     def refresh_stage_stats(self, timeout: float = 5.0) -> None:
         """Ask every stage for its scheduler gauges (blocks: not on the event loop). A stage
@@ -256,6 +258,72 @@ class PipelineClient:
         return len(self.tokenizer.encode(prompt, add_special_tokens=not has_media))
 
     # -- requests ----------------------------------------------------------------------------
+    def render_chat(self, messages: list[dict[str, Any]]) -> ChatPrompt:
+        """The pipeline prompt of `messages` (rendered with the entry model's chat template,
+        as the prompt reader would: the text and its media in placeholder order), with the
+        tokens the thinker receives for it (see `count_prompt_tokens`). Blocks."""
+        from jinja2 import TemplateError
+
+        from omnistage.multimodal.registry import render_model_chat
+
+        reader = self.omni._prompts
+        messages = [{k: v for k, v in m.items() if k != "name"} for m in messages]
+        try:
+            chat = render_model_chat(
+                reader._path, self.tokenizer, messages, supported=reader.input_modalities
+            )
+        except TemplateError as exc:
+            raise ValueError(f"messages: the chat template refused them: {exc}") from None
+        has_media = bool(chat.audios or chat.images)
+        prompt: dict[str, Any] = {"prompt": chat.prompt}
+        if has_media:
+            prompt["multi_modal_data"] = {"audio": chat.audios, "image": chat.images}
+        return ChatPrompt(prompt, self.count_prompt_tokens(chat.prompt, has_media))
+
+    async def add_request(
+        self,
+        prompt: str | list[int] | ChatPrompt,
+        params: SamplingParams,
+        request_id: str,
+        *,
+        modalities: Sequence[str] = ("text",),
+        voice: str | None = None,
+        clamp_max_tokens: bool = False,
+    ) -> PipelineStream:
+        """`EngineClient.add_request`: `params` go to the entry stage (with a seed, every
+        other sampling stage gets its defaults with that seed, so a seeded request is
+        reproducible end to end). The prompt must fit the thinker's context with room for
+        one token, and for `max_tokens` unless clamped. Returns once the pipeline took the
+        request (its first update): bad input, a stage's refusal included, is a ValueError."""
+        arrival = time.monotonic()
+        if not self.is_alive:
+            raise EngineDeadError("the pipeline is not running")
+        if isinstance(prompt, ChatPrompt):
+            num_prompt, prompt = prompt.num_tokens or 0, prompt.prompt
+        elif isinstance(prompt, list):
+            num_prompt, prompt = len(prompt), {"prompt_token_ids": prompt}
+        else:
+            num_prompt = await asyncio.to_thread(self.count_prompt_tokens, prompt)
+        room = check_context(self.max_model_len, num_prompt, params.max_tokens, clamp_max_tokens)
+        if clamp_max_tokens and room is not None and (params.max_tokens or room) > room:
+            params = params.clone(max_tokens=room)
+        updates = self._updates(
+            prompt, stage_params(self.deploy, params), modalities, request_id, voice
+        )
+        first = await anext(updates)  # validation runs here, before anything starts
+        text, audio = self.final_stage("text"), self.final_stage("audio")
+        return PipelineStream(
+            request_id,
+            updates,
+            first,
+            num_prompt,
+            text and text.name,
+            audio.name if audio is not None and "audio" in modalities else None,
+            self.omni.orchestrator.abort,
+            self.observer,
+            arrival,
+        )
+
     async def generate(
         self,
         prompt: Any,
@@ -265,56 +333,63 @@ class PipelineClient:
         renames: Mapping[str, str] | None = None,
         voice: str | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
-        """The request's updates. Bad input is a 400 naming the field, raised at the first
-        `anext` (before any response starts); a failed request a 503 (aborted by a shutdown)
-        or 500 (a stage failed). Leaving early aborts the request in every stage. `voice`:
-        the talker's speaker (see `check_voice`; None: the model's default)."""
+        """The request's updates (the speech and image endpoints read them). Bad input is a
+        400 naming the field (`renames`: engine names to the request's) at the first
+        `anext`; then as `_updates`. `voice`: see `check_voice` (None: the default)."""
+        updates = self._updates(prompt, sampling_params, modalities, request_id, voice)
+        try:
+            try:
+                first = await anext(updates)
+            except ValueError as exc:
+                raise OpenAIError.from_value_error(exc, renames) from None
+            except EngineDeadError as exc:
+                raise OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE) from None
+            yield first
+            async for output in updates:
+                yield output
+        finally:
+            with contextlib.suppress(Exception):
+                await updates.aclose()
+
+    async def _updates(
+        self,
+        prompt: Any,
+        sampling_params: Any,
+        modalities: Sequence[str] | None,
+        request_id: str,
+        voice: str | None,
+    ) -> AsyncIterator[OmniRequestOutput]:
+        """The updates of one request; ValueError for bad input at the first, OpenAIError
+        (503, 500) for a request that failed, EngineDeadError when nothing runs."""
         if not self.is_alive:
-            raise OpenAIError("the pipeline is not running", HTTPStatus.SERVICE_UNAVAILABLE)
+            raise EngineDeadError("the pipeline is not running")
         updates = self.omni.generate(prompt, sampling_params, modalities, request_id, voice=voice)
         self._active.add(request_id)
         try:
-            try:
-                output = await anext(updates)  # validation runs here, before anything starts
-            except ValueError as exc:
-                raise OpenAIError.from_value_error(exc, renames) from None
-            while True:
+            first = True
+            async for output in updates:
                 if output.finished and (output.error or output.aborted):
-                    if output.aborted or self._stopping:
-                        raise OpenAIError(
-                            "the request was aborted: the server is shutting down",
-                            HTTPStatus.SERVICE_UNAVAILABLE,
-                        )
-                    raise OpenAIError(
-                        f"the pipeline failed: {output.error}", HTTPStatus.INTERNAL_SERVER_ERROR
-                    )
+                    raise self._failure(output, first)
+                first = False
                 yield output
                 if output.finished:
                     return
-                output = await anext(updates)
         finally:
             self._active.discard(request_id)
             with contextlib.suppress(Exception):
                 await updates.aclose()  # aborts the request if it has not finished
 
-
-def entry_max_model_len(entry: StageSpec) -> int | None:
-    """The context length an `ar` stage's engine will have (`EngineConfig.resolve_for_model`
-    over its checkpoint part's config), read from configuration only; None for other kinds
-    or a stage without a model."""
-    if entry.kind != "ar" or entry.model is None:
-        return None
-    from omnistage.config import EngineConfig
-    from omnistage.engine.builder import model_max_len
-    from omnistage.models.loader import load_hf_config, resolve_model
-    from omnistage.models.parts import select_part
-    from omnistage.models.registry import engine_config
-
-    spec = entry.with_part_directory()
-    hf_config = load_hf_config(resolve_model(spec.model))
-    if spec.model_part is not None:
-        hf_config = select_part(hf_config, spec.model_part)
-    hf_config = engine_config(hf_config)
-    configured = spec.engine_args.get("max_model_len")
-    config = EngineConfig(model=spec.model, max_model_len=configured)
-    return config.resolve_for_model(model_max_len(hf_config)).max_model_len
+    def _failure(self, output: OmniRequestOutput, first: bool) -> Exception:
+        """Why a request ended without an answer: the entry stage refusing its input before
+        it produced anything is the client's error (a ValueError naming the field, as a text
+        model's engine refuses it); a shutdown a 503; anything else a 500."""
+        if output.aborted or self._stopping:
+            return OpenAIError(
+                "the request was aborted: the server is shutting down",
+                HTTPStatus.SERVICE_UNAVAILABLE,
+            )
+        (entry,) = self.deploy.entry_stages
+        refused = _REFUSED.match(output.error or "")
+        if first and refused and refused.group(1) == entry.name:
+            return ValueError(refused.group(2))
+        return OpenAIError(f"the pipeline failed: {output.error}", HTTPStatus.INTERNAL_SERVER_ERROR)

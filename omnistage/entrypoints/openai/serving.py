@@ -16,7 +16,8 @@ Adding an endpoint (e.g. `/v1/audio/speech`) is a new module with
 
 and its class in `api_server.DEFAULT_SERVINGS` (or in `build_app(servings=...)`).
 Raise `OpenAIError` for anything the client got wrong; `add_request` turns the
-engine's `ValueError`s into 400s naming the field.
+client's `ValueError`s into 400s naming the field, whichever `EngineClient` (a text
+model, a pipeline) serves: one error mapping for every model.
 """
 
 from __future__ import annotations
@@ -30,18 +31,37 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from omnistage.entrypoints.openai.deltas import RequestDelta
-from omnistage.entrypoints.openai.engine_client import (
-    AsyncEngineClient,
+from omnistage.entrypoints.openai.client import (
+    ChatPrompt,
+    DeltaStream,
+    EngineClient,
     EngineDeadError,
-    RequestStream,
 )
+from omnistage.entrypoints.openai.deltas import RequestDelta
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 from omnistage.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
 from omnistage.entrypoints.openai.sse import sse
 from omnistage.sampling_params import SamplingParams
 
+REQUEST_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "min_tokens",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "logit_bias",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+)
+"""Request fields that become SamplingParams fields of the same name."""
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (400, 401, 404, 503)
 }
@@ -53,7 +73,7 @@ MIN_LOGPROB = -9999.0  # JSON has no -inf
 class ServingContext:
     """What every endpoint of one app shares."""
 
-    client: AsyncEngineClient
+    client: EngineClient
     served_model_names: list[str]
     """Names a request's `model` may give (a response names the one its request gave)."""
     model_path: str | None = None
@@ -94,48 +114,43 @@ class OpenAIServing:
                 "stream_options: only allowed when stream is true", param="stream_options"
             )
 
-    @staticmethod
     def sampling_params(
+        self,
         body: SamplingFields,
         max_tokens: int | None,
         logprobs: int | None,
         renames: Mapping[str, str] | None = None,
     ) -> SamplingParams:
-        """SamplingParams of a request (OpenAI's defaults where it gives none)."""
+        """The request's SamplingParams: the fields it gives (not None) over the client's
+        defaults (`EngineClient.default_sampling`: a pipeline's entry-stage defaults; where
+        neither says, SamplingParams' own, which are OpenAI's), `max_tokens` when not None.
+        A bad value is a 400 naming the field (`renames`: engine names to the request's)."""
+        given = body.model_fields_set
+        fields: dict[str, Any] = {
+            f: getattr(body, f)
+            for f in REQUEST_FIELDS
+            if f in given and getattr(body, f) is not None
+        }
+        if "logit_bias" in fields:
+            fields["logit_bias"] = dict(fields["logit_bias"])
+        fields["n"] = body.n
+        if logprobs is not None:
+            fields["logprobs"] = logprobs
+        if max_tokens is not None:
+            fields["max_tokens"] = max_tokens
         try:
-            return SamplingParams(
-                n=body.n,
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                top_k=0 if body.top_k is None else body.top_k,
-                min_p=0.0 if body.min_p is None else body.min_p,
-                presence_penalty=body.presence_penalty,
-                frequency_penalty=body.frequency_penalty,
-                repetition_penalty=(
-                    1.0 if body.repetition_penalty is None else body.repetition_penalty
-                ),
-                seed=body.seed,
-                max_tokens=max_tokens,
-                min_tokens=body.min_tokens,
-                stop=body.stop,
-                stop_token_ids=body.stop_token_ids,
-                ignore_eos=body.ignore_eos,
-                logprobs=logprobs,
-                logit_bias=dict(body.logit_bias) if body.logit_bias is not None else None,
-                skip_special_tokens=body.skip_special_tokens,
-                include_stop_str_in_output=body.include_stop_str_in_output,
-            )
-        except ValueError as exc:
-            raise OpenAIError.from_value_error(exc, renames) from None
+            return SamplingParams(**{**self.ctx.client.default_sampling, **fields})
+        except (ValueError, TypeError) as exc:
+            raise OpenAIError.from_value_error(ValueError(str(exc)), renames) from None
 
     async def add_request(
         self,
-        prompt: str | list[int],
+        prompt: str | list[int] | ChatPrompt,
         params: SamplingParams,
         request_id: str,
         renames: Mapping[str, str] | None = None,
-        **kwargs: bool,
-    ) -> RequestStream:
+        **kwargs: Any,
+    ) -> DeltaStream:
         """`client.add_request`, its errors as OpenAIErrors (400 naming the field, 503 when
         the engine is not running)."""
         try:
@@ -151,19 +166,25 @@ class OpenAIServing:
         params: SamplingParams,
         request_id: str,
         renames: Mapping[str, str] | None = None,
-        **kwargs: bool,
-    ) -> list[RequestStream]:
-        """One request per prompt (ids `{request_id}-{i}`); all or none are added."""
-        streams: list[RequestStream] = []
-        try:
-            for i, prompt in enumerate(prompts):
-                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-                streams.append(await self.add_request(prompt, params, rid, renames, **kwargs))
-        except BaseException:
-            for stream in streams:
-                stream.abort()
-            raise
-        return streams
+        **kwargs: Any,
+    ) -> list[DeltaStream]:
+        """One request per prompt (ids `{request_id}-{i}`), added together; all or none are
+        added (the first prompt's error, in prompt order, is raised)."""
+        ids = [
+            request_id if len(prompts) == 1 else f"{request_id}-{i}" for i in range(len(prompts))
+        ]
+        adds = [
+            self.add_request(p, params, rid, renames, **kwargs)
+            for p, rid in zip(prompts, ids, strict=True)
+        ]
+        results = await asyncio.gather(*adds, return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for stream in results:
+                if not isinstance(stream, BaseException):
+                    stream.abort()
+            raise errors[0]
+        return results  # type: ignore[return-value]
 
 
 def usage(num_prompt: int, num_generated: int, num_cached: int = 0) -> Usage:
@@ -191,7 +212,7 @@ def stream_error(exc: Exception) -> str:
     return sse(ErrorResponse(error=ErrorInfo(message=str(exc), type=kind)))
 
 
-async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestDelta]]:
+async def merge_streams(streams: list[DeltaStream]) -> AsyncIterator[tuple[int, RequestDelta]]:
     """(stream index, delta) of several requests as they arrive; leaving early (or an
     error) aborts every request not yet finished."""
     pending: dict[asyncio.Future[RequestDelta], int] = {}

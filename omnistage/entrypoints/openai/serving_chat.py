@@ -1,26 +1,53 @@
-"""POST /v1/chat/completions: messages through the chat template, text out.
+"""POST /v1/chat/completions, for every model: messages through the chat template; text,
+and audio where the model speaks, out.
 
-Whole responses, or (`stream`) server-sent chunks: a first one per choice with
-the role, then the text as it is generated (with its logprobs), the finish reason
-on each choice's last chunk, with `stream_options.include_usage` a last chunk
-with the usage, and `data: [DONE]`.
+    {"model": "demo-omni", "messages": [...], "modalities": ["text", "audio"],
+     "audio": {"format": "wav", "voice": "ethan"}}
+
+One handler serves a text model and a pipeline alike (`client.EngineClient`); what
+a model cannot do is a 400 naming the field (`chat_request.plan_chat`). Messages:
+text, and audio (`{"type": "input_audio", ...}`) / image (`{"type": "image_url",
+...}`, base64 `data:` URLs) parts where the model takes them, rendered by the
+client (`render_chat`: the model's chat template; a pipeline's prompt reader places
+the media). Sampling fields go over the client's defaults (a pipeline's entry-stage
+deploy defaults, e.g. greedy with 32 tokens on demo-omni); `seed` seeds every
+sampling stage. The prompt must leave room in the context for one token, and for
+`max_tokens` / `max_completion_tokens` when given (else a 400 naming `messages` or
+that field); without them a text model generates until the context ends.
+
+Answers: whole responses, or (`stream`) server-sent chunks: a first one per choice
+with the role, then the text as it is generated (with its logprobs where asked),
+the audio as `delta.audio.data` (base64 pcm16 chunks, `id` on the first) as the
+vocoder's chunks arrive, the finish reason on each choice's last chunk (with the
+audio's `id`, `transcript` and `expires_at`), with `stream_options.include_usage` a
+last chunk with the usage, and `data: [DONE]`. A whole response's audio is
+`message.audio` = {id, data: base64 of the whole file, expires_at, transcript}.
+`usage.prompt_tokens` are the tokens the model receives (a pipeline counts an audio
+/ image part as its placeholder's marker tokens only: the encoders expand it in the
+stage); completion tokens are the text's. A client that disconnects aborts the
+request (in every stage).
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import time
 import uuid
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from jinja2 import TemplateError
 
+from omnistage.entrypoints.openai.chat_request import ChatPlan, chat_messages, plan_chat
+from omnistage.entrypoints.openai.client import DeltaStream, EngineDeadError
 from omnistage.entrypoints.openai.deltas import TokenLogprob
-from omnistage.entrypoints.openai.engine_client import EngineDeadError, RequestStream
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.protocol import (
+    ChatAudio,
+    ChatAudioDelta,
     ChatChoice,
     ChatChoiceLogprobs,
     ChatChunkChoice,
@@ -28,9 +55,7 @@ from omnistage.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
-    ChatMessage,
     ChatResponseMessage,
-    TextPart,
     TokenLogprobInfo,
     TopLogprob,
 )
@@ -44,95 +69,54 @@ from omnistage.entrypoints.openai.serving import (
 )
 from omnistage.entrypoints.openai.sse import DONE, EventStream, sse, until_disconnect
 
-
-def add_chat_route(router: APIRouter, endpoint: Any) -> None:
-    """`POST /v1/chat/completions` answered by `endpoint` (text models and pipelines)."""
-    router.add_api_route(
-        "/v1/chat/completions",
-        endpoint,
-        methods=["POST"],
-        response_model=None,
-        responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES},
-    )
+AUDIO_EXPIRY_S = 3600
+MEDIA_RENAMES = {"audio": "messages", "image": "messages"}
+MEDIA_RENAMES |= {"input_audio": "messages", "image_url": "messages"}
+"""The prompt reader's names for a message's media parts, as the request names them."""
 
 
 class ChatServing(OpenAIServing):
     def register(self, router: APIRouter) -> None:
-        add_chat_route(router, self.create)
+        router.add_api_route(
+            "/v1/chat/completions",
+            self.create,
+            methods=["POST"],
+            response_model=None,
+            responses={200: {"model": ChatCompletionResponse}, **ERROR_RESPONSES},
+        )
 
     async def create(self, body: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(body.model)
         self.check_stream_options(body)
-        self.check_supported(body)
+        client = self.ctx.client
+        plan = plan_chat(body, client)
         explicit = "max_completion_tokens" if body.max_completion_tokens is not None else None
-        renames = {"prompt": "messages", "max_tokens": explicit or "max_tokens"}
+        renames = {"prompt": "messages", **MEDIA_RENAMES, "max_tokens": explicit or "max_tokens"}
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = self.sampling_params(body, max_tokens, logprobs, renames)
-        prompt = self.render(body.messages)
+        messages = chat_messages(body.messages, client.input_modalities)
+        try:
+            chat = await asyncio.to_thread(client.render_chat, messages)
+        except ValueError as exc:
+            raise OpenAIError.from_value_error(exc, renames) from None
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self.add_request(
-            prompt, params, request_id, renames, add_special_tokens=False
+            chat,
+            params,
+            request_id,
+            renames,
+            modalities=plan.modalities,
+            voice=plan.voice,
+            clamp_max_tokens=max_tokens is None,  # a default adapts to the room left
         )
         if body.stream:
-            return EventStream(self.events(body, stream))
-        response = await until_disconnect(raw, self.collect(body, stream))
+            return EventStream(self.events(body, plan, stream))
+        response = await until_disconnect(raw, self.collect(body, plan, stream))
         return JSONResponse(response.model_dump())
 
-    def check_supported(self, body: ChatCompletionRequest) -> None:
-        """400 for what this model cannot do (speech, images and tools come with their
-        pipelines and parsers)."""
-        if body.top_logprobs is not None and not body.logprobs:
-            raise OpenAIError("top_logprobs: requires logprobs to be true", param="top_logprobs")
-        if body.modalities is not None and set(body.modalities) != {"text"}:
-            raise OpenAIError(
-                "modalities: this model only produces text (use ['text'])", param="modalities"
-            )
-        if body.audio is not None:
-            raise OpenAIError("audio: this model does not produce audio", param="audio")
-        check_chat_extras(body)
-
-    def render(self, messages: list[ChatMessage]) -> str:
-        """The prompt text: messages through the model's chat template."""
-        tokenizer = self.ctx.client.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise OpenAIError(
-                "messages: this model has no chat template; use /v1/completions", param="messages"
-            )
-        conversation = []
-        for i, message in enumerate(messages):
-            entry: dict[str, Any] = {
-                "role": "system" if message.role == "developer" else message.role,
-                "content": self._text(i, message),
-            }
-            if message.name is not None:
-                entry["name"] = message.name
-            conversation.append(entry)
-        try:
-            return tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True
-            )
-        except TemplateError as exc:
-            raise OpenAIError(
-                f"messages: the chat template refused them: {exc}", param="messages"
-            ) from None
-
-    @staticmethod
-    def _text(i: int, message: ChatMessage) -> str:
-        if message.content is None or isinstance(message.content, str):
-            return message.content or ""
-        texts = []
-        for j, part in enumerate(message.content):
-            if not isinstance(part, TextPart):
-                raise OpenAIError(
-                    f"messages[{i}].content[{j}]: {part.type} input is not supported by this model",
-                    param="messages",
-                )
-            texts.append(part.text)
-        return "".join(texts)
-
     async def collect(
-        self, body: ChatCompletionRequest, stream: RequestStream
+        self, body: ChatCompletionRequest, plan: ChatPlan, stream: DeltaStream
     ) -> ChatCompletionResponse:
         texts = [""] * body.n
         logprobs: list[list[TokenLogprobInfo]] = [[] for _ in range(body.n)]
@@ -158,16 +142,18 @@ class ChatServing(OpenAIServing):
             )
             for i in range(body.n)
         ]
+        if plan.audio_format is not None:
+            choices[0].message.audio = await _whole_audio(stream, plan.audio_format, texts[0])
         return ChatCompletionResponse(
             id=stream.request_id,
             created=int(time.time()),
             model=body.model,
             choices=choices,
-            usage=usage(len(stream.prompt_token_ids), generated, cached),
+            usage=usage(stream.num_prompt_tokens, generated, cached),
         )
 
     async def events(
-        self, body: ChatCompletionRequest, stream: RequestStream
+        self, body: ChatCompletionRequest, plan: ChatPlan, stream: DeltaStream
     ) -> AsyncIterator[str]:
         created = int(time.time())
 
@@ -183,6 +169,8 @@ class ChatServing(OpenAIServing):
             )
 
         generated = cached = 0
+        texts = [""] * body.n
+        audio_id: str | None = None
         async with stream:
             for i in range(body.n):
                 yield chunk(
@@ -192,12 +180,25 @@ class ChatServing(OpenAIServing):
                 async for delta in stream:
                     check_not_aborted(delta)
                     cached = delta.num_cached_tokens
+                    if delta.audio is not None:
+                        audio = ChatAudioDelta(data=_pcm16_base64(delta.audio))
+                        if audio_id is None:
+                            audio_id = audio.id = f"audio-{uuid.uuid4().hex}"
+                        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(audio=audio))])
                     for seq in delta.sequences:
                         generated += len(seq.token_ids)
+                        texts[seq.index] += seq.text
                         lps = _logprob_infos(seq.logprobs) if seq.logprobs is not None else None
+                        content = ChatDelta(content=seq.text)
+                        if seq.finish_reason is not None and audio_id is not None:
+                            content.audio = ChatAudioDelta(
+                                id=audio_id,
+                                transcript=texts[seq.index],
+                                expires_at=int(time.time()) + AUDIO_EXPIRY_S,
+                            )
                         choice = ChatChunkChoice(
                             index=seq.index,
-                            delta=ChatDelta(content=seq.text),
+                            delta=content,
                             logprobs=ChatChoiceLogprobs(content=lps) if body.logprobs else None,
                             finish_reason=seq.finish_reason,
                         )
@@ -207,26 +208,32 @@ class ChatServing(OpenAIServing):
                 yield DONE
                 return
         if body.stream_options is not None and body.stream_options.include_usage:
-            yield chunk([], usage=usage(len(stream.prompt_token_ids), generated, cached))
+            yield chunk([], usage=usage(stream.num_prompt_tokens, generated, cached))
         yield DONE
 
 
-def check_chat_extras(body: ChatCompletionRequest) -> None:
-    """400 for the chat fields no model here honours (structured output, tools, store)."""
-    if body.response_format is not None and body.response_format.type != "text":
-        raise OpenAIError(
-            f"response_format: {body.response_format.type} is not supported (only text)",
-            param="response_format",
-        )
-    if body.tools:
-        raise OpenAIError("tools: tool calling is not supported", param="tools")
-    if body.tool_choice not in (None, "none", "auto"):
-        raise OpenAIError(
-            "tool_choice: tool calling is not supported (use none or auto)",
-            param="tool_choice",
-        )
-    if body.store:
-        raise OpenAIError("store: storing completions is not supported", param="store")
+async def _whole_audio(stream: DeltaStream, audio_format: str, transcript: str) -> ChatAudio:
+    """The answer's audio as one file (`audio_format`), base64, with its transcript."""
+    from omnistage.entrypoints.openai.serving_speech import encode
+
+    audio = stream.final_audio()
+    if audio is None:
+        raise OpenAIError("the pipeline produced no audio", HTTPStatus.INTERNAL_SERVER_ERROR)
+    data = await asyncio.to_thread(encode, audio[0], audio[1], audio_format)
+    return ChatAudio(
+        id=f"audio-{uuid.uuid4().hex}",
+        data=base64.b64encode(data).decode("ascii"),
+        expires_at=int(time.time()) + AUDIO_EXPIRY_S,
+        transcript=transcript,
+    )
+
+
+def _pcm16_base64(samples: Any) -> str:
+    """A chunk of float samples (a tensor) as base64 16-bit PCM."""
+    from omnistage.entrypoints.openai.serving_speech import _float32, to_pcm16
+
+    pcm = to_pcm16(samples.to(dtype=_float32()).numpy())
+    return base64.b64encode(pcm).decode("ascii")
 
 
 def _logprob_infos(entries: list[TokenLogprob]) -> list[TokenLogprobInfo]:

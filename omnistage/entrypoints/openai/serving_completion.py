@@ -1,10 +1,17 @@
-"""POST /v1/completions: a prompt (a string, token ids, or a list of either) in, text out.
+"""POST /v1/completions, for every model: a prompt (a string, token ids, or a list of
+either) in, text out, with no chat template.
 
-Each prompt is one engine request with `n` samples; choice `i * n + j` is sample
-`j` of prompt `i`, as OpenAI numbers them. Streamed chunks have the shape of the
-whole response (`text_completion`), one choice each, then `data: [DONE]`.
-`max_tokens` defaults to 16 (clamped to what fits the context); one given
-explicitly that does not fit is a 400.
+One handler serves a text model and a pipeline whose entry stage writes text (as
+vLLM-Omni keeps vLLM's completions endpoint on an `AsyncOmni`: only the stages the
+text needs run). Each prompt is one request with `n` samples; choice `i * n + j` is
+sample `j` of prompt `i`, as OpenAI numbers them. Streamed chunks have the shape of
+the whole response (`text_completion`), one choice each, then `data: [DONE]`.
+`max_tokens` defaults to the client's default (a pipeline's entry-stage deploy
+default), else OpenAI's 16, clamped to what fits each prompt's context; one given
+explicitly that does not fit is a 400. What the model cannot do (`n` > 1 and
+`logprobs` on a pipeline; `suffix`, `best_of` other than `n`, `echo` with `logprobs`)
+is a 400 naming the field; a pipeline that writes no text answers a 400 naming the
+endpoints it does answer.
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from omnistage.entrypoints.openai.client import DeltaStream, EngineDeadError
 from omnistage.entrypoints.openai.deltas import SequenceDelta, TokenLogprob
-from omnistage.entrypoints.openai.engine_client import EngineDeadError, RequestStream
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.protocol import (
     CompletionChoice,
@@ -37,6 +44,9 @@ from omnistage.entrypoints.openai.serving import (
 )
 from omnistage.entrypoints.openai.sse import DONE, EventStream, sse, until_disconnect
 
+DEFAULT_MAX_TOKENS = 16
+"""OpenAI's completions default, where the client's defaults set none."""
+
 
 class CompletionServing(OpenAIServing):
     def register(self, router: APIRouter) -> None:
@@ -52,10 +62,13 @@ class CompletionServing(OpenAIServing):
         self.check_model(body.model)
         self.check_stream_options(body)
         self.check_supported(body)
-        params = self.sampling_params(body, body.max_tokens, body.logprobs)
+        clamp = "max_tokens" not in body.model_fields_set  # the default adapts
+        max_tokens = body.max_tokens
+        if clamp:
+            max_tokens = self.ctx.client.default_sampling.get("max_tokens") or DEFAULT_MAX_TOKENS
+        params = self.sampling_params(body, max_tokens, body.logprobs)
         prompts = _prompts(body.prompt)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        clamp = "max_tokens" not in body.model_fields_set  # the default 16 adapts
         renames = {"prompt_token_ids": "prompt"}
         streams = await self.add_requests(
             prompts, params, request_id, renames, clamp_max_tokens=clamp
@@ -67,8 +80,22 @@ class CompletionServing(OpenAIServing):
         response = await until_disconnect(raw, run.collect())
         return JSONResponse(response.model_dump())
 
-    @staticmethod
-    def check_supported(body: CompletionRequest) -> None:
+    def check_supported(self, body: CompletionRequest) -> None:
+        client = self.ctx.client
+        if "text" not in client.produces:
+            raise OpenAIError(
+                "model: /v1/completions is not available for this model: its multi-stage "
+                "pipeline produces no text; it answers " + client.other_endpoints,
+                param="model",
+            )
+        if body.n != 1 and not client.multiple_samples:
+            raise OpenAIError(
+                "n: a multi-stage pipeline generates one sequence per prompt", param="n"
+            )
+        if body.logprobs is not None and not client.reports_logprobs:
+            raise OpenAIError(
+                "logprobs: a multi-stage pipeline does not report logprobs", param="logprobs"
+            )
         if body.suffix is not None:
             raise OpenAIError("suffix: insertion is not supported", param="suffix")
         if body.best_of is not None and body.best_of != body.n:
@@ -97,7 +124,7 @@ class _Completion:
         self,
         body: CompletionRequest,
         request_id: str,
-        streams: list[RequestStream],
+        streams: list[DeltaStream],
         echoes: list[str],
     ) -> None:
         self.body, self.request_id, self.streams, self.echoes = body, request_id, streams, echoes
@@ -133,7 +160,7 @@ class _Completion:
         return index, choice
 
     def _usage(self) -> Usage:
-        prompt_tokens = sum(len(s.prompt_token_ids) for s in self.streams)
+        prompt_tokens = sum(s.num_prompt_tokens for s in self.streams)
         return usage(prompt_tokens, self.generated, self.cached)
 
     async def collect(self) -> CompletionResponse:

@@ -48,7 +48,7 @@ _SIZE = re.compile(r"^([1-9][0-9]{0,5})x([1-9][0-9]{0,5})$")
 class ImagesServing(OpenAIServing):
     @classmethod
     def enabled(cls, ctx: ServingContext) -> bool:
-        return isinstance(ctx.client, PipelineClient) and ctx.client.draws
+        return ctx.client.draws
 
     @property
     def client(self) -> PipelineClient:

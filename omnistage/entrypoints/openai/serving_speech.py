@@ -58,7 +58,7 @@ class AudioStream(EventStream):
 class SpeechServing(OpenAIServing):
     @classmethod
     def enabled(cls, ctx: ServingContext) -> bool:
-        return isinstance(ctx.client, PipelineClient) and ctx.client.speaks
+        return ctx.client.speaks
 
     @property
     def client(self) -> PipelineClient:

@@ -1,0 +1,22 @@
+"""What the frontends (the CLI, the OpenAI server) know about a pipeline's entry prompt.
+
+Most entry stages take a chat, rendered with their model's template; GLM-Image's
+prior renders its prompt itself (it states the image size in it), so a frontend
+passes the text as it is. Both `cli` and `openai.pipeline_client` ask here, so the
+server does not import the CLI.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def entry_builds_its_prompt(spec: Any) -> bool:
+    """Whether the entry stage of the deploy `spec` (a `DeploySpec`) renders its prompt
+    itself (GLM-Image's prior): the text then goes to it as it is, not as a chat."""
+    from omnistage.models.glm_image import is_glm_image_prior
+    from omnistage.models.loader import load_hf_config, resolve_model
+
+    (entry,) = spec.entry_stages
+    files = resolve_model(entry.with_part_directory().model)
+    return (files.path / "config.json").is_file() and is_glm_image_prior(load_hf_config(files))
