@@ -202,14 +202,15 @@ def test_chat_audio_deltas_count_as_audio(fake_url, capsys):
 
 
 def test_percentiles_and_wav_header():
-    from omnistage.benchmarks import serve
+    from omnistage.benchmarks.serve_report import percentile
+    from omnistage.benchmarks.serve_requests import wav_header_len
 
-    assert serve.percentile([4, 1, 3, 2], 50) == 2.5
-    assert serve.percentile([1, 2, 3, 4, 5], 90) == pytest.approx(4.6)
+    assert percentile([4, 1, 3, 2], 50) == 2.5
+    assert percentile([1, 2, 3, 4, 5], 90) == pytest.approx(4.6)
     header = b"RIFF\x00\x00\x00\x00WAVEfmt " + (16).to_bytes(4, "little") + bytes(16)
-    assert serve.wav_header_len(header + b"data\x00\x00\x00\x00" + bytes(10)) == 44
-    assert serve.wav_header_len(header) == len(header)  # samples not there yet
-    assert serve.wav_header_len(bytes(10)) == 0
+    assert wav_header_len(header + b"data\x00\x00\x00\x00" + bytes(10)) == 44
+    assert wav_header_len(header) == len(header)  # samples not there yet
+    assert wav_header_len(bytes(10)) == 0
 
 
 def test_bad_flags_are_named(capsys):

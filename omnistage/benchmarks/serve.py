@@ -3,7 +3,9 @@
 It knows only the OpenAI HTTP API (`--base-url`, default `http://127.0.0.1:8000/v1`), so
 it measures `omnistage serve`, `vllm serve` or anything else that speaks it; `--launch`
 starts `omnistage serve` on the base URL's port first (waits for `/health`, stops it
-with SIGINT at the end).
+with SIGINT at the end). This module owns the command: its flags, the workload, the
+launched server and the run; `serve_requests` sends and times the requests,
+`serve_report` summarizes and prints them.
 
 Workload (seeded): per measurement `--num-prompts` distinct prompts of `--input-words`
 random English words in sentences (chat: after "Continue this story at length: "), each
@@ -36,34 +38,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import dataclasses
-import importlib.metadata
 import json
-import os
-import platform
 import random
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
-if TYPE_CHECKING:  # imported where used, so the CLI starts without httpx installed
-    import httpx
+from omnistage.benchmarks.serve_report import describe_machine, print_table, summarize
+from omnistage.benchmarks.serve_requests import ENDPOINTS, run_level, send
 
 # `--launch` runs this plus its flags; a module-level name so tests can stand in a fake.
 SERVE_COMMAND = [sys.executable, "-m", "omnistage.entrypoints.cli", "serve"]
-PERCENTILES = (50, 90, 99)
-ENDPOINTS = {"chat": "chat/completions", "completions": "completions", "speech": "audio/speech"}
 CHAT_ASK = "Continue this story at length: "
 WORDS = (
     "the a of and to in is it that was for on are with as his they be at one have this "
@@ -101,21 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch-timeout", type=float, default=600.0, help="for /health, s")
 
 
-@dataclasses.dataclass
-class Result:
-    """One request as the client saw it; times in seconds from just before it was sent."""
-
-    error: str | None = None
-    ttft: float | None = None
-    itl: list[float] = dataclasses.field(default_factory=list)
-    e2e: float = 0.0
-    output_tokens: int = 0
-    had_usage: bool = False
-    ttfa: float | None = None
-    audio_bytes: int = 0
-
-
-# -- requests ------------------------------------------------------------------------------
 def make_prompts(n: int, words: int, seed: str) -> list[str]:
     """`n` prompts of `words` random English words in sentences of 5-12 words."""
     rng, prompts, vocabulary = random.Random(seed), [], WORDS.split()
@@ -151,164 +129,7 @@ def with_prompt(endpoint: str, template: dict[str, Any], prompt: str) -> dict[st
     return template | {"input" if endpoint == "speech" else "prompt": prompt}
 
 
-def _pick(chunk: dict) -> tuple[str | None, str | None]:
-    """A chat or completions chunk's new text and base64 audio."""
-    choice = (chunk.get("choices") or [{}])[0]
-    delta = choice.get("delta") or {}
-    audio = delta.get("audio") or {}  # with audio out, OpenAI sends the text as its transcript
-    text = choice.get("text") or delta.get("content") or delta.get("reasoning_content")
-    return text or audio.get("transcript"), audio.get("data")
-
-
-def wav_header_len(data: bytes) -> int:
-    """Bytes before the samples when `data` opens with a RIFF/WAVE header (all of it while
-    the `data` chunk has not arrived), else 0."""
-    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return 0
-    pos = 12
-    while pos + 8 <= len(data):
-        if data[pos : pos + 4] == b"data":
-            return pos + 8
-        pos += 8 + int.from_bytes(data[pos + 4 : pos + 8], "little")
-    return len(data)
-
-
-async def _read_sse(response: httpx.Response, r: Result, start: float) -> None:
-    last, chunks = None, 0
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):  # blank separators, comments, `event:` lines
-            continue
-        if (data := line[5:].strip()) == "[DONE]":
-            break
-        chunk, now = json.loads(data), time.perf_counter()
-        if "error" in chunk:
-            r.error = _message(chunk)
-            return
-        if usage := chunk.get("usage"):
-            r.output_tokens, r.had_usage = int(usage.get("completion_tokens") or 0), True
-        text, audio = _pick(chunk)
-        if audio and (n := _pcm_len(base64.b64decode(audio))):
-            r.ttfa = now - start if r.ttfa is None else r.ttfa
-            r.audio_bytes += n
-        if text:
-            if last is None:
-                r.ttft = now - start
-            else:
-                r.itl.append(now - last)
-            last, chunks = now, chunks + 1
-    if not r.had_usage:
-        r.output_tokens = chunks
-    if last is None and not r.audio_bytes:
-        r.error = "the stream ended without any output"
-
-
-def _pcm_len(data: bytes) -> int:
-    return len(data) - wav_header_len(data)
-
-
-async def _read_audio(response: httpx.Response, r: Result, start: float) -> None:
-    head, total = b"", 0
-    async for data in response.aiter_bytes():
-        total, head = total + len(data), head + data[: 4096 - len(head)]
-        r.audio_bytes = total - wav_header_len(head)
-        if r.audio_bytes > 0 and r.ttfa is None:
-            r.ttfa = time.perf_counter() - start
-    if r.audio_bytes <= 0:
-        r.error = "the response carried no audio"
-
-
-def _message(body: Any) -> str:
-    err = body.get("error", body) if isinstance(body, dict) else body
-    return str(err.get("message", err) if isinstance(err, dict) else err)[:200]
-
-
-async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any]) -> Result:
-    """One streaming request; never raises (a failure is recorded in the result)."""
-    r, start = Result(), time.perf_counter()
-    try:
-        async with client.stream("POST", ENDPOINTS[endpoint], json=body) as resp:
-            if resp.status_code != 200:
-                raw = await resp.aread()
-                with contextlib.suppress(ValueError):
-                    raw = json.loads(raw)
-                r.error = f"HTTP {resp.status_code}: {_message(raw)}"
-            elif endpoint == "speech":
-                await _read_audio(resp, r, start)
-            else:
-                await _read_sse(resp, r, start)
-    except Exception as exc:  # one request's failure is a data point, never the run's end
-        r.error = f"{type(exc).__name__}: {exc}".removesuffix(": ")[:200]
-    r.e2e = time.perf_counter() - start
-    return r
-
-
 # -- load ----------------------------------------------------------------------------------
-async def run_level(
-    client: httpx.AsyncClient, args: argparse.Namespace, bodies: list[dict], cap: int | None
-) -> tuple[list[Result], float]:
-    """All requests, `cap` in flight at most, arriving at `--request-rate` (Poisson) or at
-    once; returns the results in prompt order and the wall time."""
-    rng, arrivals, t = random.Random(f"arrivals:{args.seed}"), [], 0.0
-    for _ in bodies:
-        arrivals.append(t)
-        t += rng.expovariate(args.request_rate) if args.request_rate else 0.0
-    slots = asyncio.Semaphore(cap or len(bodies))
-    start = time.perf_counter()
-
-    async def one(body: dict, at: float) -> Result:
-        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
-        async with slots:
-            return await send(client, args.endpoint, body)
-
-    results = await asyncio.gather(*(one(b, a) for b, a in zip(bodies, arrivals, strict=True)))
-    return list(results), time.perf_counter() - start
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between the closest ranks (numpy's default)."""
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def summarize(results: list[Result], wall: float, sample_rate: int) -> dict[str, Any]:
-    ok = [r for r in results if r.error is None]
-    tokens = sum(r.output_tokens for r in ok)
-    samples = {
-        "ttft": [r.ttft for r in ok if r.ttft is not None],
-        "tpot": [
-            (r.e2e - r.ttft) / (r.output_tokens - 1)
-            for r in ok
-            if r.ttft is not None and r.output_tokens > 1
-        ],
-        "itl": [gap for r in ok for gap in r.itl],
-        "e2e": [r.e2e for r in ok],
-        "ttfa": [r.ttfa for r in ok if r.ttfa is not None],
-    }
-    out: dict[str, Any] = {
-        "completed": len(ok),
-        "failed": len(results) - len(ok),
-        "wall_s": round(wall, 4),
-        "request_throughput": round(len(ok) / wall, 4),
-        "output_token_throughput": round(tokens / wall, 2),
-        "total_output_tokens": tokens,
-        "requests_without_usage": sum(not r.had_usage for r in ok if r.ttft is not None),
-    }
-    for name, xs in samples.items():
-        out[f"{name}_mean_ms"] = round(1000 * sum(xs) / len(xs), 3) if xs else None
-        for q in PERCENTILES:
-            out[f"{name}_p{q}_ms"] = round(1000 * percentile(xs, q), 3) if xs else None
-    audio = [(r.e2e, r.audio_bytes / 2 / sample_rate) for r in ok if r.audio_bytes]
-    if audio:
-        rtf = [e2e / seconds for e2e, seconds in audio]
-        out["audio_s"] = round(sum(s for _, s in audio), 4)
-        out["rtf_mean"] = round(sum(rtf) / len(rtf), 4)
-        out |= {f"rtf_p{q}": round(percentile(rtf, q), 4) for q in PERCENTILES}
-    errors = Counter(r.error for r in results if r.error is not None)
-    out["errors"] = dict(errors.most_common(5))
-    return out
 
 
 async def measure(
@@ -400,24 +221,6 @@ def _wait_healthy(proc: subprocess.Popen, args: argparse.Namespace, log: Any) ->
     )
 
 
-# -- report --------------------------------------------------------------------------------
-def _machine(args: argparse.Namespace) -> str:
-    client = (
-        f"client {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, httpx {importlib.metadata.version('httpx')}"
-    )
-    if not args.launch:
-        return f"{client}; server {args.base_url} (not started here)"
-    gpu = "no GPU"
-    if shutil.which("nvidia-smi"):
-        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
-        run = subprocess.run(query, capture_output=True, text=True, check=False)
-        gpu = "; ".join(run.stdout.strip().splitlines()) or gpu
-    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-        gpu += f", torch {importlib.metadata.version('torch')}"
-    return f"{client}; server launched here ({gpu}): omnistage serve {args.serve_args}".strip()
-
-
 def _workload(args: argparse.Namespace, levels: list[int | None]) -> str:
     load = (
         f"Poisson arrivals at {args.request_rate:g} requests/s (seed {args.seed}), "
@@ -435,34 +238,6 @@ def _workload(args: argparse.Namespace, levels: list[int | None]) -> str:
         f"{', modalities ' + args.modalities if args.modalities else ''}{extra}; {load}; "
         "1 warm-up request; output tokens from usage"
     )
-
-
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"{'level':>9}{'ok/total':>10}{'req/s':>9}{'out tok/s':>11}{'wall s':>9}")
-    for row in rows:
-        done = f"{row['completed']}/{row['completed'] + row['failed']}"
-        print(
-            f"{row['concurrency'] or 'rate':>9}{done:>10}{row['request_throughput']:>9.2f}"
-            f"{row['output_token_throughput']:>11.1f}{row['wall_s']:>9.2f}"
-        )
-    print(f"{'ms':<5}{'level':>9}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}")
-    for name in ("ttft", "tpot", "itl", "e2e", "ttfa"):
-        for row in rows:
-            if row[f"{name}_mean_ms"] is None:
-                continue
-            cells = [row[f"{name}_{k}_ms"] for k in ("mean", "p50", "p90", "p99")]
-            print(
-                f"{name:<5}{row['concurrency'] or 'rate':>9}"
-                + "".join(f"{c:>10.1f}" for c in cells)
-            )
-    for row in rows:
-        if "rtf_mean" in row:
-            print(
-                f"RTF at {row['concurrency'] or 'rate'}: mean {row['rtf_mean']:.3f}, p50 "
-                f"{row['rtf_p50']:.3f}, p99 {row['rtf_p99']:.3f} ({row['audio_s']:.1f} audio s)"
-            )
-        for error, count in row["errors"].items():
-            print(f"failed at {row['concurrency'] or 'rate'}: {count} x {error}")
 
 
 def _levels(args: argparse.Namespace) -> list[int | None]:
@@ -492,9 +267,9 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError("--extra-body: expected a JSON object")
     with launched(args):
         rows = asyncio.run(measure(args, levels, extra))
-    workload, machine = _workload(args, levels), _machine(args)
+    workload, machine = _workload(args, levels), describe_machine(args)
     print(f"workload: {workload}\nmachine: {machine}")
-    _print_table(rows)
+    print_table(rows)
     failed = sum(row["failed"] for row in rows)
     summary = {"benchmark": "serve", "workload": workload, "machine": machine, "levels": rows}
     print(json.dumps(summary | {"all_succeeded": failed == 0}))
