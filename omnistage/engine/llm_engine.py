@@ -95,23 +95,8 @@ class LLMEngine:
         prompt (models with `supports_mrope` / `supports_deepstack`)."""
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        self.inputs.validate_ids(ids)
-        self.inputs.check_params(params)
-        if prompt_embeds is not None:
-            self.inputs.check_prompt_embeds(ids, prompt_embeds, self.input_width)
-        if mm_decoder_inputs is not None:
-            model_class = model_class_for(self.hf_config)
-            self.inputs.check_mm_decoder_inputs(
-                ids,
-                mm_decoder_inputs,
-                self.hf_config.hidden_size,
-                self.hf_config.num_hidden_layers,
-                model_class.supports_mrope,
-                model_class.supports_deepstack,
-            )
-        if stream_conditioning and params.n != 1:
-            raise ValueError("n: a stream-conditioned request generates one sequence")
-        base_seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        self.check_request(ids, params, prompt_embeds, stream_conditioning, mm_decoder_inputs)
+        base_seed = self.request_seed(params)
         tracked = _Tracked(RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids))
         for i in range(params.n):
             core_id = request_id if params.n == 1 else f"{i}_{request_id}"
@@ -150,6 +135,47 @@ class LLMEngine:
                 )
             )
 
+    def check_request(
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        prompt_embeds: torch.Tensor | None = None,
+        stream_conditioning: bool = False,
+        mm_decoder_inputs: MultimodalDecoderInputs | None = None,
+    ) -> None:
+        """Refuse a request this engine cannot run: ValueError naming the field (see
+        `add_tokenized_request` for the arguments)."""
+        self.inputs.validate_ids(ids)
+        self.inputs.check_params(params)
+        if prompt_embeds is not None:
+            self.inputs.check_prompt_embeds(ids, prompt_embeds, self.input_width)
+        if mm_decoder_inputs is not None:
+            model_class = model_class_for(self.hf_config)
+            self.inputs.check_mm_decoder_inputs(
+                ids,
+                mm_decoder_inputs,
+                self.hf_config.hidden_size,
+                self.hf_config.num_hidden_layers,
+                model_class.supports_mrope,
+                model_class.supports_deepstack,
+            )
+        if stream_conditioning and params.n != 1:
+            raise ValueError("n: a stream-conditioned request generates one sequence")
+
+    def request_seed(self, params: SamplingParams) -> int:
+        """The base seed of a request's sampling: its own, else one drawn from the engine's
+        seed (its n sequences use `child_seed(base, index)`)."""
+        return params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+
+    def check_conditioning(self, rows: torch.Tensor, fill: torch.Tensor | None) -> None:
+        """Refuse conditioning rows ([n, input_width]) or a fill row ([input_width]) of the
+        wrong width (see `add_conditioning`)."""
+        hidden = self.input_width
+        if rows.shape[0] and (rows.ndim != 2 or rows.shape[1] != hidden):
+            raise ValueError(f"conditioning: expected [rows, {hidden}], got {list(rows.shape)}")
+        if fill is not None and tuple(fill.shape) != (hidden,):
+            raise ValueError(f"conditioning fill: expected [{hidden}], got {list(fill.shape)}")
+
     def add_encoded_request(self, request_id: str, prompt: Any, params: SamplingParams) -> None:
         """A multimodal prompt as `omnistage.multimodal.Qwen3OmniInputEncoder.encode` returns
         it (`EncodedPrompt`): its expanded ids, prompt embeddings and, with images, its 3-D
@@ -175,11 +201,7 @@ class LLMEngine:
         tracked = self._tracked.get(request_id)
         if tracked is None:
             return
-        hidden = self.input_width
-        if rows.shape[0] and (rows.ndim != 2 or rows.shape[1] != hidden):
-            raise ValueError(f"conditioning: expected [rows, {hidden}], got {list(rows.shape)}")
-        if fill is not None and tuple(fill.shape) != (hidden,):
-            raise ValueError(f"conditioning fill: expected [{hidden}], got {list(fill.shape)}")
+        self.check_conditioning(rows, fill)
         for core_id in tracked.seqs:
             self.core.scheduler.add_conditioning(core_id, rows, finished, fill)
 

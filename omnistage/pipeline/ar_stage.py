@@ -2,10 +2,12 @@
 
 Requests start from a prompt (entry stage, or a `prompt` edge built by the
 orchestrator) or from a payload of an incoming `payload` edge (e.g. another
-stage's hidden states as prompt embeddings). The engine reports every step
-result it accepted to `_on_core_output`, which feeds the request's
+stage's hidden states as prompt embeddings). Its `ARStageEngine` reports
+every step result it accepted to `_on_core_output`, which feeds the request's
 accumulator — so only confirmed tokens and hidden states ever reach a payload
-(DESIGN.md invariant 6), in sync and async scheduling alike.
+(DESIGN.md invariant 6), in sync and async scheduling alike — and turns each
+step into the `StageOutput` deltas this stage sends (text only where the stage
+writes text).
 """
 
 from __future__ import annotations
@@ -21,19 +23,18 @@ from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.stage_input import StageInput
 from omnistage.core.tensor_blob import blob_to_tensor
-from omnistage.engine.llm_engine import LLMEngine
 from omnistage.models.glm_image import is_glm_image_prior
 from omnistage.pipeline.accumulator import HIDDEN_KEY, RequestAccumulator
+from omnistage.pipeline.ar_engine import ARStageEngine
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import (
     DeliverPayload,
     FromStage,
     RequestFailed,
-    StageOutput,
     SubmitRequest,
 )
 from omnistage.pipeline.payload import Payload
-from omnistage.pipeline.processors import IMAGE_GRID_KEY
+from omnistage.pipeline.processors import IMAGE_GRID_KEY, stage_writes_text
 from omnistage.pipeline.prompt_inputs import AUDIO_RATE
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.sampling_params import SamplingParams
@@ -52,19 +53,20 @@ class ARStageCore(StageCore):
             # A prefix-cache hit skips computing those positions, and so their hidden states.
             logger.info("stage %s: prefix caching off (its edges carry hidden states)", spec.name)
             engine_args["enable_prefix_caching"] = False
-        self.engine = LLMEngine(
+        self.engine = ARStageEngine(
             EngineConfig(
                 model=spec.model,
                 model_part=spec.model_part,
                 **engine_args,
                 output_hidden_states=wants_hidden,
-            )
+            ),
+            spec.name,
+            writes_text=stage_writes_text(deploy, spec.name),
         )
         self.engine.core_output_listener = self._on_core_output
         for _, processor in self.incoming.values():
             processor.bind_consumer(self.engine)
         self.accumulators: dict[str, RequestAccumulator] = {}
-        self.num_sent_tokens: dict[str, int] = {}
         self.media_encoder: Any = None
         self.glm_image_prior = is_glm_image_prior(self.engine.hf_config)
         """GLM-Image's prior: text prompts are built for the request's `image_size`."""
@@ -82,8 +84,6 @@ class ARStageCore(StageCore):
         """Start a request; streamed (`stream_conditioning`), from the first chunk, which is
         also the `last` one when the producer finished within it."""
         params = SamplingParams(**{**self.spec.default_sampling, **(msg.sampling or {})})
-        if params.n != 1:
-            raise ValueError("n: a pipeline stage generates one sequence per request")
         if payloads:
             ((edge, payload),) = payloads.items()
             inputs = self.incoming[edge][1].to_input(payload, voice=msg.voice)
@@ -94,15 +94,14 @@ class ARStageCore(StageCore):
         else:
             inputs = StageInput(prompt=msg.prompt, prompt_token_ids=msg.prompt_token_ids)
         if inputs.prompt_token_ids is not None:
-            text, ids = inputs.prompt, list(inputs.prompt_token_ids)
+            ids = list(inputs.prompt_token_ids)
         elif inputs.prompt is not None:
-            text, ids = self.engine.inputs.tokenize(inputs.prompt)
+            _, ids = self.engine.inputs.tokenize(inputs.prompt)
         else:
             raise ValueError(f"stage {self.name!r}: the request has no prompt")
         conditioned = inputs.conditioning is not None
-        self.engine.add_tokenized_request(
+        self.engine.add_request(
             msg.request_id,
-            text,
             ids,
             params,
             inputs.prompt_embeds,
@@ -125,7 +124,6 @@ class ARStageCore(StageCore):
             )
             if inputs.image_grid_thw is not None and len(inputs.image_grid_thw):
                 self.accumulators[msg.request_id].set_value(IMAGE_GRID_KEY, inputs.image_grid_thw)
-        self.num_sent_tokens[msg.request_id] = 0
         return []
 
     def _encode_media(self, msg: SubmitRequest) -> StageInput:
@@ -226,29 +224,19 @@ class ARStageCore(StageCore):
         events: list[FromStage] = []
         outputs = self.engine.step()
         self.stalled = not self.engine.core.made_progress  # e.g. all wait for conditioning
-        for ro in outputs:
-            rid, completion = ro.request_id, ro.outputs[0]
+        for output in outputs:
+            rid = output.request_id
             if rid in self.failed:
                 continue
             accumulator = self.accumulators.get(rid)
             if accumulator is not None:
-                pieces = accumulator.final_payloads() if ro.finished else accumulator.ready_chunks()
-                events += self.send_payloads(rid, pieces)
-            sent = self.num_sent_tokens.get(rid, 0)
-            events.append(
-                StageOutput(
-                    stage=self.name,
-                    request_id=rid,
-                    new_token_ids=completion.token_ids[sent:],
-                    text=completion.text,
-                    finished=ro.finished,
-                    finish_reason=completion.finish_reason,
+                pieces = (
+                    accumulator.final_payloads() if output.finished else accumulator.ready_chunks()
                 )
-            )
-            self.num_sent_tokens[rid] = len(completion.token_ids)
-            if ro.finished:
+                events += self.send_payloads(rid, pieces)
+            events.append(output)
+            if output.finished:
                 self.accumulators.pop(rid, None)
-                self.num_sent_tokens.pop(rid, None)
                 # Done before its input stream ended: the rest of the stream is not needed
                 # (chunks that still come are dropped on arrival).
                 self.coordinator.release(rid)
@@ -261,7 +249,6 @@ class ARStageCore(StageCore):
     def drop_request(self, request_id: str) -> None:
         self.engine.abort_request(request_id)
         self.accumulators.pop(request_id, None)
-        self.num_sent_tokens.pop(request_id, None)
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
@@ -278,8 +265,10 @@ class ARStageCore(StageCore):
         scheduler = self.engine.core.scheduler
         kv = self.engine.kv_cache_manager
         total = kv.pool.num_usable_blocks
+        # Waiting for input and not started yet (a stream-fed request runs meanwhile).
+        parked = [r for r in self.coordinator.entries if not self.engine.has_request(r)]
         return {
-            "num_waiting": float(len(scheduler.waiting) + self.coordinator.num_entries),
+            "num_waiting": float(len(scheduler.waiting) + len(parked)),
             "num_running": float(len(scheduler.running)),
             "kv_cache_usage": (total - kv.num_free_blocks) / total if total else 0.0,
         }

@@ -92,7 +92,7 @@ class DiffusionStageCore(StageCore):
                 StageOutput(
                     stage=self.name,
                     request_id=event.request_id,
-                    text=event.prompt if event.finished else None,
+                    new_text=event.prompt if event.finished else "",
                     data=tensor_to_blob(event.image) if event.finished else None,
                     progress=[event.step, event.num_steps] if event.progress else None,
                     finished=event.finished,

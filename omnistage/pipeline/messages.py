@@ -91,13 +91,15 @@ class StageFatal(_Msg):
 
 
 class StageOutput(_Msg):
-    """What a request produced on a stage this step."""
+    """What a request produced on a stage this step: only what is new (the orchestrator
+    appends it to the request's result)."""
 
     stage: str
     request_id: str
     new_token_ids: list[int] = msgspec.field(default_factory=list)
-    text: str | None = None
-    """Cumulative text so far (AR stages)."""
+    new_text: str = ""
+    """Text new this step (AR stages that write text; a stop string's possible start is
+    held back until it is known not to be one, so text sent is never taken back)."""
     data: TensorBlob | None = None
     """A piece of a generation stage's output (e.g. a waveform chunk), in order."""
     finished: bool = False

@@ -14,7 +14,6 @@ when it is aborted; then every stage that saw it is told to drop it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -302,13 +301,8 @@ class Orchestrator:
         if tracked is None or event.stage not in tracked.results:
             return
         result = tracked.results[event.stage]
-        old_text = result.text
-        result.token_ids += event.new_token_ids
-        if event.text is not None:
-            result.text = event.text
         data = None if event.data is None else blob_to_tensor(event.data)
-        if data is not None:
-            result.chunks.append(data)
+        result.add(event.new_token_ids, event.new_text, data)
         if event.finished:
             result.finished, result.finish_reason = True, event.finish_reason
             tracked.done.add(event.stage)
@@ -318,10 +312,8 @@ class Orchestrator:
             tracked.request.request_id,
             {},
             stage=event.stage,
-            new_text=result.text[len(old_text) :]
-            if result.text.startswith(old_text)
-            else result.text,
-            new_token_ids=list(event.new_token_ids),
+            new_text=event.new_text,
+            new_token_ids=event.new_token_ids,
             new_data=data,
             progress=None if event.progress is None else tuple(event.progress),
         )
@@ -338,7 +330,7 @@ class Orchestrator:
             upstream = UpstreamResult(
                 text=result.text,
                 prompt_token_ids=list(tracked.request.prompt_token_ids or []),
-                output_token_ids=list(result.token_ids),
+                output_token_ids=result.token_ids,
                 producer_model=self.deploy.stage(stage).with_part_directory().model,
             )
             try:
@@ -433,12 +425,9 @@ class Orchestrator:
 
 
 def _snapshot(tracked: _Tracked, stages: list[str]) -> dict[str, StageResult]:
-    """Copies of the results: the caller's thread reads them while this one appends."""
-    return {
-        s: dataclasses.replace(r, token_ids=list(r.token_ids), chunks=[r.data] if r.chunks else [])
-        for s in stages
-        for r in [tracked.results[s]]
-    }
+    """The results as they are now (O(1) each): the caller's thread reads them while this one
+    goes on appending."""
+    return {s: tracked.results[s].snapshot() for s in stages}
 
 
 def _emit(sink: Sink, output: OmniRequestOutput) -> None:

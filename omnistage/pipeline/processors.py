@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.core.stage_input import StageInput
+from omnistage.pipeline.deploy_spec import DeploySpec
 from omnistage.pipeline.payload import Payload
 from omnistage.pipeline.voices import QWEN3_OMNI_DEFAULT_VOICE, QWEN25_OMNI_DEFAULT_VOICE
 
@@ -58,6 +59,9 @@ class EdgeProcessor:
     """The CONCAT key whose rows are counted for stream chunks."""
     input_key: ClassVar[str | None] = None
     """For generation consumers: the payload key holding the model input."""
+    reads_text: ClassVar[bool] = False
+    """`prompt` edges: the consumer's prompt is built from the producer's text (so the
+    producer detokenizes; see `stage_writes_text`)."""
 
     def bind_consumer(self, engine: Any) -> None:
         """Called once by the consuming AR stage with its engine (processors that need the
@@ -89,6 +93,7 @@ class TextToPrompt(EdgeProcessor):
     """The producer's text becomes the consumer's prompt (tokenized by the consumer)."""
 
     name = "text_to_prompt"
+    reads_text = True
 
     def to_prompt(self, upstream: UpstreamResult) -> StageInput:
         return StageInput(prompt=upstream.text)
@@ -312,6 +317,17 @@ class PriorTokens(EdgeProcessor):
         if ids.numel() == 0:
             raise ValueError("prior_tokens: the prior generated no tokens")
         return ids.long()
+
+
+def stage_writes_text(deploy: DeploySpec, stage: str) -> bool:
+    """Whether the text of an AR stage's output is read: it is a final text output, or a
+    `prompt` edge builds its consumer's prompt from it. Only such stages detokenize."""
+    if deploy.stage(stage).final_output_type == "text":
+        return True
+    return any(
+        e.transfer == "prompt" and _PROCESSORS[e.processor].reads_text
+        for e in deploy.edges_from(stage)
+    )
 
 
 _PROCESSORS: dict[str, type[EdgeProcessor]] = {}

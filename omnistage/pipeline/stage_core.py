@@ -1,7 +1,7 @@
 """`StageCore`: one stage of a pipeline, driven by control messages.
 
-A stage core owns its engine (an `LLMEngine` for `ar` stages, a
-`GenerationEngine` for `generation` stages), the coordinator that parks
+A stage core owns its engine (an `ARStageEngine` for `ar` stages, a
+generation model for `generation` stages, a diffusion engine for `diffusion` ones), the coordinator that parks
 requests waiting for input, the accumulators of its outgoing edges and the
 connectors it reads and writes. It is the same object in-process (stepped by
 the orchestrator's thread) and in a stage process (stepped by

@@ -21,6 +21,7 @@ from omnistage.diffusion.model import DiffusionLimits, diffusion_model_class
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.loader import resolve_model
 from omnistage.pipeline.deploy import DeploySpec
+from omnistage.pipeline.processors import stage_writes_text
 from omnistage.sampling_params import SamplingParams
 
 StageParams = SamplingParams | DiffusionParams
@@ -67,6 +68,11 @@ class StageParamsReader:
             if isinstance(params, SamplingParams):
                 if params.n != 1 and len(stages) > 1:
                     raise ValueError("n: multi-stage pipelines generate one sequence per request")
+                if params.stop_strings and not stage_writes_text(self.deploy, name):
+                    raise ValueError(
+                        f"sampling_params[{name!r}].stop: stage {name!r} writes no text; stop "
+                        "strings apply only to stages that do"
+                    )
                 fields[name] = sampling_fields(params)
             else:
                 fields[name] = params.to_fields()
