@@ -20,8 +20,14 @@ from omnistage.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
+    """Where a request is in the engine core. There is no "waiting for input" here: a
+    pipeline stage adds a request to its engine only once its input (a payload, or a
+    stream's first chunk) has arrived; until then the stage's `InputCoordinator` holds it
+    (WAITING_FOR_INPUT, with its timeout). A stream-fed request whose next conditioning
+    rows have not come yet stays RUNNING with nothing to compute
+    (`conditioned_positions_limit`)."""
+
     WAITING = enum.auto()
-    WAITING_FOR_INPUT = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Everything after this point is finished.

@@ -255,8 +255,6 @@ class Scheduler:
     def _schedule_waiting(self, budget: _Budget, new_reqs: list[NewRequestData]) -> None:
         while self.waiting and budget.left > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            if request.status == RequestStatus.WAITING_FOR_INPUT:
-                break
             computed, num_hit = self.kv.get_computed_blocks(request)
             n = request.num_tokens - num_hit
             if not self.config.enable_chunked_prefill and n > budget.left:

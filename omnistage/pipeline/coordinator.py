@@ -1,11 +1,18 @@
-"""Consumer side of an edge: requests that wait for their input (`WAITING_FOR_INPUT`).
+"""Consumer side of an edge: requests that wait for their input (WAITING_FOR_INPUT).
 
 A request submitted to a consumer stage with `wait_for` edges is parked here
-until a payload (or, for stream edges, each next chunk) has arrived. Each wait
-has a deadline (`input_timeout_s` of the consumer stage): a request whose
-input does not come in time fails with "no input from stage X within N s"
-(DESIGN.md invariant 7). Entries leave when the request has all its input,
-is aborted, or fails — `num_entries` returns to zero (invariant 8).
+until a payload (or, for stream edges, each next chunk) has arrived. This is the
+one place a request waits for input: the stage adds it to its engine only when
+its input (a payload, or a stream's first chunk) is here, so a parked request
+holds no engine request, KV blocks or batch row. A stream-fed request stays here
+while it runs, until the stream's last chunk (its engine request meanwhile
+computes only the positions whose conditioning rows have come).
+
+Each wait has a deadline (`input_timeout_s` of the consumer stage), restarted
+by every arrival: a request whose input does not come in time fails with "no
+input from stage X within N s" (DESIGN.md invariant 7). Entries leave when the
+request has all its input, is aborted, or fails — `num_entries` returns to zero
+(invariant 8).
 """
 
 from __future__ import annotations
@@ -13,8 +20,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from typing import Any
-
-from omnistage.core.request import RequestStatus
 
 
 @dataclass
@@ -26,7 +31,6 @@ class WaitingRequest:
     """Edges ("producer->consumer") that still owe a payload or their last chunk."""
     deadline: float
     received: dict[str, Any] = field(default_factory=dict)
-    status: RequestStatus = RequestStatus.WAITING_FOR_INPUT
 
 
 class InputCoordinator:
