@@ -11,7 +11,9 @@ FCFS, taking prefix-cache hits.
 
 After scheduling, `num_computed_tokens` is advanced as if the step had run;
 `_on_scheduled` is the hook where the async subclass counts placeholders.
-`update_from_output` appends the sampled tokens and applies the stop rules.
+`update_from_output` appends the sampled tokens and applies the stop rules
+(`stop_rules.py`). Rows of stream-conditioned requests reach the runner
+through the `ConditioningFeed` (`conditioning.py`).
 
 Speculative decoding: a decoding request also gets draft slots (up to
 `num_speculative_tokens`; synchronously, as many as the runner proposed for it).
@@ -28,6 +30,7 @@ from collections.abc import Iterable
 import torch
 
 from omnistage.config import EngineConfig
+from omnistage.core.conditioning import ConditioningFeed
 from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
 from omnistage.core.request import Request, RequestStatus
@@ -37,6 +40,7 @@ from omnistage.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from omnistage.core.stop_rules import append_and_check_stop
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
 from omnistage.spec_decode.stats import SpecDecodeStats
 
@@ -57,8 +61,8 @@ class Scheduler:
         self._finished_since_last_step: set[str] = set()
         self.num_preemptions = 0
         """Preemptions since start (for stats and tests)."""
-        self._fill_unsent: set[str] = set()
-        """Requests whose conditioning fill row the runner has not been sent yet."""
+        self.conditioning = ConditioningFeed()
+        """What stream-conditioned requests' runners have not been sent yet."""
         spec = config.speculative
         self.num_spec_tokens = 0 if spec is None else spec.num_speculative_tokens
         """Draft slots a decoding request may get per step (0: no speculation)."""
@@ -88,7 +92,7 @@ class Scheduler:
             self._release(request)
 
     def _release(self, request: Request) -> None:
-        self._fill_unsent.discard(request.request_id)
+        self.conditioning.discard(request.request_id)
         self.kv.free(request)
         del self.requests[request.request_id]
         self._finished_since_last_step.add(request.request_id)
@@ -144,34 +148,8 @@ class Scheduler:
         """More conditioning rows for a stream-conditioned request (ignored once it ended);
         with `finished`, `fill` is the row of every later position."""
         request = self.requests.get(request_id)
-        if request is None:
-            return
-        if rows.shape[0]:
-            request.conditioning.append(rows)
-        if finished and not request.conditioning_finished:
-            request.conditioning_finished = True
-            request.conditioning_fill = fill
-            self._fill_unsent.add(request_id)
-
-    def _unsent_fill(self, request: Request) -> TensorBlob | None:
-        """The fill row, once, to a runner that knows the request (a new one gets it whole)."""
-        self._fill_unsent.discard(request.request_id)
-        fill = request.conditioning_fill
-        return None if fill is None else tensor_to_blob(fill)
-
-    def _all_conditioning(self, request: Request) -> TensorBlob | None:
-        """A runner that (re)learns the request gets every row so far."""
-        request.num_conditioning_sent = 0
-        return self._unsent_conditioning(request)
-
-    def _unsent_conditioning(self, request: Request) -> TensorBlob | None:
-        if request.num_conditioning_sent == request.num_conditioning_rows:
-            return None
-        rows = torch.cat(request.conditioning)
-        request.conditioning[:] = [rows]  # pieces compacted: the row count stays cheap
-        blob = tensor_to_blob(rows[request.num_conditioning_sent :])
-        request.num_conditioning_sent = rows.shape[0]
-        return blob
+        if request is not None:
+            self.conditioning.add(request, rows, finished, fill)
 
     def _schedule_running(
         self,
@@ -201,14 +179,7 @@ class Scheduler:
                 new_block_ids = self.kv.block_ids(request.request_id, held_before)
             cached_reqs.add(request.request_id, new_block_ids, request.num_computed_tokens)
             budget.take(request.request_id, n + spec, spec)
-            if request.stream_conditioning and (
-                (rows := self._unsent_conditioning(request)) is not None
-            ):
-                new_conditioning[request.request_id] = rows
-            if request.request_id in self._fill_unsent and (
-                (fill := self._unsent_fill(request)) is not None
-            ):
-                new_fill[request.request_id] = fill
+            self.conditioning.collect(request, new_conditioning, new_fill)
             i += 1
 
     @staticmethod
@@ -263,6 +234,7 @@ class Scheduler:
             if not self.kv.can_allocate(request, n + self.num_lookahead_slots, computed):
                 break
             self._admit(request, n, computed, num_hit)
+            conditioning, fill = self.conditioning.for_new(request)
             new_reqs.append(
                 NewRequestData(
                     req_id=request.request_id,
@@ -279,10 +251,8 @@ class Scheduler:
                     if request.mm_decoder_inputs is None
                     else request.mm_decoder_inputs.to_data(),
                     stream_conditioning=request.stream_conditioning,
-                    conditioning=self._all_conditioning(request),
-                    conditioning_fill=self._unsent_fill(request)
-                    if request.conditioning_finished
-                    else None,
+                    conditioning=conditioning,
+                    conditioning_fill=fill,
                     output_codes=list(request.output_codes),
                 )
             )
@@ -340,7 +310,7 @@ class Scheduler:
                 self._on_verified(request, runner_output, i, num_spec, len(sampled) - 1)
             if runner_output.proposed_drafts is not None:
                 request.num_proposed_drafts = runner_output.proposed_drafts[i]
-            new_tokens = self._append_and_check_stop(request, sampled)
+            new_tokens = append_and_check_stop(request, sampled, self.max_model_len)
             codes = runner_output.sampled_codes[i] if runner_output.sampled_codes else None
             if codes:
                 request.output_codes.append(codes)
@@ -381,32 +351,6 @@ class Scheduler:
         request.num_draft_tokens += num_drafts
         request.num_accepted_tokens += num_accepted
         self.spec_stats.record(num_drafts, num_accepted)
-
-    def _append_and_check_stop(self, request: Request, sampled: list[int]) -> list[int]:
-        new_tokens: list[int] = []
-        for token in sampled:
-            request.append_output_token(token)
-            new_tokens.append(token)
-            status = self._stop_status(request, token)
-            if status is not None:
-                request.status = status
-                break
-        return new_tokens
-
-    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
-        params = request.sampling_params
-        if request.num_output_tokens >= params.min_tokens:
-            if token == request.eos_token_id and not params.ignore_eos:
-                return RequestStatus.FINISHED_STOPPED
-            if params.stop_token_ids and token in params.stop_token_ids:
-                request.stop_reason = token
-                return RequestStatus.FINISHED_STOPPED
-        if (
-            request.num_output_tokens >= request.max_tokens
-            or request.num_tokens >= self.max_model_len
-        ):
-            return RequestStatus.FINISHED_LENGTH
-        return None
 
 
 class _Budget:

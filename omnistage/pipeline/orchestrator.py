@@ -1,15 +1,11 @@
-"""`Orchestrator`: routes each request through the pipeline graph.
+"""`Orchestrator`: the thread that runs a pipeline's requests against its stages.
 
-It runs in a thread of the frontend process. The entry stage gets the request
-at once; a consumer behind a `payload` or `stream` edge is submitted when the
-first payload handle for it arrives (it then waits in its coordinator for the
-rest), and one behind a `prompt` edge when its producer has finished. The
-orchestrator forwards payload *handles* only; the data moves between stages
-through connectors.
-
-A request ends when every final stage it asked for has finished, when any
-stage fails it (bad input, input timeout), when a stage it needs crashes, or
-when it is aborted; then every stage that saw it is told to drop it.
+It runs in a thread of the frontend process and owns the stages (`StageSet`):
+frontend calls (submit, abort, stats) become commands the thread runs between
+polls (an inproc socket wakes it), and every event a stage reports goes to the
+`RequestRouter`, which decides where each request goes next and when it ends
+(see `routing.py`), or to the stats round in flight. A stage that dies fails
+the requests that need it; an orchestrator that fails fails them all.
 """
 
 from __future__ import annotations
@@ -20,16 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import Any
 
 import zmq
 
-from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor
 from omnistage.pipeline.deploy import DeploySpec
 from omnistage.pipeline.messages import (
-    AbortRequest,
-    DeliverPayload,
     FromStage,
     GetStats,
     PayloadReady,
@@ -37,48 +28,19 @@ from omnistage.pipeline.messages import (
     StageFatal,
     StageOutput,
     StageStats,
-    SubmitRequest,
 )
-from omnistage.pipeline.outputs import OmniRequestOutput, StageResult
-from omnistage.pipeline.processors import UpstreamResult, get_processor
-from omnistage.pipeline.stage_core import edge_name
+from omnistage.pipeline.outputs import OmniRequestOutput
+from omnistage.pipeline.routing import PipelineRequest, RequestRouter, Sink
 from omnistage.pipeline.stage_process import StageClient
 from omnistage.pipeline.stage_set import StageSet
 
+__all__ = ["Orchestrator", "PipelineRequest", "Sink"]
+
 logger = logging.getLogger(__name__)
-Sink = Callable[[OmniRequestOutput], None]
 IDLE_POLL_MS = 100
 """Longest sleep of an idle loop: stage deaths are noticed within this."""
 STATS_ROUND_S = 5.0
 """A stats round unanswered this long (a stage died meanwhile) is asked again."""
-
-
-@dataclass
-class PipelineRequest:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int] | None
-    sampling: dict[str, dict[str, Any]]
-    """Per stage name: SamplingParams fields (stages not named use their defaults)."""
-    final_stages: list[str]
-    audios: list[TensorBlob] = field(default_factory=list)
-    """Decoded audio clips of the prompt (for the entry stage's encoders)."""
-    images: list[TensorBlob] = field(default_factory=list)
-    """Decoded images of the prompt."""
-    image_size: list[int] | None = None
-    """`[height, width]` of the image a diffusion stage will draw (see `SubmitRequest`)."""
-    voice: str | None = None
-    """The speaker a speaking pipeline's talker speaks with (see `SubmitRequest`)."""
-
-
-@dataclass
-class _Tracked:
-    request: PipelineRequest
-    sink: Sink
-    needed: set[str]
-    results: dict[str, StageResult]
-    started: set[str] = field(default_factory=set)
-    done: set[str] = field(default_factory=set)
 
 
 class Orchestrator:
@@ -92,8 +54,6 @@ class Orchestrator:
         self.deploy = deploy
         self.namespace = namespace
         self.context = zmq.Context()
-        self.dead: dict[str, str] = {}
-        self.tracked: dict[str, _Tracked] = {}
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._stats: tuple[list[Future], dict[str, StageStats], float] | None = None
         """The stats round in flight: its waiters, the replies so far, when it began."""
@@ -104,6 +64,7 @@ class Orchestrator:
             self.context.term()
             raise
         self.sample_rates = self.stages.sample_rates
+        self.router = RequestRouter(deploy, self.stages)
         # Commands wake the loop through an inproc socket, so it can sleep in one poll.
         self._wake_in = self.context.socket(zmq.PULL)
         self._wake_in.bind(f"inproc://wake-{id(self)}")
@@ -122,6 +83,11 @@ class Orchestrator:
     def clients(self) -> dict[str, StageClient]:
         return self.stages.clients
 
+    @property
+    def dead(self) -> dict[str, str]:
+        """Stages that died or failed, with the reason their requests fail with."""
+        return self.router.dead
+
     # -- frontend API (thread-safe) ---------------------------------------------------------
     def submit(self, request: PipelineRequest, sink: Sink) -> None:
         self.submit_batch([request], sink)
@@ -136,12 +102,12 @@ class Orchestrator:
 
         def start() -> None:
             for request in requests:
-                self._start(request, sink)
+                self.router.start(request, sink)
 
         self._command(start)
 
     def abort(self, request_id: str) -> None:
-        self._command(lambda: self._abort(request_id))
+        self._command(lambda: self.router.abort(request_id))
 
     def _command(self, command: Callable[[], None]) -> None:
         self._commands.put(command)
@@ -161,15 +127,14 @@ class Orchestrator:
         return future.result(timeout)
 
     def num_tracked(self) -> int:
-        return len(self.tracked)
+        return len(self.router.tracked)
 
     def shutdown(self) -> None:
         if self._stopping:
             return
         self._stopping = True
         self._thread.join(30)
-        for tracked in list(self.tracked.values()):
-            self._end(tracked, error="the pipeline was shut down")
+        self.router.fail_all("the pipeline was shut down")
         self._close()
 
     def _close(self) -> None:
@@ -194,8 +159,7 @@ class Orchestrator:
                 self._check_stages()
         except Exception as exc:  # nothing may hang: fail everyone, loudly
             logger.exception("orchestrator failed")
-            for tracked in list(self.tracked.values()):
-                self._end(tracked, error=f"orchestrator failed: {exc}")
+            self.router.fail_all(f"orchestrator failed: {exc}")
 
     def _poll_events(self, timeout_ms: int) -> list[FromStage]:
         events = self.stages.poll_clients()
@@ -214,190 +178,19 @@ class Orchestrator:
         for name, code in self.stages.exit_codes().items():
             if name not in self.dead:
                 logger.error("%s", self.stages.clients[name].failure())
-                self._stage_died(name, f"stage {name!r} died (exit code {code})")
+                self.router.stage_died(name, f"stage {name!r} died (exit code {code})")
 
-    def _stage_died(self, name: str, reason: str) -> None:
-        self.dead[name] = reason
-        logger.error("%s", reason)
-        for tracked in list(self.tracked.values()):
-            if name in tracked.needed and name not in tracked.done:
-                self._end(tracked, error=reason)
-
-    # -- routing ------------------------------------------------------------------------------------
     def _route(self, event: FromStage) -> None:
         if isinstance(event, StageOutput):
-            self._on_output(event)
+            self.router.on_output(event)
         elif isinstance(event, PayloadReady):
-            self._on_payload(event)
+            self.router.on_payload(event)
         elif isinstance(event, RequestFailed):
-            tracked = self.tracked.get(event.request_id)
-            if tracked is not None:
-                self._end(tracked, error=f"stage {event.stage}: {event.message}")
+            self.router.on_failed(event)
         elif isinstance(event, StageStats):
             self._on_stats(event)
         elif isinstance(event, StageFatal):
-            self._stage_died(event.stage, f"stage {event.stage!r} failed: {event.message}")
-
-    def _start(self, request: PipelineRequest, sink: Sink) -> None:
-        needed = self._needed_stages(request.final_stages)
-        results = {
-            s: StageResult(
-                s, self.deploy.stage(s).final_output_type, sample_rate=self.sample_rates.get(s)
-            )
-            for s in needed
-        }
-        tracked = _Tracked(request, sink, needed, results)
-        if request.request_id in self.tracked:
-            sink(
-                OmniRequestOutput(
-                    request.request_id,
-                    {},
-                    True,
-                    f"request_id: {request.request_id!r} is already in use",
-                )
-            )
-            return
-        self.tracked[request.request_id] = tracked
-        dead = sorted(s for s in needed if s in self.dead)
-        if dead:
-            self._end(tracked, error=self.dead[dead[0]])
-            return
-        (entry,) = self.deploy.entry_stages
-        self._submit(
-            tracked,
-            entry.name,
-            SubmitRequest(
-                request_id=request.request_id,
-                prompt=request.prompt,
-                prompt_token_ids=request.prompt_token_ids,
-                audios=request.audios,
-                images=request.images,
-                image_size=request.image_size,
-            ),
-        )
-
-    def _needed_stages(self, finals: list[str]) -> set[str]:
-        needed, todo = set(), list(finals)
-        while todo:
-            name = todo.pop()
-            if name not in needed:
-                needed.add(name)
-                todo += [e.src for e in self.deploy.edges_into(name)]
-        return needed
-
-    def _submit(self, tracked: _Tracked, stage: str, msg: SubmitRequest) -> None:
-        msg.sampling = tracked.request.sampling.get(stage)
-        msg.voice = tracked.request.voice
-        msg.send_to = [
-            edge_name(e)
-            for e in self.deploy.edges_from(stage)
-            if e.transfer != "prompt" and e.dst in tracked.needed
-        ]
-        tracked.started.add(stage)
-        self.stages.send(stage, msg)
-
-    def _on_output(self, event: StageOutput) -> None:
-        tracked = self.tracked.get(event.request_id)
-        if tracked is None or event.stage not in tracked.results:
-            return
-        result = tracked.results[event.stage]
-        data = None if event.data is None else blob_to_tensor(event.data)
-        result.add(event.new_token_ids, event.new_text, data)
-        if event.finished:
-            result.finished, result.finish_reason = True, event.finish_reason
-            tracked.done.add(event.stage)
-            self._submit_prompt_edges(tracked, event.stage, result)
-        finals = tracked.request.final_stages
-        update = OmniRequestOutput(
-            tracked.request.request_id,
-            {},
-            stage=event.stage,
-            new_text=event.new_text,
-            new_token_ids=event.new_token_ids,
-            new_data=data,
-            progress=None if event.progress is None else tuple(event.progress),
-        )
-        if all(s in tracked.done for s in finals):
-            self._end(tracked, update=update)  # the final output also brings the last piece
-        elif event.stage in finals:
-            update.outputs = _snapshot(tracked, finals)
-            _emit(tracked.sink, update)
-
-    def _submit_prompt_edges(self, tracked: _Tracked, stage: str, result: StageResult) -> None:
-        for edge in self.deploy.edges_from(stage):
-            if edge.transfer != "prompt" or edge.dst not in tracked.needed:
-                continue
-            upstream = UpstreamResult(
-                text=result.text,
-                prompt_token_ids=list(tracked.request.prompt_token_ids or []),
-                output_token_ids=result.token_ids,
-                producer_model=self.deploy.stage(stage).with_part_directory().model,
-            )
-            try:
-                inputs = get_processor(edge.processor).to_prompt(upstream)
-            except ValueError as exc:  # e.g. a thinker that wrote no caption: fail the request
-                self._end(tracked, error=f"stage {edge.dst!r}: {exc}")
-                return
-            self._submit(
-                tracked,
-                edge.dst,
-                SubmitRequest(
-                    request_id=tracked.request.request_id,
-                    prompt=inputs.prompt,
-                    prompt_token_ids=inputs.prompt_token_ids,
-                ),
-            )
-
-    def _on_payload(self, event: PayloadReady) -> None:
-        consumer = event.edge.split("->", 1)[1]
-        tracked = self.tracked.get(event.request_id)
-        if tracked is not None and consumer not in tracked.started:
-            # A diffusion stage draws the user's prompt with what the producer sent.
-            draws = self.deploy.stage(consumer).kind == "diffusion"
-            self._submit(
-                tracked,
-                consumer,
-                SubmitRequest(
-                    request_id=event.request_id,
-                    wait_for=[event.edge],
-                    prompt=tracked.request.prompt if draws else None,
-                ),
-            )
-        # Forwarded even for an ended request: the consumer is then not waiting and frees it.
-        self.stages.send(
-            consumer,
-            DeliverPayload(
-                request_id=event.request_id,
-                edge=event.edge,
-                handle=event.handle,
-                chunk_index=event.chunk_index,
-                last=event.last,
-            ),
-        )
-
-    def _abort(self, request_id: str) -> None:
-        tracked = self.tracked.get(request_id)
-        if tracked is not None:
-            self._end(tracked, aborted=True)
-
-    def _end(
-        self,
-        tracked: _Tracked,
-        error: str | None = None,
-        aborted: bool = False,
-        update: OmniRequestOutput | None = None,
-    ) -> None:
-        request_id = tracked.request.request_id
-        if self.tracked.pop(request_id, None) is None:
-            return
-        if error is not None or aborted:
-            for stage in tracked.started:
-                if stage not in tracked.done and stage not in self.dead:
-                    self.stages.send(stage, AbortRequest(request_id=request_id))
-        final = update or OmniRequestOutput(request_id, {})
-        final.outputs = _snapshot(tracked, tracked.request.final_stages)
-        final.finished, final.error, final.aborted = True, error, aborted
-        _emit(tracked.sink, final)
+            self.router.stage_died(event.stage, f"stage {event.stage!r} failed: {event.message}")
 
     # -- stats --------------------------------------------------------------------------------------
     def _ask_stats(self, future: Future) -> None:
@@ -422,17 +215,3 @@ class Orchestrator:
             self._stats = None
             for future in futures:
                 future.set_result(dict(collected))
-
-
-def _snapshot(tracked: _Tracked, stages: list[str]) -> dict[str, StageResult]:
-    """The results as they are now (O(1) each): the caller's thread reads them while this one
-    goes on appending."""
-    return {s: tracked.results[s].snapshot() for s in stages}
-
-
-def _emit(sink: Sink, output: OmniRequestOutput) -> None:
-    """Hand an output to its caller; a caller that went away must not stop the pipeline."""
-    try:
-        sink(output)
-    except Exception:
-        logger.exception("delivering an output of request %s", output.request_id)
