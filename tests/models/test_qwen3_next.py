@@ -26,10 +26,9 @@ from transformers.models.qwen3_next import modeling_qwen3_next as hf_next
 from omnistage import LLM, SamplingParams
 from omnistage.layers.forward_context import forward_context
 from omnistage.layers.recurrent_state import RecurrentMetadata
-from omnistage.models.gated_delta_net import (
-    GatedDeltaNet,
-    causal_conv1d,
-    causal_conv1d_step,
+from omnistage.models.causal_conv1d import causal_conv1d, causal_conv1d_step
+from omnistage.models.gated_delta_net import GatedDeltaNet
+from omnistage.models.gated_delta_rule import (
     chunked_gated_delta_rule,
     l2_normalize,
     recurrent_gated_delta_rule,
