@@ -17,7 +17,7 @@ import torch
 
 from omnistage.layers.forward_context import forward_context
 from omnistage.layers.recurrent_state import RecurrentMetadata
-from omnistage.models.mamba2 import Mamba2Mixer
+from omnistage.models.mamba2_mixer import Mamba2Mixer
 from omnistage.testing.tiny_models import tiny_config
 from omnistage.worker.recurrent import (
     RecurrentSlots,
