@@ -1,9 +1,9 @@
 """Build a runnable stage from an `EngineConfig`: model, KV cache, runner, scheduler, core.
 
-KV cache size: `num_kv_blocks` if given, else `kv_cache_memory_bytes`, else
-enough for `max_num_seqs` requests of `max_model_len` tokens capped at
-`DEFAULT_KV_BYTES`. It must hold at least one request of `max_model_len`
-tokens, so a lone request can always finish.
+The runner side (`build_runner`) runs in the engine's process or in a worker
+process; the scheduler side (`StartingStage.finish`) always in the engine's. The
+model itself comes from `model_builder`, the KV cache size from `kv_sizing`, the
+speculative-decoding proposer from `proposer_builder`.
 """
 
 from __future__ import annotations
@@ -14,45 +14,34 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from omnistage.child import CHILD_STARTED_AT
-from omnistage.config import EngineConfig, parse_dtype
+from omnistage.config import EngineConfig
 from omnistage.core.async_scheduler import AsyncScheduler
 from omnistage.core.engine_core import EngineCore
 from omnistage.core.executor import InlineExecutor, ThreadExecutor
 from omnistage.core.kv_cache_manager import KVCacheManager
 from omnistage.core.process_executor import ProcessExecutor
 from omnistage.core.scheduler import Scheduler
+from omnistage.engine.kv_sizing import kv_block_bytes, num_kv_blocks
+from omnistage.engine.model_builder import build_model, model_max_len, text_hidden_size
+from omnistage.engine.proposer_builder import build_proposer, load_draft_model, mtp_module
 from omnistage.engine.worker_launch import WORKER_RUNNER, LaunchedWorker, launch_worker
 from omnistage.layers.attention import allocate_kv_cache
-from omnistage.models.base import CausalLM
-from omnistage.models.gguf_quantized import (
-    install_quantized,
-    quantized_groups,
-    read_quantized_weights,
-)
 from omnistage.models.loader import (
     ModelFiles,
-    iter_weights,
     load_hf_config,
     load_tokenizer,
     resolve_model,
 )
-from omnistage.models.parts import part_weights, select_part
+from omnistage.models.parts import select_part
 from omnistage.models.registry import engine_config, model_class_for
 from omnistage.platforms import platform_for
 from omnistage.sample.stage_transitions import StageTransitions
-from omnistage.spec_decode.draft_model import DraftModelProposer
-from omnistage.spec_decode.mtp import MtpProposer
-from omnistage.spec_decode.ngram import NgramProposer
 from omnistage.startup_phases import StartupPhases
 from omnistage.worker.model_runner import ModelRunner
 from omnistage.worker.recurrent import allocate_recurrent_state
 
 logger = logging.getLogger("omnistage")
-
-DEFAULT_KV_BYTES = 1 << 30
 
 
 @dataclass
@@ -63,79 +52,6 @@ class BuiltStage:
     hf_config: Any
     core: EngineCore
     kv_cache_manager: KVCacheManager
-
-
-def build_model(
-    files: ModelFiles,
-    hf_config: Any,
-    dtype: torch.dtype,
-    max_model_len: int,
-    phases: StartupPhases | None = None,
-    keep_quantized: bool = False,
-) -> CausalLM:
-    """The model with its weights; with `keep_quantized`, a GGUF's quantized weights stay in
-    their blocks (`gguf_quantized`) and only the rest loads as floats."""
-    phases = phases or StartupPhases()
-    cls = model_class_for(hf_config)
-    with phases.phase("model build"):
-        model = cls(hf_config, dtype, max_model_len)
-    with phases.phase("weights"):
-        groups, quantized = [], {}
-        if keep_quantized and files.gguf is not None and dtype == torch.float32:
-            quantized = read_quantized_weights(files.gguf, hf_config)
-            groups = quantized_groups(model, quantized)
-        skip = {name for group in groups for name in group.hf_names}
-        loaded = model.load_weights(part_weights(iter_weights(files.path, skip=skip), hf_config))
-        install_quantized(model, groups, quantized)
-    missing = sorted(model.expected_weight_names() - loaded)
-    if missing:
-        shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")
-        raise ValueError(f"checkpoint {files.path}: {len(missing)} weights missing: {shown}")
-    return model.eval()
-
-
-def model_max_len(hf_config: Any) -> int:
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        value = getattr(hf_config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 2048
-
-
-def text_hidden_size(hf_config: Any) -> int | None:
-    """Hidden size of the (text) decoder the stage runs; None where the config has none."""
-    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
-    value = getattr(text, "hidden_size", None)
-    return value if isinstance(value, int) else None
-
-
-def kv_block_bytes(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one KV block over the model's attention layers. A model without attention
-    layers (Mamba2) still has blocks for the scheduler's accounting: one element per token."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    layers = model.num_attention_layers
-    if layers == 0:
-        return block_size * elem
-    return 2 * layers * block_size * model.num_kv_heads * model.head_dim * elem
-
-
-def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
-    assert config.max_model_len is not None  # resolved before this is called
-    per_req = -(-config.max_model_len // config.block_size)
-    if config.num_kv_blocks is not None:
-        blocks = config.num_kv_blocks
-    elif config.kv_cache_memory_bytes is not None:
-        blocks = config.kv_cache_memory_bytes // block_bytes
-    else:
-        blocks = min(config.max_num_seqs * per_req, DEFAULT_KV_BYTES // block_bytes)
-    blocks += 1  # the null block
-    if blocks - 1 < per_req:
-        raise ValueError(
-            f"KV cache: {blocks - 1} blocks of {config.block_size} tokens cannot hold one request "
-            f"of max_model_len={config.max_model_len}; raise kv_cache_memory_bytes/num_kv_blocks "
-            "or lower max_model_len"
-        )
-    return blocks
 
 
 def build_runner(
@@ -155,10 +71,10 @@ def build_runner(
         files, hf_config, dtype, config.max_model_len, phases, config.keeps_quantized_weights
     )
     model = model.to(platform.device)
-    mtp = _mtp_module(config, model)
+    mtp = mtp_module(config, model)
     with phases.phase("platform preparation (weight packing)"):
         model = platform.prepare_model(model)
-    draft = _load_draft_model(config, hf_config, platform)
+    draft = load_draft_model(config, hf_config, platform)
     block_bytes = kv_block_bytes(model, config.block_size, dtype)
     if draft is not None:  # its keys use the same blocks: a block costs both models' bytes
         block_bytes += kv_block_bytes(draft, config.block_size, draft.dtype)
@@ -200,7 +116,7 @@ def build_runner(
         stage_transitions=_stage_transitions(config, files),
         output_hidden_states=config.output_hidden_states,
         speculative=config.speculative,
-        proposer=_proposer(
+        proposer=build_proposer(
             config, draft, blocks, platform.device, mtp_target=model if mtp is not None else None
         ),
         recurrent_states=states,
@@ -208,88 +124,6 @@ def build_runner(
     runner.num_kv_blocks = blocks
     runner.startup_phases = phases.seconds
     return runner
-
-
-def _mtp_module(config: EngineConfig, model: CausalLM) -> Any:
-    """The target's MTP module when `speculative_config` asks for method mtp (a ValueError
-    when the checkpoint has none); otherwise None, and a loaded one is dropped (unused)."""
-    spec = config.speculative
-    mtp = getattr(model, "mtp", None)
-    if spec is None or spec.method != "mtp":
-        if mtp is not None:
-            model.mtp = None
-        return None
-    if mtp is None:
-        raise ValueError(
-            f"speculative_config.method: mtp is not available for {config.model} "
-            "(it has no multi-token-prediction layers)"
-        )
-    return mtp
-
-
-def _load_draft_model(config: EngineConfig, hf_config: Any, platform: Any) -> CausalLM | None:
-    """The draft model of `speculative_config` method draft_model (None for other methods)."""
-    spec = config.speculative
-    if spec is None or spec.method != "draft_model":
-        return None
-    assert spec.model is not None and config.max_model_len is not None  # checked in the config
-    files = resolve_model(spec.model)
-    draft_config = engine_config(load_hf_config(files))
-    if draft_config.vocab_size > hf_config.vocab_size:
-        raise ValueError(
-            f"speculative_config.model: the draft's vocabulary ({draft_config.vocab_size}) is "
-            f"larger than the target's ({hf_config.vocab_size}); it must share the tokenizer"
-        )
-    if model_max_len(draft_config) < config.max_model_len:
-        raise ValueError(
-            f"speculative_config.model: the draft's context ({model_max_len(draft_config)}) is "
-            f"shorter than max_model_len={config.max_model_len}"
-        )
-    if model_class_for(draft_config).has_recurrent_state:
-        raise ValueError("speculative_config.model: a recurrent draft model is not supported")
-    dtype = config.torch_dtype if spec.draft_dtype is None else parse_dtype(spec.draft_dtype)
-    draft = build_model(files, draft_config, dtype, config.max_model_len).to(platform.device)
-    logger.info("speculative decoding: draft model %s", files.path)
-    return platform.prepare_model(draft)
-
-
-def _proposer(
-    config: EngineConfig,
-    draft: CausalLM | None,
-    blocks: int,
-    device: torch.device,
-    mtp_target: CausalLM | None = None,
-) -> Any:
-    """The drafts' proposer of the configured speculative method (None: no speculation):
-    `draft` is the draft model of draft_model, `mtp_target` the target holding the MTP
-    module of mtp."""
-    spec = config.speculative
-    if spec is None:
-        return None
-    if spec.method == "ngram":
-        return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-    if spec.method == "draft_model":
-        assert draft is not None  # loaded for this method
-        kv_caches = [
-            allocate_kv_cache(
-                blocks, config.block_size, draft.num_kv_heads, draft.head_dim, draft.dtype, device
-            )
-            for _ in range(draft.num_attention_layers)
-        ]
-        return DraftModelProposer(draft, kv_caches)
-    if spec.method == "mtp" and mtp_target is not None:
-        mtp = mtp_target.mtp
-        kv_caches = [
-            allocate_kv_cache(
-                blocks, config.block_size, mtp.num_kv_heads, mtp.head_dim, mtp_target.dtype, device
-            )
-            for _ in range(mtp.num_attention_layers)
-        ]
-        return MtpProposer(mtp_target, kv_caches)
-    raise ValueError(
-        f"speculative_config.method: {spec.method} is not available for {config.model} "
-        "(it has no multi-token-prediction layers)"
-    )
 
 
 def resolve_stage_config(config: EngineConfig, files: ModelFiles) -> tuple[EngineConfig, Any]:

@@ -72,7 +72,7 @@ def entry_max_model_len(entry: StageSpec) -> int | None:
     if entry.kind != "ar" or entry.model is None:
         return None
     from omnistage.config import EngineConfig
-    from omnistage.engine.builder import model_max_len
+    from omnistage.engine.model_builder import model_max_len
     from omnistage.models.loader import load_hf_config, resolve_model
     from omnistage.models.parts import select_part
     from omnistage.models.registry import engine_config

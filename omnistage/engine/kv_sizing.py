@@ -1,0 +1,45 @@
+"""KV cache size: bytes per block and how many blocks a stage gets.
+
+`num_kv_blocks` if given, else `kv_cache_memory_bytes`, else enough for
+`max_num_seqs` requests of `max_model_len` tokens capped at `DEFAULT_KV_BYTES`.
+It must hold at least one request of `max_model_len` tokens, so a lone request
+can always finish.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omnistage.config import EngineConfig
+from omnistage.models.base import CausalLM
+
+DEFAULT_KV_BYTES = 1 << 30
+
+
+def kv_block_bytes(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one KV block over the model's attention layers. A model without attention
+    layers (Mamba2) still has blocks for the scheduler's accounting: one element per token."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    layers = model.num_attention_layers
+    if layers == 0:
+        return block_size * elem
+    return 2 * layers * block_size * model.num_kv_heads * model.head_dim * elem
+
+
+def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
+    assert config.max_model_len is not None  # resolved before this is called
+    per_req = -(-config.max_model_len // config.block_size)
+    if config.num_kv_blocks is not None:
+        blocks = config.num_kv_blocks
+    elif config.kv_cache_memory_bytes is not None:
+        blocks = config.kv_cache_memory_bytes // block_bytes
+    else:
+        blocks = min(config.max_num_seqs * per_req, DEFAULT_KV_BYTES // block_bytes)
+    blocks += 1  # the null block
+    if blocks - 1 < per_req:
+        raise ValueError(
+            f"KV cache: {blocks - 1} blocks of {config.block_size} tokens cannot hold one request "
+            f"of max_model_len={config.max_model_len}; raise kv_cache_memory_bytes/num_kv_blocks "
+            "or lower max_model_len"
+        )
+    return blocks
