@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from omnistage.models.generation import GenerationItem, load_generation_model
-from omnistage.testing.tiny_qwen3_omni import CODEBOOK_SIZE, NUM_CODE_GROUPS, make_tiny_qwen3_omni
+from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
+from omnistage.testing.tiny_qwen3_omni_config import CODEBOOK_SIZE, NUM_CODE_GROUPS
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,9 @@ from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.models.qwen3_omni_talker_prompt import Qwen3OmniTalkerPrompter
 from omnistage.pipeline.omni import Omni
-from omnistage.testing.tiny_qwen3_omni import (
-    ACCEPT_HIDDEN_LAYER,
-    IM_END_ID,
-    NUM_CODE_GROUPS,
-    make_tiny_qwen3_omni,
-    tiny_qwen3_omni_deploy,
-)
+from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni, tiny_qwen3_omni_deploy
+from omnistage.testing.tiny_qwen3_omni_config import ACCEPT_HIDDEN_LAYER, NUM_CODE_GROUPS
+from omnistage.testing.tiny_qwen3_omni_processor import IM_END_ID
 
 THINKER_TOKENS, TALKER_TOKENS = 8, 12
 CHAT = [

@@ -32,17 +32,16 @@ import torch
 from safetensors import safe_open
 from transformers import AutoFeatureExtractor, AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
-from omnistage.testing.tiny_qwen3_omni import (
+from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
+from omnistage.testing.tiny_qwen3_omni_config import (
     ACCEPT_HIDDEN_LAYER,
     CODEBOOK_SIZE,
     CODEC_IDS,
-    IM_END_ID,
     NUM_CODE_GROUPS,
     SPEAKER_IDS,
     TALKER_VOCAB_SIZE,
-    THINKER_VOCAB_SIZE,
-    make_tiny_qwen3_omni,
 )
+from omnistage.testing.tiny_qwen3_omni_processor import IM_END_ID, THINKER_VOCAB_SIZE
 
 SAMPLES_PER_FRAME = 64  # product of code2wav upsampling_ratios and upsample_rates
 SAMPLES_DROPPED_PER_DECODE = 30  # trailing samples the causal transposed convs never emit

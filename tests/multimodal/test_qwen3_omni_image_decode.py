@@ -38,7 +38,8 @@ from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.layers.rotary import mrope_frequency_rows
 from omnistage.multimodal import Qwen3OmniInputEncoder
-from omnistage.testing.tiny_qwen3_omni import ACCEPT_HIDDEN_LAYER, make_tiny_qwen3_omni
+from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
+from omnistage.testing.tiny_qwen3_omni_config import ACCEPT_HIDDEN_LAYER
 from omnistage.worker.sample_observer import SampleEvent, SampleObserver
 from tests.multimodal.media_helpers import RATE
 from tests.multimodal.media_helpers import random_audio as _audio

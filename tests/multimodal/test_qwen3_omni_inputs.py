@@ -48,7 +48,8 @@ from omnistage.multimodal import (
     mrope_positions,
     supported_input_modalities,
 )
-from omnistage.testing.tiny_qwen3_omni import IM_END_ID, make_tiny_qwen3_omni
+from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
+from omnistage.testing.tiny_qwen3_omni_processor import IM_END_ID
 from tests.multimodal.media_helpers import RATE
 from tests.multimodal.media_helpers import hf_thinker_embeds as _hf_embeds
 from tests.multimodal.media_helpers import random_audio as _audio
@@ -378,7 +379,10 @@ def test_flat_preprocessor_config_of_hub_checkpoints(tmp_path, ckpt, encoder):
     """The Hub's Qwen3-Omni keeps both sub-processors in one flat preprocessor_config.json."""
     import shutil
 
-    from omnistage.testing.tiny_qwen3_omni import FEATURE_EXTRACTOR_CONFIG, IMAGE_PROCESSOR_CONFIG
+    from omnistage.testing.tiny_qwen3_omni_processor import (
+        FEATURE_EXTRACTOR_CONFIG,
+        IMAGE_PROCESSOR_CONFIG,
+    )
 
     flat_dir = shutil.copytree(ckpt, tmp_path / "flat")
     (flat_dir / "processor_config.json").unlink()
