@@ -49,14 +49,14 @@ from omnistage.pipeline.deploy import deploy_for_model, packaged_deploy_path
 from omnistage.pipeline.generation_stage import derived_seed
 from omnistage.pipeline.messages import SubmitRequest
 from omnistage.pipeline.omni import AsyncOmni, Omni
-from omnistage.testing.tiny_qwen25_omni import (
+from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
+from omnistage.testing.tiny_qwen25_omni_config import (
     CODEBOOK_SIZE,
     CODEC_IDS,
-    IM_END_ID,
     SAMPLE_RATE,
     SAMPLES_PER_CODE,
-    make_tiny_qwen25_omni,
 )
+from omnistage.testing.tiny_qwen25_omni_processor import IM_END_ID
 
 THINKER_TOKENS, TALKER_TOKENS, SEED = 8, 12, 11
 CHAT = [
@@ -404,7 +404,7 @@ def test_talker_engine_takes_thinker_width_rows(ckpt):
     runner lives in a worker process."""
     from omnistage.config import EngineConfig
     from omnistage.engine.llm_engine import LLMEngine
-    from omnistage.testing.tiny_qwen25_omni import HIDDEN, TALKER_HIDDEN
+    from omnistage.testing.tiny_qwen25_omni_config import HIDDEN, TALKER_HIDDEN
 
     engine = LLMEngine(
         EngineConfig(

@@ -16,16 +16,18 @@ import torch
 from safetensors import safe_open
 
 from omnistage import LLM, SamplingParams
-from omnistage.testing.tiny_qwen25_omni import (
+from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
+from omnistage.testing.tiny_qwen25_omni_config import (
     CODEC_IDS,
-    IM_END_ID,
-    SPEAKER_BOS,
     SPEAKER_COND_DIM,
     TALKER_VOCAB_SIZE,
+    TTS_TEXT_IDS,
+)
+from omnistage.testing.tiny_qwen25_omni_processor import (
+    IM_END_ID,
+    SPEAKER_BOS,
     THINKER_VOCAB_SIZE,
     TOKEN_IDS,
-    TTS_TEXT_IDS,
-    make_tiny_qwen25_omni,
 )
 
 PROMPTS = [[5, 17, 33, 9, 100], list(range(40, 77)), [7] * 3]

@@ -13,15 +13,15 @@ import torch
 
 from omnistage.models.generation import GenerationItem, load_generation_model
 from omnistage.models.qwen25_omni_token2wav import DEFAULT_SEED, bigvgan_context
-from omnistage.testing.tiny_qwen25_omni import (
+from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
+from omnistage.testing.tiny_qwen25_omni_config import (
     CODEBOOK_SIZE,
     DIT_NUM_EMBEDS,
-    IM_END_ID,
     SAMPLE_RATE,
     SAMPLES_PER_CODE,
     TALKER_EOS_IDS,
-    make_tiny_qwen25_omni,
 )
+from omnistage.testing.tiny_qwen25_omni_processor import IM_END_ID
 
 
 @pytest.fixture(scope="module", autouse=True)

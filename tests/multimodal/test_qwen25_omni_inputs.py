@@ -48,7 +48,8 @@ from omnistage.multimodal import (
     render_model_chat,
     supported_input_modalities,
 )
-from omnistage.testing.tiny_qwen25_omni import IM_END_ID, make_tiny_qwen25_omni
+from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
+from omnistage.testing.tiny_qwen25_omni_processor import IM_END_ID
 from tests.multimodal.media_helpers import RATE
 from tests.multimodal.media_helpers import hf_thinker_embeds as _hf_embeds
 from tests.multimodal.media_helpers import random_audio as _audio
