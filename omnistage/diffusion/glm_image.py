@@ -24,16 +24,12 @@ it would leak the pad tokens into every row. Rows are grouped by glyph length in
 a typical batch is one call). Each row then runs the math of the request alone (equal up
 to the rounding of batched matmuls).
 
-Checkpoint: a diffusers-layout directory (`model_index.json` `_class_name:
-GlmImagePipeline`); only `transformer/`, `vae/`, `scheduler/`, `text_encoder/` and
-`tokenizer/` are read — never `vision_language_encoder/` or `processor/`.
+The checkpoint's layout and limits: `glm_image_checkpoint`; the request's glyph texts
+and prior tokens: `glm_image_inputs`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,142 +37,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnistage.diffusion.model import MODEL_INDEX, DiffusionInput, DiffusionLimits, DiffusionModel
+from omnistage.diffusion.glm_image_checkpoint import check_layout, decoder_limits, load_tokenizer
+from omnistage.diffusion.glm_image_inputs import (
+    count_glyph_tokens,
+    glyph_token_ids,
+    large_prior_tokens,
+)
+from omnistage.diffusion.model import DiffusionInput, DiffusionLimits, DiffusionModel
 from omnistage.diffusion.params import ResolvedDiffusionParams
-
-COMPONENTS = ("transformer", "vae", "scheduler", "text_encoder", "tokenizer")
-PRIOR_CELL = 32
-"""Pixels per prior token (the prior processor's `_get_target_shape` factor)."""
-PIXELS_PER_PATCH = PRIOR_CELL // 2
-"""VAE scale x transformer patch: the prior grid, upsampled 2x, must land on the patches."""
-PIPELINE_STEPS = 50
-PIPELINE_GUIDANCE = 1.5
-PIPELINE_MAX_SEQUENCE_LENGTH = 2048
-"""`GlmImagePipeline.__call__` defaults (a test checks them against diffusers)."""
-DEFAULT_SAMPLE_SIZE = 128
-"""The pipeline's `default_sample_size` when the transformer config has no `sample_size`."""
-MAX_SIZE = 2048
-
-_GLYPH_PATTERNS = (r"'([^']*)'", r"\u201c([^\u201c\u201d]*)\u201d", r'"([^"]*)"', r"「([^「」]*)」")
-
-
-# -- the prompt: glyph texts ----------------------------------------------------------------------
-def glyph_texts(prompt: str) -> list[str]:
-    """The quoted texts of `prompt` the image should render ('…', “…”, "…", 「…」), in the
-    pipeline's order (`GlmImagePipeline.get_glyph_texts`)."""
-    return [text for pattern in _GLYPH_PATTERNS for text in re.findall(pattern, prompt)]
-
-
-def glyph_token_ids(tokenizer: Any, prompt: str, max_length: int | None = None) -> list[list[int]]:
-    """One token row per glyph text ([""] when there is none), as `_get_glyph_embeds` feeds
-    the glyph encoder. Its quirk is kept: a pad token is prepended to *every* row when the
-    *number* of texts is even. `max_length` truncates each row (the pipeline's
-    `max_sequence_length`); None leaves them whole."""
-    texts = glyph_texts(prompt) or [""]
-    truncate = {"max_length": max_length, "truncation": True} if max_length else {}
-    rows = tokenizer(texts, **truncate).input_ids
-    pad = [tokenizer.pad_token_id] * ((len(rows) + 1) % 2)
-    return [pad + row for row in rows]
-
-
-def count_glyph_tokens(tokenizer: Any, prompt: str) -> int:
-    """The length of the glyph sequence `prompt` gives the transformer (untruncated)."""
-    return sum(len(row) for row in glyph_token_ids(tokenizer, prompt))
-
-
-# -- the prior tokens -----------------------------------------------------------------------------
-def prior_grids(height: int, width: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(large, preview) prior grids for a text-to-image target of `height` x `width` pixels
-    (`GlmImageProcessor._get_target_shape`)."""
-    token_h, token_w = height // PRIOR_CELL, width // PRIOR_CELL
-    ratio = token_h / token_w
-    preview_h = int(math.sqrt(ratio) * (PRIOR_CELL // 2))
-    preview_w = int(math.sqrt(1 / ratio) * (PRIOR_CELL // 2))
-    return (token_h, token_w), (preview_h, preview_w)
-
-
-def large_prior_tokens(
-    prior_token_ids: torch.Tensor | None, height: int, width: int, vocab_size: int
-) -> torch.Tensor:
-    """The large-grid tokens of everything the prior generated (preview grid, large grid,
-    end token), upsampled 2x: `[1, (height // 16) * (width // 16)]` long, as the pipeline
-    hands them to the transformer. ValueError naming `prior_token_ids` when they are
-    missing, do not fit the size, or hold ids the transformer cannot embed."""
-    from diffusers import GlmImagePipeline
-
-    if prior_token_ids is None:
-        raise ValueError("prior_token_ids: GLM-Image needs the prior's image tokens; none given")
-    (token_h, token_w), preview = prior_grids(height, width)
-    grid_thw = torch.tensor([[1, token_h, token_w], [1, *preview]])
-    max_new_tokens, offset, token_h, token_w = GlmImagePipeline._compute_generation_params(
-        grid_thw, is_text_to_image=True
-    )
-    tokens = torch.as_tensor(prior_token_ids).reshape(-1)
-    needed = max_new_tokens - 1  # preview + large; the end token may be left off
-    if len(tokens) not in (needed, needed + 1):
-        raise ValueError(
-            f"prior_token_ids: {len(tokens)} tokens, but a {height}x{width} image takes "
-            f"{offset} preview + {token_h * token_w} large-grid tokens (+ 1 end token); "
-            "was the prior run for another size, or did it stop early?"
-        )
-    large = GlmImagePipeline._extract_large_image_tokens(
-        tokens.long().unsqueeze(0), 0, offset, token_h * token_w
-    )
-    bad = (large < 0) | (large >= vocab_size)
-    if bad.any():
-        position = int(bad.nonzero()[0])
-        raise ValueError(
-            f"prior_token_ids: large-grid token {position} is {int(large[position])}, outside "
-            f"the decoder's prior vocabulary of {vocab_size}"
-        )
-    return GlmImagePipeline._upsample_token_ids(large, token_h, token_w)
-
-
-# -- checkpoint -----------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ValueError(f"{path.parent}: GLM-Image decoder checkpoint lacks {path.name}")
-    return json.loads(path.read_text())
-
-
-def _check_layout(path: Path) -> dict[str, Any]:
-    index = _read_json(path / MODEL_INDEX)
-    missing = [name for name in COMPONENTS if not (path / name).is_dir()]
-    if missing:
-        raise ValueError(f"{path}: GLM-Image decoder checkpoint lacks {', '.join(missing)}/")
-    return index
-
-
-def _load_tokenizer(path: Path, index: dict[str, Any]) -> Any:
-    """The transformers tokenizer class `model_index.json` names (GLM-Image: ByT5Tokenizer);
-    AutoTokenizer when it names none (or a class from another library)."""
-    import transformers
-
-    library, name = index.get("tokenizer", [None, None])
-    cls = getattr(transformers, name) if library == "transformers" else transformers.AutoTokenizer
-    return cls.from_pretrained(path / "tokenizer")
-
-
-def _limits(path: Path, tokenizer: Any) -> DiffusionLimits:
-    transformer = _read_json(path / "transformer" / "config.json")
-    vae_scale = 2 ** (len(_read_json(path / "vae" / "config.json")["block_out_channels"]) - 1)
-    if vae_scale * transformer["patch_size"] != PIXELS_PER_PATCH:
-        raise ValueError(
-            f"{path}: VAE scale {vae_scale} x patch size {transformer['patch_size']} must be "
-            f"{PIXELS_PER_PATCH}, the prior's {PRIOR_CELL}-pixel grid upsampled 2x"
-        )
-    default_size = transformer.get("sample_size", DEFAULT_SAMPLE_SIZE) * vae_scale
-    return DiffusionLimits(
-        default_height=default_size,
-        default_width=default_size,
-        default_steps=PIPELINE_STEPS,
-        default_guidance=PIPELINE_GUIDANCE,
-        min_size=PRIOR_CELL,
-        max_size=MAX_SIZE,
-        size_multiple=PRIOR_CELL,
-        max_text_tokens=PIPELINE_MAX_SEQUENCE_LENGTH,
-        count_text_tokens=lambda prompt: count_glyph_tokens(tokenizer, prompt),
-    )
 
 
 @dataclass
@@ -231,8 +99,8 @@ class GlmImageDecoder(DiffusionModel):
         from transformers import T5EncoderModel
 
         path = Path(path)
-        index = _check_layout(path)
-        tokenizer = _load_tokenizer(path, index)
+        index = check_layout(path)
+        tokenizer = load_tokenizer(path, index)
 
         def ready(module: torch.nn.Module) -> Any:
             return module.to(device=device).eval().requires_grad_(False)
@@ -249,7 +117,7 @@ class GlmImageDecoder(DiffusionModel):
                 AutoencoderKL.from_pretrained(path / "vae", dtype=dtype, low_cpu_mem_usage=False)
             ),
             scheduler_config=dict(FlowMatchEulerDiscreteScheduler.load_config(path / "scheduler")),
-            limits=_limits(path, tokenizer),
+            limits=decoder_limits(path, tokenizer),
             device=device,
             dtype=dtype,
         )
@@ -257,7 +125,7 @@ class GlmImageDecoder(DiffusionModel):
     @classmethod
     def read_limits(cls, path: Path) -> DiffusionLimits:
         path = Path(path)
-        return _limits(path, _load_tokenizer(path, _check_layout(path)))
+        return decoder_limits(path, load_tokenizer(path, check_layout(path)))
 
     # -- text -----------------------------------------------------------------------------------
     def count_text_tokens(self, prompt: str) -> int:

@@ -18,14 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from omnistage.diffusion.glm_image import (
+from omnistage.diffusion.glm_image import GlmImageDecoder
+from omnistage.diffusion.glm_image_checkpoint import (
     PIPELINE_GUIDANCE,
     PIPELINE_MAX_SEQUENCE_LENGTH,
     PIPELINE_STEPS,
-    GlmImageDecoder,
-    glyph_texts,
-    prior_grids,
 )
+from omnistage.diffusion.glm_image_inputs import glyph_texts, prior_grids
 from omnistage.diffusion.model import DiffusionInput, load_diffusion_model
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.testing.tiny_glm_image_decoder import (
