@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import subprocess
 import sys
 import time
@@ -33,43 +32,16 @@ from typing import Any
 
 import torch
 
+from omnistage.benchmarks.throughput_workloads import (
+    WORKLOADS,
+    make_repetitive_workload,
+    make_workload,
+)
+
 PEERS = ("omnistage", "transformers")
 SCHEDULING_PEERS = ("omnistage-sync", "omnistage-async")
 SPEC_PEERS = ("omnistage", "omnistage-spec")
 TINY_MODEL = "tiny-random"
-WORKLOADS = ("random", "repetitive")
-
-DOCUMENT = '''def moving_average(values, window):
-    """The mean of each run of `window` consecutive values."""
-    if window <= 0:
-        raise ValueError("window must be positive")
-    averages = []
-    total = 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        if i >= window - 1:
-            averages.append(total / window)
-    return averages
-
-
-def running_maximum(values):
-    """The largest value seen so far, at each position."""
-    result = []
-    best = None
-    for value in values:
-        if best is None or value > best:
-            best = value
-        result.append(best)
-    return result
-'''
-EDITS = (
-    "rename the function moving_average to rolling_mean",
-    "rename the variable averages to means",
-    "rename the function running_maximum to running_max",
-    "rename the variable total to acc",
-)
 
 
 def resolve_bench_model(model: str) -> str:
@@ -85,26 +57,6 @@ def resolve_bench_model(model: str) -> str:
     if not (path / "config.json").exists():
         make_checkpoint(path, "llama", seed=0)
     return str(path)
-
-
-def make_repetitive_workload(tokenizer: Any, num_prompts: int) -> list[list[int]]:
-    """Chat prompts asking for the document back with one edit (the model copies it)."""
-    prompts = []
-    for i in range(num_prompts):
-        request = (
-            f"Here is a Python module:\n\n{DOCUMENT}\nReturn the whole module with one change: "
-            f"{EDITS[i % len(EDITS)]}. Reply with the code only."
-        )
-        messages = [{"role": "user", "content": request}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
-    return prompts
-
-
-def make_workload(num_prompts: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    low, high = min(100, vocab_size // 4), vocab_size - 1
-    return [[rng.randrange(low, high) for _ in range(input_len)] for _ in range(num_prompts)]
 
 
 # -- peers (each runs in its own process) ------------------------------------------------------
@@ -315,6 +267,23 @@ def main(args: argparse.Namespace) -> int:
         runner = run_transformers if args._peer == "transformers" else run_omnistage
         print(json.dumps(runner(args, args._spawn_time)))
         return 0
+    peers = _peers(args)
+    repeat = args.repeat or (3 if args.compare_scheduling else 1)
+    results = _best_runs(args, peers, repeat)
+    workload = _workload_description(args, repeat)
+    _print_table(workload, results)
+    summary: dict[str, Any] = {"benchmark": "throughput", "model": args.model, "workload": workload}
+    for peer, r in results.items():
+        summary[f"{peer}_output_tok_s"] = round(r["output_tokens_per_s"], 2)
+        summary[f"{peer}_startup_to_first_token_s"] = round(r["startup_to_first_token_s"], 2)
+    summary.update(_ratios(args, results))
+    print(json.dumps(summary))
+    return 0
+
+
+def _peers(args: argparse.Namespace) -> list[str]:
+    """The peers to run: `--peers`, or the pair `--compare-scheduling` /
+    `--speculative-config` compares (a bad speculative config fails here, named)."""
     peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     if args.compare_scheduling:
         peers = list(SCHEDULING_PEERS)
@@ -326,7 +295,13 @@ def main(args: argparse.Namespace) -> int:
     unknown = set(peers) - set(PEERS) - set(SCHEDULING_PEERS) - set(SPEC_PEERS)
     if unknown:
         raise ValueError(f"--peers: unknown peer(s) {sorted(unknown)}; known: {', '.join(PEERS)}")
-    repeat = args.repeat or (3 if args.compare_scheduling else 1)
+    return peers
+
+
+def _best_runs(
+    args: argparse.Namespace, peers: list[str], repeat: int
+) -> dict[str, dict[str, Any]]:
+    """Each peer's fastest of `repeat` runs, with its output tokens per second."""
     results: dict[str, dict[str, Any]] = {}
     for _ in range(repeat):  # interleaved, best of `repeat` per peer: this machine is noisy
         for peer in peers:
@@ -335,6 +310,10 @@ def main(args: argparse.Namespace) -> int:
                 results[peer] = run
     for r in results.values():
         r["output_tokens_per_s"] = r["output_tokens"] / r["elapsed_s"]
+    return results
+
+
+def _workload_description(args: argparse.Namespace, repeat: int) -> str:
     if args.workload == "repetitive":
         workload = (
             f"best of {repeat}: {args.num_prompts} chat prompts 'return this module with one edit' "
@@ -349,6 +328,10 @@ def main(args: argparse.Namespace) -> int:
     if not args.compare_scheduling:
         mode = "async" if args.async_scheduling else "sync"
         workload += f", {mode} scheduling"
+    return workload
+
+
+def _print_table(workload: str, results: dict[str, dict[str, Any]]) -> None:
     print(f"workload: {workload}")
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
@@ -358,10 +341,11 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"{peer:<14}{r['output_tokens_per_s']:>14.1f}{r['elapsed_s']:>12.2f}{r['startup_to_first_token_s']:>18.2f}"
         )
-    summary: dict[str, Any] = {"benchmark": "throughput", "model": args.model, "workload": workload}
-    for peer, r in results.items():
-        summary[f"{peer}_output_tok_s"] = round(r["output_tokens_per_s"], 2)
-        summary[f"{peer}_startup_to_first_token_s"] = round(r["startup_to_first_token_s"], 2)
+
+
+def _ratios(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Print the comparisons the peers allow; return them for the JSON summary."""
+    summary: dict[str, Any] = {}
     if "omnistage" in results and "transformers" in results:
         ratio = (
             results["omnistage"]["output_tokens_per_s"]
@@ -389,8 +373,7 @@ def main(args: argparse.Namespace) -> int:
         summary["speculative_config"] = json.loads(args.speculative_config)
         summary["mean_acceptance_length"] = round(spec["mean_acceptance_length"], 3)
         summary["ratio_spec_vs_no_spec"] = round(ratio, 3)
-    print(json.dumps(summary))
-    return 0
+    return summary
 
 
 if __name__ == "__main__":
