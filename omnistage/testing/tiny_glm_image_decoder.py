@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,15 +54,28 @@ def save_tiny_glm_image_decoder(
     prior_vocab_size: int = PRIOR_VOCAB_SIZE,
 ) -> Path:
     """Write the decoder components of a tiny GLM-Image checkpoint under `path`; returns it."""
-    import diffusers
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, GlmImageTransformer2DModel
-    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from transformers import ByT5Tokenizer
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
     tokenizer = ByT5Tokenizer()
     tokenizer.save_pretrained(path / "tokenizer")
+    # Each component draws from its own seed, so changing one leaves the others' weights.
+    _save_glyph_encoder(path / "text_encoder", tokenizer, dtype, seed)
+    _save_transformer(path / "transformer", dtype, seed + 1, prior_vocab_size)
+    _save_vae(path / "vae", dtype, seed + 2)
+    FlowMatchEulerDiscreteScheduler(
+        use_dynamic_shifting=True, base_shift=0.25, max_shift=0.75, base_image_seq_len=256
+    ).save_pretrained(path / "scheduler")
+    _write_model_index(path / "model_index.json")
+    return path
+
+
+def _save_glyph_encoder(path: Path, tokenizer: Any, dtype: torch.dtype, seed: int) -> None:
+    """A 2-layer `T5EncoderModel` over the ByT5 tokenizer's vocabulary."""
+    from transformers import T5Config, T5EncoderModel
 
     torch.manual_seed(seed)
     text_encoder = T5EncoderModel(
@@ -82,9 +96,14 @@ def save_tiny_glm_image_decoder(
             use_cache=False,
         )
     )
-    text_encoder.to(dtype).save_pretrained(path / "text_encoder")
+    text_encoder.to(dtype).save_pretrained(path)
 
-    torch.manual_seed(seed + 1)
+
+def _save_transformer(path: Path, dtype: torch.dtype, seed: int, prior_vocab_size: int) -> None:
+    """A 2-layer `GlmImageTransformer2DModel` (patch 2) embedding `prior_vocab_size` ids."""
+    from diffusers import GlmImageTransformer2DModel
+
+    torch.manual_seed(seed)
     transformer = GlmImageTransformer2DModel(
         patch_size=2,
         in_channels=LATENT_CHANNELS,
@@ -97,9 +116,14 @@ def save_tiny_glm_image_decoder(
         condition_dim=8,
         prior_vq_quantizer_codebook_size=prior_vocab_size,
     )
-    transformer.to(dtype).save_pretrained(path / "transformer")
+    transformer.to(dtype).save_pretrained(path)
 
-    torch.manual_seed(seed + 2)
+
+def _save_vae(path: Path, dtype: torch.dtype, seed: int) -> None:
+    """A 4-level `AutoencoderKL` (scale 8) with seeded, non-trivial latent statistics."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(seed)
     stats = torch.rand(2, LATENT_CHANNELS, dtype=torch.float64)
     vae = AutoencoderKL(
         in_channels=3,
@@ -114,16 +138,15 @@ def save_tiny_glm_image_decoder(
         latents_mean=[round(v, 4) for v in (stats[0] - 0.5).tolist()],
         latents_std=[round(v, 4) for v in (stats[1] + 0.5).tolist()],
     )
-    vae.to(dtype).save_pretrained(path / "vae")
+    vae.to(dtype).save_pretrained(path)
 
-    FlowMatchEulerDiscreteScheduler(
-        use_dynamic_shifting=True, base_shift=0.25, max_shift=0.75, base_image_seq_len=256
-    ).save_pretrained(path / "scheduler")
 
-    index_path = path / "model_index.json"
+def _write_model_index(index_path: Path) -> None:
+    """`model_index.json`, merged into one the prior's writer may have left."""
+    import diffusers
+
     index = json.loads(index_path.read_text()) if index_path.is_file() else {}
     index.update(MODEL_INDEX, _diffusers_version=diffusers.__version__)
     for name, entry in PRIOR_COMPONENTS.items():
         index.setdefault(name, entry)
     index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return path
