@@ -27,8 +27,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from omnistage.models import gguf_cache, gguf_loader
 from omnistage.models.builtin import (
-    BUILTIN_MODELS,
     builtin_gguf_path,
+    builtin_models,
     describe_builtin_models,
 )
 from omnistage.models.loader import (
@@ -492,11 +492,11 @@ def test_smollm2_second_resolve_uses_cache(smollm2, monkeypatch):
 
 
 def test_builtin_registry():
-    assert "smollm2" in BUILTIN_MODELS
+    assert "smollm2" in builtin_models()
     path = builtin_gguf_path("smollm2")
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.is_file()
     rows = describe_builtin_models()
-    assert [r[0] for r in rows] == list(BUILTIN_MODELS)
+    assert [r[0] for r in rows] == list(builtin_models())
     assert rows[0][2] == str(path)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from omnistage import LLM, SamplingParams
-from omnistage.models.llama import LlamaForCausalLM
+from omnistage.families.llama.model import LlamaForCausalLM
 from omnistage.models.registry import register_model
 from omnistage.platforms import runner_classes
 from omnistage.sample import Sampler

@@ -15,10 +15,10 @@ import torch
 import transformers
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from omnistage.families.llama.model import LlamaForCausalLM
 from omnistage.layers.ggml_types import BLOCK_SIZES, GGMLType
 from omnistage.layers.rotary import DefaultRope
 from omnistage.models import registry
-from omnistage.models.llama import LlamaForCausalLM
 from omnistage.models.loader import ModelFiles, load_hf_config
 from omnistage.models.plain_config import PlainConfig
 from omnistage.testing.tiny_models import make_checkpoint

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from omnistage.families.mamba2.mixer import Mamba2Mixer
 from omnistage.layers.forward_context import forward_context
 from omnistage.layers.recurrent_state import RecurrentMetadata
-from omnistage.models.mamba2_mixer import Mamba2Mixer
 from omnistage.testing.tiny_models import tiny_config
 from omnistage.worker.recurrent import (
     RecurrentSlots,

@@ -2,7 +2,7 @@
 
 Used wherever a tensor crosses a process boundary inside a message (runner
 outputs with hidden states, prompt embeddings of a new request). Bulk payloads
-between stages use `omnistage.pipeline.payload` instead, which shares the dtype
+between stages use `omnistage.core.payload` instead, which shares the dtype
 table and the raw-byte helpers below.
 """
 

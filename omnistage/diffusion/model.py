@@ -26,7 +26,6 @@ The engine (`omnistage.diffusion.engine`) owns the batching, the schedulers'
 
 from __future__ import annotations
 
-import importlib
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.diffusion.params import DiffusionParams, ResolvedDiffusionParams
+from omnistage.models import registry
 
 MODEL_INDEX = "model_index.json"
 
@@ -224,13 +224,6 @@ class DiffusionModel(ABC):
         """Final latents `[B, *latent_shape]` to `[B, H, W, 3]` uint8 pixels."""
 
 
-_MODELS: dict[str, str] = {
-    "OmnistageTextToImagePipeline": "omnistage.diffusion.text_dit:TextDiT",
-    "GlmImagePipeline": "omnistage.diffusion.glm_image:GlmImageDecoder",
-}
-"""`model_index.json` `_class_name` -> "module:Class" of its `DiffusionModel`."""
-
-
 def pipeline_class_name(path: str | Path) -> str | None:
     """The `_class_name` of a diffusers-layout checkpoint, or None when `path` is not one."""
     index = Path(path) / MODEL_INDEX
@@ -243,13 +236,13 @@ def diffusion_model_class(path: str | Path) -> type[DiffusionModel]:
     name = pipeline_class_name(path)
     if name is None:
         raise ValueError(f"{path}: not a diffusion checkpoint (no {MODEL_INDEX})")
-    if name not in _MODELS:
+    cls = registry.diffusion_model_class(name)
+    if cls is None:
         raise ValueError(
             f"{path}: diffusion pipeline {name!r} is not supported; supported: "
-            f"{', '.join(sorted(_MODELS))}"
+            f"{', '.join(registry.diffusion_pipeline_names())}"
         )
-    module, cls = _MODELS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return cls
 
 
 def load_diffusion_model(

@@ -114,8 +114,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     from omnistage.models.builtin import describe_builtin_models
-    from omnistage.models.registry import supported_architectures
-    from omnistage.pipeline.deploy import PACKAGED_DEPLOYS_BY_MODEL_TYPE
+    from omnistage.models.registry import deploys_by_model_type, supported_architectures
 
     print("Built-in models:")
     for name, description, where in describe_builtin_models():
@@ -123,7 +122,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     print("Supported checkpoint architectures (HF dir or GGUF):")
     print("  " + ", ".join(supported_architectures()))
     print("Omni checkpoints (HF dir), served as multi-stage pipelines with a packaged deploy:")
-    for model_type, deploy in sorted(PACKAGED_DEPLOYS_BY_MODEL_TYPE.items()):
+    for model_type, deploy in sorted(deploys_by_model_type().items()):
         print(f"  model_type {model_type:<16} deploy {deploy}")
     return 0
 

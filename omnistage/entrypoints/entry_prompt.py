@@ -14,9 +14,14 @@ from typing import Any
 def entry_builds_its_prompt(spec: Any) -> bool:
     """Whether the entry stage of the deploy `spec` (a `DeploySpec`) renders its prompt
     itself (GLM-Image's prior): the text then goes to it as it is, not as a chat."""
-    from omnistage.models.glm_image import is_glm_image_prior
-    from omnistage.models.loader import load_hf_config, resolve_model
+    import json
+
+    from omnistage.models import registry
+    from omnistage.models.loader import resolve_model
 
     (entry,) = spec.entry_stages
-    files = resolve_model(entry.with_part_directory().model)
-    return (files.path / "config.json").is_file() and is_glm_image_prior(load_hf_config(files))
+    config = resolve_model(entry.with_part_directory().model).path / "config.json"
+    if not config.is_file():
+        return False
+    model_type = json.loads(config.read_text()).get("model_type")
+    return registry.renders_own_prompt(model_type)

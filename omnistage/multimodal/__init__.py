@@ -1,14 +1,11 @@
-"""Multimodal (audio, image) input: media loading and per-model input encoders."""
+"""Multimodal (audio, image) input: media loading, chat rendering and the input-encoder
+base; each family's encoder lives in its folder (`omnistage/families/<family>/`)."""
 
+from omnistage.multimodal.chat import render_chat
 from omnistage.multimodal.input_encoder import OmniInputEncoder
 from omnistage.multimodal.media import load_audio, load_image, resample_audio
+from omnistage.multimodal.mrope import mrope_positions
 from omnistage.multimodal.prompts import ChatPrompt, EncodedPrompt
-from omnistage.multimodal.qwen3_omni import (
-    Qwen3OmniInputEncoder,
-    mrope_positions,
-    render_chat,
-)
-from omnistage.multimodal.qwen25_omni import Qwen25OmniInputEncoder
 from omnistage.multimodal.registry import (
     check_input_modalities,
     input_encoder_class,
@@ -21,8 +18,6 @@ __all__ = [
     "ChatPrompt",
     "EncodedPrompt",
     "OmniInputEncoder",
-    "Qwen25OmniInputEncoder",
-    "Qwen3OmniInputEncoder",
     "check_input_modalities",
     "input_encoder_class",
     "load_audio",

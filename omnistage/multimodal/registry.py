@@ -9,34 +9,24 @@ checkpoint's tokenizer and the model's placeholders, without loading any encoder
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from omnistage.models import registry
 from omnistage.multimodal.chat import render_chat
 from omnistage.multimodal.checkpoint import load_config
 from omnistage.multimodal.modalities import check_modalities
 from omnistage.multimodal.prompts import ChatPrompt
-
-INPUT_ENCODERS: dict[str, tuple[str, str]] = {
-    "qwen3_omni_moe": ("omnistage.multimodal.qwen3_omni", "Qwen3OmniInputEncoder"),
-    "qwen2_5_omni": ("omnistage.multimodal.qwen25_omni", "Qwen25OmniInputEncoder"),
-}
-"""`model_type` -> (module, class) of its `OmniInputEncoder`."""
 
 
 def input_encoder_class(config_or_path: Any) -> type | None:
     """The `OmniInputEncoder` subclass for a checkpoint (a config or a directory), or None
     for models that take text only."""
     config = load_config(config_or_path)
-    entry = INPUT_ENCODERS.get(getattr(config, "model_type", None))
-    if entry is None:
-        return None
-    module, name = entry
-    return getattr(importlib.import_module(module), name)
+    return registry.input_encoder_class(getattr(config, "model_type", None))
 
 
 def load_input_encoder(
@@ -51,7 +41,7 @@ def load_input_encoder(
         config = load_config(path)
         raise ValueError(
             f"{os.fspath(path)}: model_type {getattr(config, 'model_type', None)!r} takes no "
-            f"audio or image input (known: {', '.join(sorted(INPUT_ENCODERS))})"
+            f"audio or image input (known: {', '.join(registry.input_encoder_model_types())})"
         )
     return cls.from_checkpoint(path, dtype, **kwargs)
 

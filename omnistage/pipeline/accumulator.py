@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from omnistage.core.edge_processor import CODES_KEY, Accumulate, EdgeProcessor
+from omnistage.core.payload import Payload
 from omnistage.pipeline.deploy import EdgeSpec
-from omnistage.pipeline.payload import Payload
-from omnistage.pipeline.processors import CODES_KEY, Accumulate, EdgeProcessor
 
 HIDDEN_KEY = "hidden_states.output"
 

@@ -19,11 +19,14 @@ from typing import Any
 import torch
 
 from omnistage.config import EngineConfig
+from omnistage.core.edge_processor import IMAGE_GRID_KEY
 from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
+from omnistage.core.payload import Payload
 from omnistage.core.stage_input import StageInput
 from omnistage.core.tensor_blob import blob_to_tensor
-from omnistage.models.glm_image import is_glm_image_prior
+from omnistage.models import registry
+from omnistage.models.parts import ROOT_CONFIG_ATTR
 from omnistage.pipeline.accumulator import HIDDEN_KEY, RequestAccumulator
 from omnistage.pipeline.ar_engine import ARStageEngine
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
@@ -33,8 +36,7 @@ from omnistage.pipeline.messages import (
     RequestFailed,
     SubmitRequest,
 )
-from omnistage.pipeline.payload import Payload
-from omnistage.pipeline.processors import IMAGE_GRID_KEY, stage_writes_text
+from omnistage.pipeline.processors import stage_writes_text
 from omnistage.pipeline.prompt_inputs import AUDIO_RATE
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.sampling_params import SamplingParams
@@ -68,9 +70,13 @@ class ARStageCore(StageCore):
             processor.bind_consumer(self.engine)
         self.accumulators: dict[str, RequestAccumulator] = {}
         self.media_encoder: Any = None
-        self.glm_image_prior = is_glm_image_prior(self.engine.hf_config)
-        """GLM-Image's prior: text prompts are built for the request's `image_size`."""
-        self.glm_image_prompter: Any = None
+        root_config = getattr(self.engine.hf_config, ROOT_CONFIG_ATTR, self.engine.hf_config)
+        self.prompter_class = registry.stage_prompter_class(
+            getattr(root_config, "model_type", None)
+        )
+        """A model that renders its own prompt from the request (GLM-Image's prior: for the
+        request's `image_size`), or None."""
+        self.prompter: Any = None
         self.failed: dict[str, str] = {}
         """Requests whose outputs could not be collected this step (failed, not the stage)."""
 
@@ -87,8 +93,8 @@ class ARStageCore(StageCore):
         if payloads:
             ((edge, payload),) = payloads.items()
             inputs = self.incoming[edge][1].to_input(payload, voice=msg.voice)
-        elif self.glm_image_prior:
-            inputs, params = self._glm_image_input(msg, params)
+        elif self.prompter_class is not None:
+            inputs, params = self._prompted_input(msg, params)
         elif msg.audios or msg.images:
             inputs = self._encode_media(msg)
         else:
@@ -151,34 +157,16 @@ class ARStageCore(StageCore):
             image_grid_thw=encoded.image_grid_thw,
         )
 
-    def _glm_image_input(
+    def _prompted_input(
         self, msg: SubmitRequest, params: SamplingParams
     ) -> tuple[StageInput, SamplingParams]:
-        """GLM-Image's prior: the prompt with the target grids of `msg.image_size` and the
-        3-D positions of what it writes; it writes exactly the grids' tokens plus the end
-        token, whatever `max_tokens` the request asked for (the prompter loads on first use)."""
-        if msg.images:
-            raise ValueError(
-                f"images: stage {self.name!r} (GLM-Image prior) does not support "
-                "image-to-image prompts"
-            )
-        if msg.prompt is None:
-            raise ValueError(f"prompt: stage {self.name!r} (GLM-Image prior) needs a text prompt")
-        size = msg.image_size
-        if size is None or len(size) != 2:
-            raise ValueError(
-                f"image_size: stage {self.name!r} (GLM-Image prior) needs the size of the "
-                f"image to draw as [height, width], got {size!r}"
-            )
-        if self.glm_image_prompter is None:
-            from omnistage.models.glm_image_prompt import GlmImagePriorPrompter
-
-            self.glm_image_prompter = GlmImagePriorPrompter.from_checkpoint(
-                self.engine.model_files.path
-            )
-        height, width = size
-        inputs = self.glm_image_prompter.build(msg.prompt, height, width)
-        budget = self.glm_image_prompter.max_new_tokens(height, width)
+        """The input of a model that renders its own prompt, and the token budget it sets
+        (the prompter loads on first use)."""
+        if self.prompter is None:
+            self.prompter = self.prompter_class.from_checkpoint(self.engine.model_files.path)
+        inputs, budget = self.prompter.request_input(
+            self.name, msg.prompt, msg.image_size, bool(msg.images)
+        )
         return inputs, dataclasses.replace(params, max_tokens=budget)
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:

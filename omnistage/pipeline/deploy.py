@@ -51,12 +51,12 @@ from typing import Any
 
 import yaml
 
+from omnistage.models import registry
 from omnistage.pipeline.deploy_parse import DeployReader, parse_deploy
 from omnistage.pipeline.deploy_spec import (  # noqa: F401 (re-exported: the deploy API)
     CONNECTOR_KINDS,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_INPUT_TIMEOUT_S,
-    DEPLOYS_DIR,
     IMPLICIT_CONNECTORS,
     OUTPUT_TYPES,
     STAGE_KINDS,
@@ -105,16 +105,6 @@ def single_model_deploy(
     return parse_deploy(DeployReader("<single_model_deploy>"), {"stages": [stage]}, "single-model")
 
 
-PACKAGED_DEPLOYS_BY_MODEL_TYPE = {"qwen3_omni_moe": "qwen3-omni", "qwen2_5_omni": "qwen25-omni"}
-"""Checkpoints (by config.json `model_type`) that `Omni(model=...)` serves with a packaged
-multi-stage deploy rather than as one text stage."""
-PACKAGED_DEPLOYS_BY_PIPELINE_CLASS = {
-    "OmnistageTextToImagePipeline": "demo-image",
-    "GlmImagePipeline": "glm-image",
-}
-"""Diffusers-layout checkpoints (by model_index.json `_class_name`) and their deploys."""
-
-
 def deploy_for_model(model: str, engine_args: Mapping[str, Any] | None = None) -> DeploySpec:
     """How `Omni(model=...)` serves a model given without a deploy file: a built-in demo,
     or a checkpoint whose `model_type` has a packaged deploy, with that deploy (its stages
@@ -130,8 +120,8 @@ def deploy_for_model(model: str, engine_args: Mapping[str, Any] | None = None) -
         path = Path(model).expanduser()
         config = path / "config.json"
         model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-        name = PACKAGED_DEPLOYS_BY_MODEL_TYPE.get(model_type)
-        name = name or PACKAGED_DEPLOYS_BY_PIPELINE_CLASS.get(pipeline_class_name(path))
+        name = registry.deploy_for_model_type(model_type)
+        name = name or registry.deploy_for_pipeline_class(pipeline_class_name(path))
     if name is None:
         return single_model_deploy(model, engine_args)
     spec = load_deploy(packaged_deploy_path(name)).with_model(str(path.absolute()))
@@ -144,9 +134,7 @@ def check_stage_models(spec: DeploySpec) -> None:
     and a multi-part checkpoint is not served whole. ValueError naming the stage, before
     any stage starts."""
     from omnistage.diffusion.model import diffusion_model_class
-    from omnistage.models.generation import GENERATION_PARTS
     from omnistage.models.loader import resolve_model
-    from omnistage.models.parts import PARTS
 
     for stage in (s.with_part_directory() for s in spec.stages):
         if stage.model is None:
@@ -159,8 +147,8 @@ def check_stage_models(spec: DeploySpec) -> None:
             continue
         config = resolve_model(stage.model).path / "config.json"
         model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
-        ar_parts = sorted(p for mt, p in PARTS if mt == model_type)
-        gen_parts = sorted(p for mt, p in GENERATION_PARTS if mt == model_type)
+        ar_parts = registry.part_names(model_type)
+        gen_parts = registry.generation_part_names(model_type)
         where = f"{spec.source}: stages[{stage.name}]"
         if stage.model_part is None:
             if ar_parts or gen_parts:
@@ -179,9 +167,9 @@ def check_stage_models(spec: DeploySpec) -> None:
 
 
 def packaged_deploy_path(name: str) -> Path:
-    """Path of a deploy file shipped with omnistage (omnistage/pipeline/deploys/<name>.yaml)."""
-    path = DEPLOYS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in DEPLOYS_DIR.glob("*.yaml"))) or "none"
+    """Path of a deploy file shipped with omnistage (a family's `deploys/<name>.yaml`)."""
+    deploys = registry.packaged_deploys()
+    if name not in deploys:
+        known = ", ".join(sorted(deploys)) or "none"
         raise DeployError("<packaged>", "", f"no packaged deploy {name!r}; available: {known}")
-    return path
+    return deploys[name]

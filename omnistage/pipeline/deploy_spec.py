@@ -21,7 +21,6 @@ CONNECTOR_KINDS = ("inproc", "shm", "zmq")
 IMPLICIT_CONNECTORS = ("inproc", "shm")
 DEFAULT_INPUT_TIMEOUT_S = 60.0
 DEFAULT_CHUNK_SIZE = 16
-DEPLOYS_DIR = Path(__file__).parent / "deploys"
 
 
 class DeployError(ValueError):

@@ -21,6 +21,7 @@ import hashlib
 from typing import Any
 
 from omnistage.config import EngineConfig
+from omnistage.core.payload import Payload
 from omnistage.core.tensor_blob import tensor_to_blob
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.model import DiffusionInput, load_diffusion_model
@@ -28,7 +29,6 @@ from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.loader import resolve_model
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import DeliverPayload, FromStage, StageOutput, SubmitRequest
-from omnistage.pipeline.payload import Payload
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.platforms import platform_for
 

@@ -35,12 +35,12 @@ from typing import Any
 import torch
 
 from omnistage.config import EngineConfig
+from omnistage.core.payload import Payload
 from omnistage.core.tensor_blob import tensor_to_blob
 from omnistage.models.generation import GenerationItem, load_generation_model
 from omnistage.models.loader import resolve_model
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import DeliverPayload, FromStage, StageOutput, SubmitRequest
-from omnistage.pipeline.payload import Payload
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.platforms import platform_for
 

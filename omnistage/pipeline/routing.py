@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from omnistage.core.edge_processor import UpstreamResult
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor
 from omnistage.pipeline.deploy import DeploySpec
 from omnistage.pipeline.messages import (
@@ -32,7 +33,7 @@ from omnistage.pipeline.messages import (
     SubmitRequest,
 )
 from omnistage.pipeline.outputs import OmniRequestOutput, StageResult
-from omnistage.pipeline.processors import UpstreamResult, get_processor
+from omnistage.pipeline.processors import get_processor
 from omnistage.pipeline.stage_core import edge_name
 from omnistage.pipeline.stage_set import StageSet
 

@@ -19,6 +19,8 @@ import logging
 from abc import ABC, abstractmethod
 from typing import Any
 
+from omnistage.core.edge_processor import EdgeProcessor
+from omnistage.core.payload import Payload
 from omnistage.pipeline.connectors import Connector, make_connector
 from omnistage.pipeline.connectors.base import payload_key
 from omnistage.pipeline.coordinator import InputCoordinator, timeout_message
@@ -34,8 +36,7 @@ from omnistage.pipeline.messages import (
     SubmitRequest,
     ToStage,
 )
-from omnistage.pipeline.payload import Payload
-from omnistage.pipeline.processors import EdgeProcessor, get_processor
+from omnistage.pipeline.processors import get_processor
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`MtpProposer`: drafts from the checkpoint's own multi-token-prediction (MTP) layers.
 
-The MTP module (`models/qwen3_next.py: MultiTokenPredictor`) at position `p` takes
+The MTP module (`families/qwen3_next/model.py: MultiTokenPredictor`) at position `p` takes
 the target's final hidden state `h_p` and the embedding of the token at `p + 1`,
 and its logits predict the token at `p + 2`. Its attention layer has its own KV
 cache tensors but the target's block tables and slots (same block size and

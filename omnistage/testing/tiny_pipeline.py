@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from omnistage.models.generation import make_tiny_vocoder
+from omnistage.families.tiny_codec.vocoder import make_tiny_vocoder
 from omnistage.testing.tiny_models import make_checkpoint
 
 

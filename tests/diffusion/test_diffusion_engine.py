@@ -9,7 +9,7 @@ import torch
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.model import DiffusionInput, load_diffusion_model
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.testing.tiny_image import save_tiny_text_dit
+from omnistage.families.text_to_image.tiny import save_tiny_text_dit
 
 
 @pytest.fixture(scope="module")

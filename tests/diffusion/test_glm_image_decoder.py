@@ -18,16 +18,16 @@ import numpy as np
 import pytest
 import torch
 
-from omnistage.diffusion.glm_image import GlmImageDecoder
-from omnistage.diffusion.glm_image_checkpoint import (
+from omnistage.diffusion.model import DiffusionInput, load_diffusion_model
+from omnistage.diffusion.params import DiffusionParams
+from omnistage.families.glm_image.decoder import GlmImageDecoder
+from omnistage.families.glm_image.decoder_checkpoint import (
     PIPELINE_GUIDANCE,
     PIPELINE_MAX_SEQUENCE_LENGTH,
     PIPELINE_STEPS,
 )
-from omnistage.diffusion.glm_image_inputs import glyph_texts, prior_grids
-from omnistage.diffusion.model import DiffusionInput, load_diffusion_model
-from omnistage.diffusion.params import DiffusionParams
-from omnistage.testing.tiny_glm_image_decoder import (
+from omnistage.families.glm_image.decoder_inputs import glyph_texts, prior_grids
+from omnistage.families.glm_image.tiny_decoder import (
     PRIOR_VOCAB_SIZE,
     save_tiny_glm_image_decoder,
 )

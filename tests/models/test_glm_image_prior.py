@@ -23,8 +23,8 @@ import torch
 from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
-from omnistage.models.glm_image_prompt import GlmImagePriorPrompter
-from omnistage.testing.tiny_glm_image import IMAGE_START_ID, save_tiny_glm_image_prior
+from omnistage.families.glm_image.prior_prompt import GlmImagePriorPrompter
+from omnistage.families.glm_image.tiny import IMAGE_START_ID, save_tiny_glm_image_prior
 
 CASES = {  # name: (prompt, height, width)
     "wide": ("a red fox in the snow", 64, 96),

@@ -19,7 +19,7 @@ its last two rows carry the `tts_codec_pad` / `tts_codec_start` embeddings, whic
 transformers' talker adds itself whenever it is given an attention mask. transformers
 5.23's `GenerationMixin.generate` drops the all-ones mask of an unpadded request before
 the first forward, so its plain `generate` leaves them out (a bug; rows of a left-padded
-batch get them; see models/qwen25_omni_talker.py). The reference therefore hands the
+batch get them; see families/qwen25_omni/model.py). The reference therefore hands the
 talker's prefill forward the all-ones mask that `generate` dropped (`_talker_with_mask`),
 and the test checks that the prompt it fed `thinker_to_talker_proj` is our
 `codec_rows=True` prompt. The decode steps are untouched (transformers passes no mask
@@ -42,21 +42,21 @@ import pytest
 import torch
 
 from omnistage import SamplingParams
-from omnistage.models.generation import load_generation_model
-from omnistage.models.parts import PARTS
-from omnistage.models.qwen25_omni_talker import Qwen25TalkerSpecials, qwen25_talker_inputs
-from omnistage.pipeline.deploy import deploy_for_model, packaged_deploy_path
-from omnistage.pipeline.generation_stage import derived_seed
-from omnistage.pipeline.messages import SubmitRequest
-from omnistage.pipeline.omni import AsyncOmni, Omni
-from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
-from omnistage.testing.tiny_qwen25_omni_config import (
+from omnistage.families.qwen25_omni.model import Qwen25TalkerSpecials, qwen25_talker_inputs
+from omnistage.families.qwen25_omni.tiny import make_tiny_qwen25_omni
+from omnistage.families.qwen25_omni.tiny_config import (
     CODEBOOK_SIZE,
     CODEC_IDS,
     SAMPLE_RATE,
     SAMPLES_PER_CODE,
 )
-from omnistage.testing.tiny_qwen25_omni_processor import IM_END_ID
+from omnistage.families.qwen25_omni.tiny_processor import IM_END_ID
+from omnistage.models import registry
+from omnistage.models.generation import load_generation_model
+from omnistage.pipeline.deploy import deploy_for_model, packaged_deploy_path
+from omnistage.pipeline.generation_stage import derived_seed
+from omnistage.pipeline.messages import SubmitRequest
+from omnistage.pipeline.omni import AsyncOmni, Omni
 
 THINKER_TOKENS, TALKER_TOKENS, SEED = 8, 12, 11
 CHAT = [
@@ -233,7 +233,7 @@ def test_packaged_deploy_and_defaults(ckpt):
     }
     # The part ends at tts_codec_end, the deploy adds tts_codec_pad: generate's eos pair.
     real = Qwen2_5OmniConfig().talker_config
-    assert PARTS[("qwen2_5_omni", "talker")].eos_token_id == (
+    assert registry.part_spec("qwen2_5_omni", "talker").eos_token_id == (
         "talker_config",
         "tts_codec_end_token_id",
     )
@@ -305,7 +305,7 @@ def test_talker_codes_equal_transformers_and_sync_equals_async(
 def test_a_request_s_voice_reaches_the_talker_and_token2wav(ckpt, reference, omni_sync):
     """`voice` (any case; `spk_dict.pt` spells it "Ethan") is the talker's speaker bos row
     and token2wav's conditioning; an unknown one is refused before any stage runs."""
-    import omnistage.models.qwen25_omni_talker as talker_inputs
+    import omnistage.families.qwen25_omni.model as talker_inputs
 
     build = talker_inputs.qwen25_talker_inputs
     with mock.patch.object(talker_inputs, "qwen25_talker_inputs", wraps=build) as spy:
@@ -339,7 +339,7 @@ def _tiny_deploy(ckpt, **edge):
 def test_streamed_audio_equals_whole_payload_audio(ckpt, reference):
     """60 codes streamed (chunks 28, then 8) with 24 codes of context either side equal the
     whole-payload decode to float32 output rounding (the codes beyond a chunk's window still
-    move the DiT's mel a little, see models/qwen25_omni_token2wav.py; measured 6e-8 here).
+    move the DiT's mel a little, see families/qwen25_omni/token2wav.py; measured 6e-8 here).
     Each chunk brings exactly 480 samples per code it owns: the first 4 (28 minus the 24
     held back), then 8 per chunk, then the 24 held back when the talker ends."""
     params = {
@@ -404,7 +404,7 @@ def test_talker_engine_takes_thinker_width_rows(ckpt):
     runner lives in a worker process."""
     from omnistage.config import EngineConfig
     from omnistage.engine.llm_engine import LLMEngine
-    from omnistage.testing.tiny_qwen25_omni_config import HIDDEN, TALKER_HIDDEN
+    from omnistage.families.qwen25_omni.tiny_config import HIDDEN, TALKER_HIDDEN
 
     engine = LLMEngine(
         EngineConfig(

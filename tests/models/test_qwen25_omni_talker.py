@@ -26,10 +26,10 @@ import torch
 from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
-from omnistage.models.qwen25_omni_talker import Qwen25TalkerSpecials, qwen25_talker_inputs
-from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
-from omnistage.testing.tiny_qwen25_omni_config import CODEBOOK_SIZE, CODEC_IDS, TALKER_EOS_IDS
-from omnistage.testing.tiny_qwen25_omni_processor import IM_END_ID, SPEAKER_BOS
+from omnistage.families.qwen25_omni.model import Qwen25TalkerSpecials, qwen25_talker_inputs
+from omnistage.families.qwen25_omni.tiny import make_tiny_qwen25_omni
+from omnistage.families.qwen25_omni.tiny_config import CODEBOOK_SIZE, CODEC_IDS, TALKER_EOS_IDS
+from omnistage.families.qwen25_omni.tiny_processor import IM_END_ID, SPEAKER_BOS
 
 CHAT = [
     {"role": "system", "content": "You are a tiny test model."},

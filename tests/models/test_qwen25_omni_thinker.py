@@ -1,6 +1,6 @@
 """The Qwen2.5-Omni thinker (text in) on our hot path, against transformers' thinker.
 
-One checkpoint in the real layout (`omnistage.testing.tiny_qwen25_omni`); the stage
+One checkpoint in the real layout (`omnistage.families.qwen25_omni.tiny`); the stage
 loads only its part (`model_part="thinker"`: `thinker.model.*`, `thinker.lm_head.*`).
 For text-only input the thinker's three mrope rows are equal, so its rotary
 embedding reduces to ordinary RoPE (theta 1e6). transformers computes RMSNorm and
@@ -16,14 +16,14 @@ import torch
 from safetensors import safe_open
 
 from omnistage import LLM, SamplingParams
-from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
-from omnistage.testing.tiny_qwen25_omni_config import (
+from omnistage.families.qwen25_omni.tiny import make_tiny_qwen25_omni
+from omnistage.families.qwen25_omni.tiny_config import (
     CODEC_IDS,
     SPEAKER_COND_DIM,
     TALKER_VOCAB_SIZE,
     TTS_TEXT_IDS,
 )
-from omnistage.testing.tiny_qwen25_omni_processor import (
+from omnistage.families.qwen25_omni.tiny_processor import (
     IM_END_ID,
     SPEAKER_BOS,
     THINKER_VOCAB_SIZE,

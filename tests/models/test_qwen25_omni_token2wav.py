@@ -11,17 +11,17 @@ from unittest import mock
 import pytest
 import torch
 
-from omnistage.models.generation import GenerationItem, load_generation_model
-from omnistage.models.qwen25_omni_token2wav import DEFAULT_SEED, bigvgan_context
-from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
-from omnistage.testing.tiny_qwen25_omni_config import (
+from omnistage.families.qwen25_omni.tiny import make_tiny_qwen25_omni
+from omnistage.families.qwen25_omni.tiny_config import (
     CODEBOOK_SIZE,
     DIT_NUM_EMBEDS,
     SAMPLE_RATE,
     SAMPLES_PER_CODE,
     TALKER_EOS_IDS,
 )
-from omnistage.testing.tiny_qwen25_omni_processor import IM_END_ID
+from omnistage.families.qwen25_omni.tiny_processor import IM_END_ID
+from omnistage.families.qwen25_omni.token2wav import DEFAULT_SEED, bigvgan_context
+from omnistage.models.generation import GenerationItem, load_generation_model
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -24,15 +24,15 @@ from transformers import AutoModelForCausalLM
 from transformers.models.qwen3_next import modeling_qwen3_next as hf_next
 
 from omnistage import LLM, SamplingParams
-from omnistage.layers.forward_context import forward_context
-from omnistage.layers.recurrent_state import RecurrentMetadata
-from omnistage.models.causal_conv1d import causal_conv1d, causal_conv1d_step
-from omnistage.models.gated_delta_net import GatedDeltaNet
-from omnistage.models.gated_delta_rule import (
+from omnistage.families.qwen3_next.causal_conv1d import causal_conv1d, causal_conv1d_step
+from omnistage.families.qwen3_next.gated_delta_net import GatedDeltaNet
+from omnistage.families.qwen3_next.gated_delta_rule import (
     chunked_gated_delta_rule,
     l2_normalize,
     recurrent_gated_delta_rule,
 )
+from omnistage.layers.forward_context import forward_context
+from omnistage.layers.recurrent_state import RecurrentMetadata
 from omnistage.testing.tiny_models import tiny_config
 from omnistage.worker.recurrent import (
     allocate_recurrent_state,

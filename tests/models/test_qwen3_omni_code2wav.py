@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
+from omnistage.families.qwen3_omni.tiny_config import CODEBOOK_SIZE, NUM_CODE_GROUPS
 from omnistage.models.generation import GenerationItem, load_generation_model
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
-from omnistage.testing.tiny_qwen3_omni_config import CODEBOOK_SIZE, NUM_CODE_GROUPS
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,12 @@ import torch
 from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
-from omnistage.models.qwen3_omni_talker_prompt import Qwen3OmniTalkerPrompter
+from omnistage.families.qwen3_omni.talker_prompt import Qwen3OmniTalkerPrompter
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
+from omnistage.families.qwen3_omni.tiny_config import ACCEPT_HIDDEN_LAYER, NUM_CODE_GROUPS
+from omnistage.families.qwen3_omni.tiny_processor import IM_END_ID
 from omnistage.pipeline.omni import Omni
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni, tiny_qwen3_omni_deploy
-from omnistage.testing.tiny_qwen3_omni_config import ACCEPT_HIDDEN_LAYER, NUM_CODE_GROUPS
-from omnistage.testing.tiny_qwen3_omni_processor import IM_END_ID
+from omnistage.testing.tiny_deploys import tiny_qwen3_omni_deploy
 
 THINKER_TOKENS, TALKER_TOKENS = 8, 12
 CHAT = [

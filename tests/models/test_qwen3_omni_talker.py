@@ -14,7 +14,7 @@ import torch
 from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
 
 
 @pytest.fixture(scope="module")

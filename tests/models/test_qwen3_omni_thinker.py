@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from omnistage import LLM, SamplingParams
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
 
 PROMPTS = [[5, 17, 33, 9, 100], list(range(40, 77)), [7] * 3]
 

@@ -1,4 +1,4 @@
-"""The tiny Qwen3-Omni checkpoint (`omnistage.testing.tiny_qwen3_omni`) against transformers.
+"""The tiny Qwen3-Omni checkpoint (`omnistage.families.qwen3_omni.tiny`) against transformers.
 
 It loads as `Qwen3OmniMoeForConditionalGeneration`, and the reference
 `generate` writes text and audio from a text-only chat, deterministically.
@@ -32,8 +32,8 @@ import torch
 from safetensors import safe_open
 from transformers import AutoFeatureExtractor, AutoTokenizer, Qwen3OmniMoeForConditionalGeneration
 
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
-from omnistage.testing.tiny_qwen3_omni_config import (
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
+from omnistage.families.qwen3_omni.tiny_config import (
     ACCEPT_HIDDEN_LAYER,
     CODEBOOK_SIZE,
     CODEC_IDS,
@@ -41,7 +41,7 @@ from omnistage.testing.tiny_qwen3_omni_config import (
     SPEAKER_IDS,
     TALKER_VOCAB_SIZE,
 )
-from omnistage.testing.tiny_qwen3_omni_processor import IM_END_ID, THINKER_VOCAB_SIZE
+from omnistage.families.qwen3_omni.tiny_processor import IM_END_ID, THINKER_VOCAB_SIZE
 
 SAMPLES_PER_FRAME = 64  # product of code2wav upsampling_ratios and upsample_rates
 SAMPLES_DROPPED_PER_DECODE = 30  # trailing samples the causal transposed convs never emit

@@ -1,6 +1,6 @@
 """Audio and image input for the Qwen2.5-Omni thinker against transformers 5.23.
 
-On the float64 tiny checkpoint (`omnistage.testing.tiny_qwen25_omni`):
+On the float64 tiny checkpoint (`omnistage.families.qwen25_omni.tiny`):
 
 - the expanded prompt ids equal what `Qwen2_5OmniProcessor` produces (audio padded to
   the extractor's `n_samples`, `((f - 1) // 2 + 1 - 2) // 2 + 1` tokens for `f` valid mel
@@ -39,17 +39,17 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
+from omnistage.families.qwen3_omni.input_encoder import Qwen3OmniInputEncoder
+from omnistage.families.qwen25_omni.input_encoder import Qwen25OmniInputEncoder
+from omnistage.families.qwen25_omni.tiny import make_tiny_qwen25_omni
+from omnistage.families.qwen25_omni.tiny_processor import IM_END_ID
 from omnistage.multimodal import (
-    Qwen3OmniInputEncoder,
-    Qwen25OmniInputEncoder,
     check_input_modalities,
     input_encoder_class,
     load_input_encoder,
     render_model_chat,
     supported_input_modalities,
 )
-from omnistage.testing.tiny_qwen25_omni import make_tiny_qwen25_omni
-from omnistage.testing.tiny_qwen25_omni_processor import IM_END_ID
 from tests.multimodal.media_helpers import RATE
 from tests.multimodal.media_helpers import hf_thinker_embeds as _hf_embeds
 from tests.multimodal.media_helpers import random_audio as _audio
@@ -451,7 +451,7 @@ def test_image_question_talker_codes_equal_transformers(ckpt, encoder, processor
     assert len(set(codes["talker"])) > 3
 
     # The reference really rotated in 3-D, and our talker input carries those positions.
-    from omnistage.models.qwen25_omni_talker import Qwen25TalkerSpecials, qwen25_talker_inputs
+    from omnistage.families.qwen25_omni.model import Qwen25TalkerSpecials, qwen25_talker_inputs
 
     specials = Qwen25TalkerSpecials.from_checkpoint(ckpt, torch.float64)
     prompt_ids = ref["input_ids"][0].tolist()
@@ -472,8 +472,9 @@ def test_image_question_talker_codes_equal_transformers(ckpt, encoder, processor
 def test_text_and_audio_prompts_keep_plain_talker_positions(ckpt, encoder):
     """Without images the talker input has no 3-D positions (plain 1-D path), also when the
     thinker sends an empty grid list; the processor hands the grids on only when present."""
-    from omnistage.models.qwen25_omni_talker import Qwen25TalkerSpecials, qwen25_talker_inputs
-    from omnistage.pipeline.processors import IMAGE_GRID_KEY, get_processor
+    from omnistage.core.edge_processor import IMAGE_GRID_KEY
+    from omnistage.families.qwen25_omni.model import Qwen25TalkerSpecials, qwen25_talker_inputs
+    from omnistage.pipeline.processors import get_processor
 
     specials = Qwen25TalkerSpecials.from_checkpoint(ckpt, torch.float64)
     for chat in (_chat([]), AUDIO_CHAT):

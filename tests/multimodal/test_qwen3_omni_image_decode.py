@@ -36,10 +36,10 @@ from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.engine.llm_engine import LLMEngine
+from omnistage.families.qwen3_omni.input_encoder import Qwen3OmniInputEncoder
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
+from omnistage.families.qwen3_omni.tiny_config import ACCEPT_HIDDEN_LAYER
 from omnistage.layers.rotary import mrope_frequency_rows
-from omnistage.multimodal import Qwen3OmniInputEncoder
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
-from omnistage.testing.tiny_qwen3_omni_config import ACCEPT_HIDDEN_LAYER
 from omnistage.worker.sample_observer import SampleEvent, SampleObserver
 from tests.multimodal.media_helpers import RATE
 from tests.multimodal.media_helpers import random_audio as _audio

@@ -1,6 +1,6 @@
 """Audio and image input for the Qwen3-Omni thinker against transformers 5.23.
 
-On the float64 tiny checkpoint (`omnistage.testing.tiny_qwen3_omni`):
+On the float64 tiny checkpoint (`omnistage.families.qwen3_omni.tiny`):
 
 - the expanded prompt ids equal what `Qwen3OmniMoeProcessor` produces (and the audio
   token counts what `_get_feat_extract_output_lengths` gives for the mel frames);
@@ -42,14 +42,14 @@ from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import (
 from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
+from omnistage.families.qwen3_omni.input_encoder import Qwen3OmniInputEncoder
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
+from omnistage.families.qwen3_omni.tiny_processor import IM_END_ID
 from omnistage.multimodal import (
-    Qwen3OmniInputEncoder,
     check_input_modalities,
     mrope_positions,
     supported_input_modalities,
 )
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni
-from omnistage.testing.tiny_qwen3_omni_processor import IM_END_ID
 from tests.multimodal.media_helpers import RATE
 from tests.multimodal.media_helpers import hf_thinker_embeds as _hf_embeds
 from tests.multimodal.media_helpers import random_audio as _audio
@@ -379,7 +379,7 @@ def test_flat_preprocessor_config_of_hub_checkpoints(tmp_path, ckpt, encoder):
     """The Hub's Qwen3-Omni keeps both sub-processors in one flat preprocessor_config.json."""
     import shutil
 
-    from omnistage.testing.tiny_qwen3_omni_processor import (
+    from omnistage.families.qwen3_omni.tiny_processor import (
         FEATURE_EXTRACTOR_CONFIG,
         IMAGE_PROCESSOR_CONFIG,
     )

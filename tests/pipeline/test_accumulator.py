@@ -68,8 +68,8 @@ def test_stream_last_chunk_may_be_empty():
 
 
 def test_a_stage_set_value_rides_every_chunk_of_the_edges_that_collect_it():
-    from omnistage.pipeline.payload import validate_payload
-    from omnistage.pipeline.processors import IMAGE_GRID_KEY
+    from omnistage.core.edge_processor import IMAGE_GRID_KEY
+    from omnistage.core.payload import validate_payload
 
     grid = torch.tensor([[1, 4, 6]])
     acc = accumulator(edge("stream", "qwen3_omni_thinker_to_talker", chunk_size=1), edge("payload"))

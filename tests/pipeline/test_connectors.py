@@ -16,6 +16,7 @@ import msgspec
 import pytest
 import torch
 
+from omnistage.core.payload import PayloadError
 from omnistage.pipeline.connectors import (
     Connector,
     ConnectorHealth,
@@ -27,7 +28,6 @@ from omnistage.pipeline.connectors import (
     unlink_namespace,
 )
 from omnistage.pipeline.connectors.shm import namespace_segments
-from omnistage.pipeline.payload import PayloadError
 
 KINDS = ["inproc", "shm", "zmq"]
 EDGE = "talker->code2wav"

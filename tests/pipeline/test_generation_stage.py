@@ -107,7 +107,7 @@ def test_without_right_context_every_chunk_decodes_at_once(tiny_omni):
 
 def test_tiny_vocoder_audio_is_bit_identical_alone_and_among_others():
     """float32: an item's audio is the same whatever else is in the call (10 compositions)."""
-    from omnistage.models.generation import TinyCodeVocoder
+    from omnistage.families.tiny_codec.vocoder import TinyCodeVocoder
 
     torch.manual_seed(0)
     config = {"hidden_size": 32, "kernel_size": 3, "num_layers": 2, "vocab_size": 64}

@@ -10,8 +10,8 @@ import torch
 
 from omnistage import SamplingParams
 from omnistage.diffusion.params import DiffusionParams
+from omnistage.families.glm_image.tiny import make_tiny_glm_image
 from omnistage.pipeline.omni import Omni
-from omnistage.testing.tiny_glm_image import make_tiny_glm_image
 
 CASES = [('A sign that says "OPEN"', 64, 96), ("a cat on a mat", 96, 64)]
 STEPS, GUIDANCE, SEED = 2, 1.5, 7

@@ -15,9 +15,10 @@ from PIL import Image
 from omnistage import SamplingParams
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.entrypoints import cli
+from omnistage.families.text_to_image.tiny import make_tiny_image_pipeline
 from omnistage.pipeline.omni import AsyncOmni, Omni
 from omnistage.pipeline.recaption import split_thought
-from omnistage.testing.tiny_image import make_tiny_image_pipeline, tiny_image_deploy
+from omnistage.testing.tiny_deploys import tiny_image_deploy
 
 PROMPTS = ["a red cat", "a blue dog on a hill", "two birds", "a house at night"]
 SMALL = DiffusionParams(height=32, width=32, num_inference_steps=2)

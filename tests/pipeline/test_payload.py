@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omnistage.pipeline.payload import (
+from omnistage.core.payload import (
     PAYLOAD_SCHEMA,
     KeySpec,
     PackedPayload,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from omnistage import SamplingParams
+from omnistage.core.payload import pack_payload
 from omnistage.pipeline.omni import Omni
-from omnistage.pipeline.payload import pack_payload
 from omnistage.testing.tiny_pipeline import tiny_pipeline_deploy
 
 PROMPTS = ["hello world", "abc", "the quick brown fox jumps", "x" * 40, "omni", "stage by stage"]
@@ -86,7 +86,7 @@ def test_payloads_stay_identical_under_chunked_prefill_and_preemption(tiny_omni)
     same in both modes. The hidden states agree to float64 rounding only: the two modes
     preempt at different steps (async counts in-flight tokens when it reserves blocks),
     so the same positions are computed in differently shaped batches."""
-    from omnistage.pipeline.payload import unpack_payload
+    from omnistage.core.payload import unpack_payload
 
     prompts = [f"{i} " + "lorem ipsum dolor sit amet " * (1 + i % 4) for i in range(12)]
     tight = {
@@ -143,7 +143,7 @@ def test_every_connector_gives_the_same_outputs(tiny_omni, sync_stream, connecto
 
 
 def test_stream_chunks_follow_first_chunk_size_then_chunk_size(tiny_omni, sync_stream):
-    from omnistage.pipeline.payload import unpack_payload
+    from omnistage.core.payload import unpack_payload
 
     _, payloads, _ = sync_stream
     chunks = [
@@ -220,7 +220,7 @@ def test_bad_input_inside_a_stage_fails_only_that_request(tiny_omni):
 
 def test_hidden_states_payload_matches_the_thinker_forward(tiny_omni, sync_stream):
     """The talker's prompt embeddings are exactly the thinker's final hidden states."""
-    from omnistage.pipeline.payload import unpack_payload
+    from omnistage.core.payload import unpack_payload
 
     _, payloads, _ = sync_stream
     payload = unpack_payload(payloads[(0, "thinker->talker", 0)])

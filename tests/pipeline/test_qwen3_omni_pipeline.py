@@ -25,8 +25,9 @@ import pytest
 import torch
 
 from omnistage import SamplingParams
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
 from omnistage.pipeline.omni import AsyncOmni, Omni
-from omnistage.testing.tiny_qwen3_omni import make_tiny_qwen3_omni, tiny_qwen3_omni_deploy
+from omnistage.testing.tiny_deploys import tiny_qwen3_omni_deploy
 
 PROMPTS = [
     "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n",
@@ -179,7 +180,7 @@ def test_an_image_question_gets_the_engine_s_answer_through_the_pipeline(ckpt):
     transformers); through the pipeline it answers exactly as the engine does directly."""
     from omnistage.config import EngineConfig
     from omnistage.engine.llm_engine import LLMEngine
-    from omnistage.multimodal import Qwen3OmniInputEncoder
+    from omnistage.families.qwen3_omni.input_encoder import Qwen3OmniInputEncoder
 
     image = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
     messages = [

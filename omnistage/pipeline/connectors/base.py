@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from omnistage.pipeline.payload import Payload
+from omnistage.core.payload import Payload
 
 DEFAULT_TIMEOUT_S = 30.0
 # No "_": shared-memory segment names are "omni_{namespace}_...", and a prefix must not match

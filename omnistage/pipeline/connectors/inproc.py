@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from omnistage.core.payload import Payload, pack_payload, unpack_payload
 from omnistage.pipeline.connectors.base import (
     Connector,
     ConnectorHealth,
@@ -22,7 +23,6 @@ from omnistage.pipeline.connectors.base import (
     gone_error,
     parse_payload_key,
 )
-from omnistage.pipeline.payload import Payload, pack_payload, unpack_payload
 
 
 class _Store:

@@ -33,6 +33,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
+from omnistage.core.payload import PackedPayload, Payload, unpack_payload
 from omnistage.pipeline.connectors.base import (
     Connector,
     ConnectorHealth,
@@ -41,7 +42,6 @@ from omnistage.pipeline.connectors.base import (
     gone_error,
     parse_payload_key,
 )
-from omnistage.pipeline.payload import PackedPayload, Payload, unpack_payload
 
 SHM_DIR = "/dev/shm"
 

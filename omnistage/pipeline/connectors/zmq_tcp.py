@@ -26,6 +26,7 @@ from typing import Any
 
 import zmq
 
+from omnistage.core.payload import Payload, pack_payload, unpack_payload
 from omnistage.pipeline.connectors.base import (
     Connector,
     ConnectorHealth,
@@ -34,7 +35,6 @@ from omnistage.pipeline.connectors.base import (
     gone_error,
     parse_payload_key,
 )
-from omnistage.pipeline.payload import Payload, pack_payload, unpack_payload
 
 _OK, _MISSING, _GONE = b"ok", b"missing", b"gone"
 _START_TIMEOUT_S = 10.0

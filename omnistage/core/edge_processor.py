@@ -1,0 +1,116 @@
+"""The edge processor contract: how one stage's output becomes the next stage's input.
+
+A deploy file names a processor per edge (`processor: hidden_to_embeds`). A
+processor declares, for the producer, which payload keys to accumulate and
+how (`CONCAT` along dim 0, or `REPLACE` with the latest value), and, for the
+consumer, how a received payload (or, for `prompt` edges, the producer's
+final text and tokens) becomes the consumer's input:
+
+- AR consumers get a `StageInput` (prompt ids, optional prompt embeddings).
+- Generation consumers get the payload's `input_key` tensor (e.g. codes).
+
+The generic processors live in `omnistage/pipeline/processors.py`; a family's
+own (a thinker feeding its talker) live in its folder and subclass these.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from omnistage.core.payload import Payload
+from omnistage.core.stage_input import StageInput
+
+CODES_KEY = "codes.output"
+IMAGE_GRID_KEY = "mm.image_grid_thw"
+"""The `[images, 3]` patch grids of a prompt with images (set by the stage that encoded it)."""
+
+
+class Accumulate(enum.Enum):
+    CONCAT = "concat"
+    """Append each step's rows along dim 0 (per position for hidden states)."""
+    REPLACE = "replace"
+    """Keep only the latest value."""
+
+
+@dataclass
+class UpstreamResult:
+    """A producer's final output, as the orchestrator saw it (for `prompt` edges)."""
+
+    text: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    producer_model: str | None = None
+    """The producer stage's checkpoint directory (for processors that need its tokenizer)."""
+
+
+class EdgeProcessor:
+    """Base class: subclasses set `name`, `accumulate` and the conversions they support.
+
+    Processors are stateless; the class attributes are the declaration."""
+
+    name: ClassVar[str] = ""
+    accumulate: ClassVar[Mapping[str, Accumulate]] = {}
+    """Producer side: the payload keys to collect for this edge, and how."""
+    stream_key: ClassVar[str | None] = None
+    """The CONCAT key whose rows are counted for stream chunks."""
+    input_key: ClassVar[str | None] = None
+    """For generation consumers: the payload key holding the model input."""
+    reads_text: ClassVar[bool] = False
+    """`prompt` edges: the consumer's prompt is built from the producer's text (so the
+    producer detokenizes; see `stage_writes_text`)."""
+
+    def bind_consumer(self, engine: Any) -> None:
+        """Called once by the consuming AR stage with its engine (processors that need the
+        consumer's weights or tokenizer load them here)."""
+
+    def to_prompt(self, upstream: UpstreamResult) -> StageInput:
+        raise ValueError(f"edge processor {self.name!r} does not support transfer: prompt")
+
+    def to_input(self, payload: Payload, voice: str | None = None) -> StageInput:
+        """Into an AR stage: its input from the producer's payload. `voice`: the request's
+        speaker (`SubmitRequest.voice`, already validated), for processors that build a
+        talker's input; others ignore it (None: the model's default)."""
+        raise ValueError(f"edge processor {self.name!r} does not build AR inputs from payloads")
+
+    def to_conditioning(
+        self, payload: Payload, last: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Stream into an AR stage: a later chunk's rows, one per position it generates, and
+        with the `last` chunk the fill row of every position after them (or None)."""
+        raise ValueError(f"edge processor {self.name!r} does not stream into ar stages")
+
+    def to_prior_tokens(self, payload: Payload) -> torch.Tensor:
+        """Into a diffusion stage: the tokens the producer generated that condition the
+        image (GLM-Image's prior tokens)."""
+        raise ValueError(f"edge processor {self.name!r} does not feed diffusion stages")
+
+
+class ThinkerToTalker(EdgeProcessor):
+    """What the omni thinker -> talker edges share: the thinker's prompt, reply, per-position
+    rows and image grids are collected; the talker input a model builds from them becomes
+    the stage input."""
+
+    accumulate = {
+        "ids.prompt": Accumulate.REPLACE,
+        "ids.output": Accumulate.CONCAT,
+        "hidden_states.output": Accumulate.CONCAT,
+        IMAGE_GRID_KEY: Accumulate.REPLACE,
+    }
+    stream_key = "ids.output"
+
+
+def talker_stage_input(talker: Any) -> StageInput:
+    """A model's talker input (prompt ids and embeddings, conditioning rows and fill, 3-D
+    positions) as the stage input it starts the request from."""
+    return StageInput(
+        prompt_token_ids=talker.prompt_token_ids,
+        prompt_embeds=talker.prompt_embeds,
+        conditioning=talker.conditioning,
+        conditioning_fill=talker.fill,
+        mm_decoder_inputs=talker.mm_decoder_inputs,
+    )
