@@ -9,6 +9,9 @@ import torch.nn.functional as F
 from omnistage import kernels
 from omnistage.kernels import work_sharing
 from omnistage.layers import attention as A
+from omnistage.layers import cpu_attention
+
+CPU = cpu_attention.CpuKernelAttention()
 
 KERNEL_SHAPES = [
     dict(heads=8, kv_heads=2),
@@ -83,7 +86,7 @@ def test_c_kernel_matches_dense_reference(seed, shape):
     if lib is None:
         pytest.skip("no C compiler on this machine")
     q, cache, meta = make_case(seed=seed, **shape)
-    out = A._decode_kernel(lib, q, cache, meta, 0.125)
+    out = cpu_attention.decode_kernel(lib, q, cache, meta, 0.125)
     torch.testing.assert_close(out, dense_reference(q, cache, meta, 0.125), atol=1e-5, rtol=1e-4)
 
 
@@ -94,7 +97,7 @@ def test_c_kernel_generic_loops_match_dense_reference(shape):
     if lib is None:
         pytest.skip("no C compiler on this machine")
     q, cache, meta = make_case(seed=4, **shape)
-    out = A._decode_kernel(lib, q, cache, meta, 0.125)
+    out = cpu_attention.decode_kernel(lib, q, cache, meta, 0.125)
     torch.testing.assert_close(out, dense_reference(q, cache, meta, 0.125), atol=1e-5, rtol=1e-4)
 
 
@@ -107,14 +110,14 @@ def test_c_kernel_shares_work_between_threads(monkeypatch, torch_threads):
     if lib is None:
         pytest.skip("no C compiler on this machine")
     q, cache, meta = make_case(batch=97, seed=5)
-    alone = A._decode_kernel(lib, q, cache, meta, 0.125)
-    monkeypatch.setattr(A, "PARALLEL_DECODE_WORK", 0)
+    alone = cpu_attention.decode_kernel(lib, q, cache, meta, 0.125)
+    monkeypatch.setattr(cpu_attention, "PARALLEL_DECODE_WORK", 0)
     before = torch.get_num_threads()
     torch.set_num_threads(torch_threads)
     work_sharing.set_num_threads(4)
     try:
         for _ in range(20):
-            assert torch.equal(A._decode_kernel(lib, q, cache, meta, 0.125), alone)
+            assert torch.equal(cpu_attention.decode_kernel(lib, q, cache, meta, 0.125), alone)
     finally:
         torch.set_num_threads(before)
         work_sharing.set_num_threads(work_sharing.available_cores())
@@ -159,9 +162,33 @@ def test_engine_tokens_same_with_and_without_c_kernels(tiny_llama, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_a_cpu_kv_cache_is_zeroed_writable_and_its_own(dtype):
-    a = A.allocate_kv_cache(64, 16, 2, 8, dtype, torch.device("cpu"))
-    b = A.allocate_kv_cache(64, 16, 2, 8, dtype, torch.device("cpu"))
+    a = A.allocate_kv_cache(64, 16, 2, 8, dtype, torch.device("cpu"), CPU)
+    b = A.allocate_kv_cache(64, 16, 2, 8, dtype, torch.device("cpu"), CPU)
     assert a.shape == (2, 2, 64, 16, 8) and a.dtype == dtype and a.is_contiguous()
     assert not a.any()
     a[1, 1, 63, 15] = 3.0
     assert a[1, 1, 63, 15].eq(3.0).all() and not b.any()
+
+
+def test_the_platform_chooses_the_backend_models_attend_through(monkeypatch):
+    """Models call `attend`; the step's metadata carries the platform's backend: the CPU
+    platform's runs the C kernel, the portable one (other platforms) torch, same answer."""
+    from omnistage.platforms import platform_for
+
+    assert platform_for("cpu").attention_backend.name == "cpu"
+    lib = kernels.load()
+    if lib is None:
+        pytest.skip("no C compiler on this machine")
+    q, cache, meta = make_case(seed=5)
+    kernel_calls = []
+    real = cpu_attention.decode_kernel
+    monkeypatch.setattr(
+        cpu_attention, "decode_kernel", lambda *a: kernel_calls.append(1) or real(*a)
+    )
+    meta.backend = platform_for("cpu").attention_backend
+    on_cpu = A.attend(q, q, q, cache, meta, 0.125)
+    assert kernel_calls == [1]
+    meta.backend = A.TORCH_ATTENTION
+    portable = A.attend(q, q, q, cache, meta, 0.125)
+    assert kernel_calls == [1]
+    torch.testing.assert_close(on_cpu, portable, atol=1e-5, rtol=1e-4)

@@ -83,7 +83,13 @@ def build_runner(
     blocks = num_kv_blocks(config, block_bytes)
     kv_caches = [
         allocate_kv_cache(
-            blocks, config.block_size, model.num_kv_heads, model.head_dim, dtype, platform.device
+            blocks,
+            config.block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            dtype,
+            platform.device,
+            platform.attention_backend,
         )
         for _ in range(model.num_attention_layers)
     ]
@@ -117,9 +123,10 @@ def build_runner(
         output_hidden_states=config.output_hidden_states,
         speculative=config.speculative,
         proposer=build_proposer(
-            config, draft, blocks, platform.device, mtp_target=model if mtp is not None else None
+            config, draft, blocks, platform, mtp_target=model if mtp is not None else None
         ),
         recurrent_states=states,
+        attention_backend=platform.attention_backend,
     )
     runner.num_kv_blocks = blocks
     runner.startup_phases = phases.seconds

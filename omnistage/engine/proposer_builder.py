@@ -7,8 +7,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
-
 from omnistage.config import EngineConfig, parse_dtype
 from omnistage.engine.model_builder import build_model, model_max_len
 from omnistage.layers.attention import allocate_kv_cache
@@ -69,12 +67,12 @@ def build_proposer(
     config: EngineConfig,
     draft: CausalLM | None,
     blocks: int,
-    device: torch.device,
+    platform: Any,
     mtp_target: CausalLM | None = None,
 ) -> Any:
     """The drafts' proposer of the configured speculative method (None: no speculation):
     `draft` is the draft model of draft_model, `mtp_target` the target holding the MTP
-    module of mtp."""
+    module of mtp; their KV caches are allocated as `platform` does."""
     spec = config.speculative
     if spec is None:
         return None
@@ -84,7 +82,13 @@ def build_proposer(
         assert draft is not None  # loaded for this method
         kv_caches = [
             allocate_kv_cache(
-                blocks, config.block_size, draft.num_kv_heads, draft.head_dim, draft.dtype, device
+                blocks,
+                config.block_size,
+                draft.num_kv_heads,
+                draft.head_dim,
+                draft.dtype,
+                platform.device,
+                platform.attention_backend,
             )
             for _ in range(draft.num_attention_layers)
         ]
@@ -93,7 +97,13 @@ def build_proposer(
         mtp = mtp_target.mtp
         kv_caches = [
             allocate_kv_cache(
-                blocks, config.block_size, mtp.num_kv_heads, mtp.head_dim, mtp_target.dtype, device
+                blocks,
+                config.block_size,
+                mtp.num_kv_heads,
+                mtp.head_dim,
+                mtp_target.dtype,
+                platform.device,
+                platform.attention_backend,
             )
             for _ in range(mtp.num_attention_layers)
         ]

@@ -1,4 +1,4 @@
-"""Attention over the paged KV cache, in plain torch (the CPU backend).
+"""Attention over the paged KV cache: the interface models call, and its torch paths.
 
 Layout: one tensor per layer, `[2, kv_heads, num_blocks, block_size, head_dim]`
 (keys, values), heads outermost, so gathering a request's blocks yields keys
@@ -22,21 +22,13 @@ The step's requests come in two groups (`AttentionMetadata`):
 
 from __future__ import annotations
 
-import math
-import mmap
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from omnistage import kernels
-from omnistage.kernels import work_sharing
+from omnistage.layers.attention_backend import TORCH_ATTENTION, AttentionBackend
 from omnistage.layers.recurrent_state import RecurrentMetadata
-
-PARALLEL_DECODE_WORK = 16384
-"""Context tokens x KV heads of a decode step from which its attention kernel runs on
-several threads (below, waking a helper costs more than it saves)."""
 
 
 @dataclass
@@ -69,6 +61,8 @@ class AttentionMetadata:
     _bias_cache: dict = field(default_factory=dict)
     recurrent: RecurrentMetadata | None = None
     """Models with recurrent layers: the step's state slots (worker/recurrent.py)."""
+    backend: AttentionBackend = TORCH_ATTENTION
+    """The platform's attention backend (`layers/attention_backend.py`)."""
 
     def decode_bias(self, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask [kv_heads * num_decodes, 1, L] (0 or -inf), built once per step."""
@@ -90,24 +84,10 @@ def allocate_kv_cache(
     head_dim: int,
     dtype: torch.dtype,
     device: torch.device,
+    backend: AttentionBackend = TORCH_ATTENTION,
 ) -> torch.Tensor:
-    """A zeroed cache: padded slots are masked, and 0 * (masked garbage) must never be NaN.
-
-    On CPU the zeros come from an anonymous `mmap`, so the OS hands out zero pages
-    lazily: a 1 GiB cache costs nothing until blocks are written, where `torch.zeros`
-    would touch every page at start-up (seconds on this machine). Not numpy's
-    allocator: it advises huge pages for large arrays, and the first write into each
-    2 MB region (one per layer, k/v and KV head) then waits for the kernel to find and
-    zero a huge page: 0.25-0.4 s in a first step of SmolLM2 where 4 KB pages take
-    0.01 s, with decode speed unchanged (measured at batch 1 and 32).
-    """
-    shape = (2, kv_heads, num_blocks, block_size, head_dim)
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    elem = torch.empty((), dtype=dtype).element_size()
-    nbytes = elem * math.prod(shape)
-    pages = mmap.mmap(-1, max(nbytes, 1))
-    return torch.frombuffer(pages, dtype=torch.uint8, count=nbytes).view(dtype).view(shape)
+    """A zeroed cache in this module's layout, allocated as the platform's backend does."""
+    return backend.allocate_kv_cache((2, kv_heads, num_blocks, block_size, head_dim), dtype, device)
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -127,32 +107,10 @@ def rope_and_write_kv(
     meta: AttentionMetadata,
     heads: int,
 ) -> bool:
-    """Rotate q and k in place inside `qkv` and write k, v to the cache with the C kernel.
-
-    Returns False (having done nothing) where the kernel does not apply; the
-    caller then rotates and calls `write_kv` itself.
-    """
-    if qkv.dtype != torch.float32 or qkv.device.type != "cpu" or not qkv.is_contiguous():
-        return False
-    lib = kernels.load()
-    if lib is None:
-        return False
-    _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
-    lib.rope_write_kv_f32(
-        qkv.data_ptr(),
-        qkv.shape[0],
-        heads,
-        kv_heads,
-        head_dim,
-        positions.data_ptr(),
-        cos.data_ptr(),
-        sin.data_ptr(),
-        kv_cache.data_ptr(),
-        num_blocks * block_size,
-        meta.slot_mapping.data_ptr(),
-        torch.get_num_threads(),
-    )
-    return True
+    """Rotate q and k in place inside `qkv` and write k, v to the cache in one call of the
+    platform's backend. Returns False (having done nothing) where the backend has none;
+    the caller then rotates and calls `write_kv` itself."""
+    return meta.backend.rope_and_write_kv(qkv, positions, cos, sin, kv_cache, meta, heads)
 
 
 def attend(
@@ -199,43 +157,10 @@ def _gather(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tens
 def _decode(
     q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """One query token per request: the C kernel reads the blocks in place where it can."""
-    if q.dtype == torch.float32 and q.device.type == "cpu":
-        lib = kernels.load()
-        _, kv_heads, _, block_size, head_dim = kv_cache.shape
-        if lib is not None and lib.paged_decode_limits_ok(
-            q.shape[1] // kv_heads, block_size, head_dim
-        ):
-            return _decode_kernel(lib, q, kv_cache, meta, scale)
-    return _decode_torch(q, kv_cache, meta, scale)
-
-
-def _decode_kernel(
-    lib: Any, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-) -> torch.Tensor:
-    q = q.contiguous()
-    out = torch.empty_like(q)
-    table = meta.decode_block_table
-    _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
-    work_sharing.run(
-        lib.paged_decode_attention_f32,
-        lib.paged_decode_attention_f32_team,
-        q.data_ptr(),
-        kv_cache.data_ptr(),
-        table.data_ptr(),
-        meta.decode_seq_lens.data_ptr(),
-        out.data_ptr(),
-        q.shape[0],
-        q.shape[1],
-        kv_heads,
-        head_dim,
-        num_blocks,
-        block_size,
-        table.shape[1],
-        scale,
-        parallel=meta.decode_context_tokens * kv_heads >= PARALLEL_DECODE_WORK,
-    )
-    return out
+    """One query token per request: the platform's backend where it has a kernel, else
+    the torch path."""
+    out = meta.backend.decode(q, kv_cache, meta, scale)
+    return out if out is not None else _decode_torch(q, kv_cache, meta, scale)
 
 
 def _decode_torch(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from omnistage.layers.cpu_attention import CpuKernelAttention
 from omnistage.platforms.cpu_linear import pack_linears
 from omnistage.platforms.interface import Platform
 from omnistage.worker.model_runner import ModelRunner
@@ -16,6 +17,7 @@ class CPUModelRunner(ModelRunner):
 class CpuPlatform(Platform):
     name = "cpu"
     runner_class = CPUModelRunner
+    attention_backend = CpuKernelAttention()
 
     def __init__(self) -> None:
         self.device = torch.device("cpu")

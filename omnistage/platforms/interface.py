@@ -1,10 +1,12 @@
-"""`Platform`: what differs between devices — the device, the runner class, threads."""
+"""`Platform`: what differs between devices — the device, the runner class, the attention
+backend, threads."""
 
 from __future__ import annotations
 
 import torch
 
 from omnistage.kernels import work_sharing
+from omnistage.layers.attention_backend import TORCH_ATTENTION, AttentionBackend
 from omnistage.worker.model_runner import ModelRunner
 
 SMALL_HIDDEN_SIZE = 256
@@ -19,6 +21,8 @@ class Platform:
     name: str = "base"
     device: torch.device
     runner_class: type[ModelRunner] = ModelRunner
+    attention_backend: AttentionBackend = TORCH_ATTENTION
+    """The paged attention's KV allocation and kernels (`layers/attention_backend.py`)."""
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Device-specific preparation after weights are loaded (weight packing, graphs)."""

@@ -38,6 +38,7 @@ import torch
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
+from omnistage.layers.attention_backend import TORCH_ATTENTION, AttentionBackend
 from omnistage.layers.forward_context import forward_context
 from omnistage.layers.recurrent_state import RecurrentLayerState
 from omnistage.models.base import CausalLM
@@ -70,6 +71,7 @@ class ModelRunner:
         speculative: SpeculativeConfig | None = None,
         proposer: Proposer | None = None,
         recurrent_states: list[RecurrentLayerState] | None = None,
+        attention_backend: AttentionBackend = TORCH_ATTENTION,
     ) -> None:
         if speculative is not None and (model.num_token_codes > 0 or output_hidden_states):
             raise ValueError(
@@ -87,7 +89,9 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         self.recurrent = RecurrentSlots(max_num_reqs) if model.has_recurrent_state else None
         """State slots of the requests held (models with recurrent layers), by request id."""
-        self.step_inputs = StepInputBuilder(self.batch, block_size, device, self.recurrent)
+        self.step_inputs = StepInputBuilder(
+            self.batch, block_size, device, self.recurrent, attention_backend
+        )
         self.embeds = InputEmbeds(model, self.batch, device)
         self.sampling = SamplingDispatch(model, device, stage_transitions)
         self.busy_seconds = 0.0

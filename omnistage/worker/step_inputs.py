@@ -18,6 +18,7 @@ import torch
 
 from omnistage.core.sched_output import SchedulerOutput
 from omnistage.layers.attention import AttentionMetadata
+from omnistage.layers.attention_backend import TORCH_ATTENTION, AttentionBackend
 from omnistage.worker.flat_layout import FlatLayout, build_flat_layout
 from omnistage.worker.input_batch import InputBatch, RequestState
 from omnistage.worker.recurrent import RecurrentSlots
@@ -50,8 +51,11 @@ class StepInputBuilder:
         block_size: int,
         device: torch.device,
         recurrent: RecurrentSlots | None,
+        attention_backend: AttentionBackend = TORCH_ATTENTION,
     ) -> None:
         self.batch = batch
+        self.attention_backend = attention_backend
+        """The platform's attention backend, carried by every pass's attention metadata."""
         self.block_size = block_size
         self.device = device
         self.recurrent = recurrent
@@ -115,9 +119,11 @@ class StepInputBuilder:
     def flat_layout(self, rows: np.ndarray, start: np.ndarray, n: np.ndarray) -> FlatLayout:
         """The layout of a pass over `n[i]` tokens of row `rows[i]` from position `start[i]`
         (the step's, or a draft model's / MTP layer's pass over the same blocks)."""
-        return build_flat_layout(
+        layout = build_flat_layout(
             self.batch.block_table, self.block_size, self.device, rows, start, n
         )
+        layout.attn.backend = self.attention_backend
+        return layout
 
     def _place_drafts(
         self, so: SchedulerOutput, counts: np.ndarray, computed: np.ndarray
