@@ -1,11 +1,13 @@
-"""Quantized linear layers: the C kernels on GGUF blocks against gguf's dequantizers.
+"""Quantized linear layers: the float32 path's C kernels on GGUF blocks against gguf's
+dequantizers.
 
 Reference: `gguf.quants.dequantize` (the gguf package's numpy code) and a
-float64 matmul. The kernels dequantize W to float32 tile by tile and multiply
-float32 activations (no activation quantization), so the only difference from
-the reference is float32 rounding in the sums: about 1e-6 of the output's
-scale for these K. TOL is 2e-5 of it. llama.cpp-style kernels, which quantize
-x to 8 bits per block of 32, land about 5e-3 of the scale away and would fail.
+float64 matmul. The float32 path (`activations="float32"`, which every test here
+uses) dequantizes W to float32 tile by tile and multiplies float32 activations,
+so the only difference from the reference is float32 rounding in the sums: about
+1e-6 of the output's scale for these K. TOL is 2e-5 of it. The int8 path (the
+default for most types), which quantizes x to 8 bits per block of 32 as llama.cpp
+does, lands about 5e-3 of the scale away: test_quant_int8.py tests it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ N_ODD = 37  # not a multiple of the kernels' 4-row tiles nor of their 16-row uni
 
 lib = kernels.load_quant()
 needs_kernels = pytest.mark.skipif(lib is None, reason="no C compiler on this machine")
+
+
+@pytest.fixture(autouse=True)
+def float_path(monkeypatch):
+    """Layers built in these tests take the float32 path."""
+    monkeypatch.setenv(QL.ACTIVATIONS_ENV, "float32")
 
 
 def isa_param(name):

@@ -10,8 +10,8 @@ Two libraries:
 - `load()`: attention, rotary and RMSNorm kernels, `cc -O3 -march=native -fopenmp` and
   -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
   whose start-up code would flush subnormals for the whole process;
-- `load_quant()`: matrix products on GGUF-quantized weights
-  (`quant_matmul.c`), built for the baseline of the architecture, without
+- `load_quant()`: matrix products on GGUF-quantized weights (`quant_*.c`, one
+  file per concept, `quant_blocks.h` says which), built for the baseline of the architecture, without
   -march=native: it picks AVX-512, AVX2 or portable loops at run time from its
   `isa` argument, so every path can be run (and tested) on one machine. Not
   -ffast-math either (which would flush subnormals for the whole process):
@@ -38,7 +38,19 @@ logger = logging.getLogger("omnistage")
 _SOURCES = [
     Path(__file__).with_name(n) for n in ("paged_attention.c", "rope_cache.c", "rms_norm.c")
 ]
-_QUANT_SOURCES = [Path(__file__).with_name("quant_matmul.c")]
+_QUANT_SOURCES = [
+    Path(__file__).with_name(n)
+    for n in (
+        "quant_dequant.c",
+        "quant_epilogue.c",
+        "quant_matmul.c",
+        "quant_act8.c",
+        "quant_dot8.c",
+        "quant_matmul_q8.c",
+    )
+]
+_HEADERS = sorted(Path(__file__).parent.glob("*.h"))
+"""Headers the sources include: part of the cache key, not of the command line."""
 _DISABLE_ENV = "OMNISTAGE_DISABLE_C_KERNELS"
 _FAST_MATH = (
     "-fno-math-errno",
@@ -131,6 +143,9 @@ def load_quant() -> ctypes.CDLL | None:
     signatures = {
         "quant_matmul_f32": (None, [*matmul_args, ptr]),  # + the shared work counter
         "quant_matmul_f32_team": (None, [*matmul_args, i32]),  # + the team's threads
+        "quant_matmul_q8": (None, [*matmul_args, ptr]),  # the int8 path, as the f32 one
+        "quant_matmul_q8_team": (None, [*matmul_args, i32]),
+        "quant_q8_isa": (i32, [i32]),  # the level the int8 path runs for an `isa`
         # w, N, K, type, rows (or NULL), n_rows, out, isa
         "quant_dequantize_rows_f32": (i32, [ptr, i64, i64, i32, ptr, i64, ptr, i32]),
         "quant_block_elems": (i32, [i32]),
@@ -154,7 +169,7 @@ def _compiled(name: str, sources: list[Path], flags: tuple[str, ...]) -> ctypes.
     if compiler is None:
         logger.info("no C compiler found: using the pure-torch path instead of %s", name)
         return None
-    source = b"".join(p.read_bytes() for p in sources) + " ".join(flags).encode()
+    source = b"".join(p.read_bytes() for p in [*sources, *_HEADERS]) + " ".join(flags).encode()
     key = hashlib.sha256(source + compiler.encode() + _cpu_fingerprint().encode()).hexdigest()[:16]
     target = cache_root() / "kernels" / key / name
     if not target.exists():

@@ -6,17 +6,25 @@ as a uint8 tensor [N, row_bytes], so resident weight memory is the file's size
 and a batch-1 decode step reads the packed bytes instead of float32 (SmolLM2-
 135M: 85 MB per token instead of 540 MB).
 
-Products run in `kernels/quant_matmul.c`: a tile of W dequantized to float32
-in registers or L1 against float32 activations, so the result is the float32
-product with the dequantized weight up to summation order (no activation
-quantization). Where that kernel does not apply — no C compiler, a ggml type
-it does not know, an input that is not float32 on the CPU — the weight is
-dequantized for the call and `F.linear` runs instead (slow, for tests and
-fallbacks; `dequantize()` is also what float-dtype loading uses).
+Products run in the C kernels, on one of two paths (`activations`):
+- "int8" (the default for `INT8_TYPES`): each row of x is quantized to 8 bits per
+  32-block and multiplied by integer dot products (`kernels/quant_matmul_q8.c`, as
+  llama.cpp): ~0.3 % of the output scale from the float32 product with the
+  dequantized weight (`INT8_TOLERANCE`), bit for bit the same on every instruction
+  set;
+- "float32": W dequantized to float32 in registers or L1 against float32
+  activations (`kernels/quant_matmul.c`), the float32 product up to summation
+  order (~1e-6 of the output scale).
+Both are batch-invariant: a row's output is the same alone or in any batch.
+Where no kernel applies — no C compiler, a ggml type it does not know, an input
+that is not float32 on the CPU — the weight is dequantized for the call and
+`F.linear` runs instead (slow, for tests and fallbacks; `dequantize()` is also
+what float-dtype loading uses).
 
-`OMNISTAGE_QUANT_ISA` (`scalar`, `avx2`, `avx512`), read when a layer is built,
-caps the instruction set its kernels use, as the `isa` argument does; tests run
-every path on one machine with them.
+`OMNISTAGE_QUANT_ISA` (`scalar`, `avx2`, `avx512`) caps the instruction set the
+kernels use, as the `isa` argument does, and `OMNISTAGE_QUANT_ACTIVATIONS`
+(`int8`, `float32`) picks the path, as the `activations` argument does; both are
+read when a layer is built, and tests run every path on one machine with them.
 """
 
 from __future__ import annotations
@@ -43,6 +51,19 @@ KERNEL_TYPES = frozenset(
     }
 )
 """The ggml types the C kernels run; other quantized types take the fallback."""
+
+INT8_TYPES = KERNEL_TYPES
+"""The ggml types whose products take the int8 path unless told otherwise. Measured on
+Zen 4 (AVX-512 VNNI) and with the AVX2 kernels forced there: faster than the float path
+for each of them, at batch 1 and at 64 rows (docs/performance.md)."""
+
+INT8_TOLERANCE = 1e-2
+"""How far the int8 path's outputs may be from the float32 product with the dequantized
+weight, as a fraction of the largest output (tests; ~3e-3 measured for random inputs,
+llama.cpp's are ~4e-3)."""
+
+ACTIVATIONS_ENV = "OMNISTAGE_QUANT_ACTIVATIONS"
+ACTIVATIONS = ("int8", "float32")
 
 ISA_ENV = "OMNISTAGE_QUANT_ISA"
 ISA_NAMES = {"scalar": kernels.ISA_SCALAR, "avx2": kernels.ISA_AVX2, "avx512": kernels.ISA_AVX512}
@@ -85,6 +106,25 @@ def _isa(override: int | None) -> int:
     if name not in ISA_NAMES:
         raise ValueError(f"{ISA_ENV}: expected one of {sorted(ISA_NAMES)}, got {name!r}")
     return ISA_NAMES[name]
+
+
+def _activations(override: str | None, ggml_type: GGMLType) -> str:
+    """`override`, else the path `OMNISTAGE_QUANT_ACTIVATIONS` names, else int8 for
+    `INT8_TYPES`."""
+    name = override if override is not None else os.environ.get(ACTIVATIONS_ENV)
+    if name is None:
+        return "int8" if ggml_type in INT8_TYPES else "float32"
+    if name not in ACTIVATIONS:
+        source = "activations" if override is not None else ACTIVATIONS_ENV
+        raise ValueError(f"{source}: expected one of {list(ACTIVATIONS)}, got {name!r}")
+    return name
+
+
+_KERNELS = {
+    "int8": ("quant_matmul_q8", "quant_matmul_q8_team"),
+    "float32": ("quant_matmul_f32", "quant_matmul_f32_team"),
+}
+"""Each path's work-sharing kernel and its OpenMP-team twin in `kernels.load_quant()`."""
 
 
 def _kernel_library(ggml_type: GGMLType) -> Any:
@@ -154,6 +194,8 @@ class QuantizedLinear(_QuantizedMatrix):
     The same interface as `models.linear.Linear`: `forward`, and the fused forms
     `silu(x)`, `mul(x, other)`, `add(x, other)` (`silu(x W^T + b)`, `(x W^T + b) *
     other`, `(x W^T + b) + other`), computed in the kernel's epilogue.
+    `activations` ("int8" or "float32"; None: see `_activations`) picks the kernel path;
+    it may be reassigned.
     """
 
     def __init__(
@@ -164,8 +206,10 @@ class QuantizedLinear(_QuantizedMatrix):
         out_features: int,
         bias: torch.Tensor | None = None,
         isa: int | None = None,
+        activations: str | None = None,
     ) -> None:
         super().__init__(blocks, ggml_type, out_features, in_features, isa)
+        self.activations = _activations(activations, self.ggml_type)
         self.in_features = in_features
         self.out_features = out_features
         if bias is not None and bias.shape != (out_features,):
@@ -191,10 +235,23 @@ class QuantizedLinear(_QuantizedMatrix):
         """The weight [out_features, in_features] as floats."""
         return self._dequantize_rows(None, self.in_features).to(dtype)
 
+    @property
+    def activations(self) -> str:
+        """The kernel path: "int8" (x quantized to 8 bits per block) or "float32"."""
+        return self._activations
+
+    @activations.setter
+    def activations(self, value: str) -> None:
+        if value not in _KERNELS:
+            raise ValueError(f"activations: expected one of {list(ACTIVATIONS)}, got {value!r}")
+        self._activations = value
+        self._kernel_names = _KERNELS[value]
+
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"type={self.ggml_type.name}, bias={self.bias is not None}"
+            f"type={self.ggml_type.name}, bias={self.bias is not None}, "
+            f"activations={self.activations}"
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -232,9 +289,10 @@ class QuantizedLinear(_QuantizedMatrix):
             blocks, bias = buffers["blocks"], buffers["bias"]
             if other is not None:
                 other = (other if other.dim() == 2 else other.reshape(y.shape)).contiguous()
+            kernel, team = self._kernel_names
             work_sharing.run(
-                lib.quant_matmul_f32,
-                lib.quant_matmul_f32_team,
+                getattr(lib, kernel),
+                getattr(lib, team),
                 x2.data_ptr(),
                 blocks.data_ptr(),
                 None if bias is None else bias.data_ptr(),
