@@ -2,7 +2,8 @@
 
 For SmolLM2-135M's linear shapes (576->1536, 1536->576, 576->576, 576->192 and
 the 576->49152 LM head), seeded random weights quantized with gguf's
-quantizer, run through `QuantizedLinear` (our kernels), against the float32
+quantizer, run through `QuantizedLinear` (our kernels: each of `--activations`,
+the int8 path and the float32 one, on each of `--isas`), against the float32
 weight through `F.linear` (MKL) and through oneDNN with the weight pre-packed
 (`PackedLinear`'s path), for M rows of x, on 1 and 2 threads (torch's and the
 kernels' thread counts both set).
@@ -32,7 +33,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType, quants
 
 from omnistage.kernels import work_sharing
-from omnistage.layers.quantized_linear import QuantizedLinear
+from omnistage.layers import quantized_linear
+from omnistage.layers.quantized_linear import ISA_NAMES, QuantizedLinear
 
 SHAPES = [(576, 1536), (1536, 576), (576, 576), (576, 192), (576, 49152)]
 """(in_features, out_features) of SmolLM2-135M's linears and tied LM head."""
@@ -116,10 +118,15 @@ def run_shape(
         ggml_type = GGMLQuantizationType[name]
         blocks = torch.from_numpy(quants.quantize(weight, ggml_type))
         copies = copies_for(blocks.numel(), args.rotate_mb)
-        quantized[f"{name} ours"] = [
-            QuantizedLinear(blocks.clone(), ggml_type, k, n) for _ in range(copies)
-        ]
-    floats = float_impls(torch.from_numpy(weight), args.rotate_mb)
+        for activations in args.activations:
+            for isa in args.isas:
+                quantized[f"{name} {activations} {isa}"] = [
+                    QuantizedLinear(
+                        blocks.clone(), ggml_type, k, n, None, ISA_NAMES[isa], activations
+                    )
+                    for _ in range(copies)
+                ]
+    floats = float_impls(torch.from_numpy(weight), args.rotate_mb) if args.floats else {}
     rows = []
     for m in args.m:
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -135,7 +142,7 @@ def run_shape(
                     | dict(gb_per_s=round(gb_per_s, 2))
                 )
                 print(
-                    f"{k:>5}->{n:<6} M={m:<3} threads={threads} {impl:<18} "
+                    f"{k:>5}->{n:<6} M={m:<3} threads={threads} {impl:<20} "
                     f"{us:10.1f} us {gb_per_s:7.2f} GB/s",
                     flush=True,
                 )
@@ -147,11 +154,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--types", type=lambda s: s.split(","), default=["Q4_1", "Q8_0"])
     parser.add_argument("--m", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
     parser.add_argument("--threads", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
+    parser.add_argument("--activations", type=lambda s: s.split(","), default=["int8", "float32"])
+    parser.add_argument("--isas", type=lambda s: s.split(","), default=["avx512"])
+    parser.add_argument(
+        "--floats",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time F.linear, oneDNN",
+    )
+    parser.add_argument(
+        "--parallel-bytes",
+        type=int,
+        default=None,
+        help="QuantizedLinear's PARALLEL_WEIGHT_BYTES (products from this size use every thread)",
+    )
     parser.add_argument("--rotate-mb", type=float, default=96.0)
     parser.add_argument("--seconds", type=float, default=0.05)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.parallel_bytes is not None:
+        quantized_linear.PARALLEL_WEIGHT_BYTES = args.parallel_bytes
 
     model, flags = cpu_description()
     print(f"CPU: {model}; flags: {' '.join(flags)}; torch {torch.__version__}")

@@ -24,7 +24,7 @@
  * the rows it is batched with (batched = alone, speculative verification = plain
  * decode, bit for bit).
  * llama.cpp's way (x quantized to 8 bits per 32-block, integer dot products) is
- * quant_matmul_q8.c: faster, but its results are ~0.3 % of the output scale away
+ * quant_matmul_q8.c: faster, but its results are up to ~1 % of the output scale away
  * from the float32 product, where this path's are ~1e-6 away; this one stays for
  * whoever needs the float32 product (tests of exactness, `activations="float32"`).
  * At M = 64 it matches oneDNN's float32 GEMM.

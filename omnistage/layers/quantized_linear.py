@@ -9,7 +9,7 @@ and a batch-1 decode step reads the packed bytes instead of float32 (SmolLM2-
 Products run in the C kernels, on one of two paths (`activations`):
 - "int8" (the default for `INT8_TYPES`): each row of x is quantized to 8 bits per
   32-block and multiplied by integer dot products (`kernels/quant_matmul_q8.c`, as
-  llama.cpp): ~0.3 % of the output scale from the float32 product with the
+  llama.cpp): up to ~1 % of the output scale from the float32 product with the
   dequantized weight (`INT8_TOLERANCE`), bit for bit the same on every instruction
   set;
 - "float32": W dequantized to float32 in registers or L1 against float32
@@ -54,13 +54,16 @@ KERNEL_TYPES = frozenset(
 
 INT8_TYPES = KERNEL_TYPES
 """The ggml types whose products take the int8 path unless told otherwise. Measured on
-Zen 4 (AVX-512 VNNI) and with the AVX2 kernels forced there: faster than the float path
-for each of them, at batch 1 and at 64 rows (docs/performance.md)."""
+Zen 4 (2026-11-25, one thread, batch 1, SmolLM2's shapes, weights streamed from memory):
+Q4_1 1.1-2.1x faster than the float path with the VNNI or the AVX2 kernels; Q8_0 the
+same speed from memory (both read ~9 GB/s there), 1.3-2x faster from cache. Q4_0, Q4_K
+and Q6_K share the kernels but were not timed; batches of 64 rows were not timed either
+(docs/performance.md)."""
 
 INT8_TOLERANCE = 1e-2
 """How far the int8 path's outputs may be from the float32 product with the dequantized
-weight, as a fraction of the largest output (tests; ~3e-3 measured for random inputs,
-llama.cpp's are ~4e-3)."""
+weight, as a fraction of the largest output (tests; at most 7.3e-3 measured on random
+inputs, 1-1.7e-2 on some of SmolLM2's MLP products; llama.cpp computes the same way)."""
 
 ACTIVATIONS_ENV = "OMNISTAGE_QUANT_ACTIVATIONS"
 ACTIVATIONS = ("int8", "float32")
