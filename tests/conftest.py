@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from omnistage.testing.tiny_models import make_checkpoint  # noqa: E402
+from omnistage.models.tiny_checkpoints import make_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,10 @@ import torch
 from omnistage import LLM, SamplingParams
 from omnistage.families.llama.model import LlamaForCausalLM
 from omnistage.models.registry import register_model
+from omnistage.models.tiny_checkpoints import make_checkpoint
 from omnistage.platforms import runner_classes
 from omnistage.sample import Sampler
 from omnistage.sample.stage_transitions import StageTransitions
-from omnistage.testing.tiny_models import make_checkpoint
 from omnistage.worker.model_runner import ModelRunner
 from omnistage.worker.sampling_dispatch import SamplingDispatch
 

@@ -21,7 +21,7 @@ from omnistage.layers.rotary import DefaultRope
 from omnistage.models import registry
 from omnistage.models.loader import ModelFiles, load_hf_config
 from omnistage.models.plain_config import PlainConfig
-from omnistage.testing.tiny_models import make_checkpoint
+from omnistage.models.tiny_checkpoints import make_checkpoint
 
 PLAIN_ARCHS = ["llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"]
 

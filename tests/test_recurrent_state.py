@@ -18,7 +18,7 @@ import torch
 from omnistage.families.mamba2.mixer import Mamba2Mixer
 from omnistage.layers.forward_context import forward_context
 from omnistage.layers.recurrent_state import RecurrentMetadata
-from omnistage.testing.tiny_models import tiny_config
+from omnistage.models.tiny_checkpoints import tiny_config
 from omnistage.worker.recurrent import (
     RecurrentSlots,
     allocate_recurrent_state,

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from omnistage import LLM, SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
+from omnistage.models.tiny_checkpoints import make_checkpoint
 from omnistage.spec_decode.config import SpeculativeConfig
-from omnistage.testing.tiny_models import make_checkpoint
 from tests.test_async_equivalence import Spec, assert_nothing_held
 
 ENGINE_SETTINGS = {

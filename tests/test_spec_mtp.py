@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnistage import LLM, SamplingParams
-from omnistage.testing.tiny_models import make_checkpoint
+from omnistage.models.tiny_checkpoints import make_checkpoint
 from omnistage.testing.tiny_mtp import make_mtp_checkpoint
 from tests.test_spec_decode import (
     ENGINE_SETTINGS,

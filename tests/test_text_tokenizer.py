@@ -14,7 +14,7 @@ import transformers
 
 from omnistage.models.loader import resolve_model
 from omnistage.models.text_tokenizer import TextTokenizer, load_text_tokenizer
-from omnistage.testing.tiny_models import make_checkpoint
+from omnistage.models.tiny_checkpoints import make_checkpoint
 
 TEXTS = [
     "Hello world",

@@ -51,7 +51,7 @@ def resolve_bench_model(model: str) -> str:
     from pathlib import Path
 
     from omnistage.cache import cache_root
-    from omnistage.testing.tiny_models import make_checkpoint
+    from omnistage.models.tiny_checkpoints import make_checkpoint
 
     path = Path(cache_root()) / "bench" / TINY_MODEL
     if not (path / "config.json").exists():

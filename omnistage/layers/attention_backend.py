@@ -5,17 +5,15 @@ device they run on. The step's `AttentionMetadata` carries the backend the
 platform chose (`Platform.attention_backend`): this portable one runs torch ops
 on any device; the CPU platform's (`layers/cpu_attention.py`) runs our C
 kernels where they apply. A CUDA backend (flash / paged kernels) would be a
-third, chosen by the CUDA platform; no model or runner changes.
+third, chosen by the CUDA platform; no model or runner changes. `meta` is the
+step's `AttentionMetadata` (which carries the backend, so it is not imported here).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from omnistage.layers.attention import AttentionMetadata
 
 
 class AttentionBackend:
@@ -37,7 +35,7 @@ class AttentionBackend:
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: Any,
         heads: int,
     ) -> bool:
         """Rotate q and k inside `qkv` and write k, v to the cache in one fused call; False
@@ -45,7 +43,7 @@ class AttentionBackend:
         return False
 
     def decode(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+        self, q: torch.Tensor, kv_cache: torch.Tensor, meta: Any, scale: float
     ) -> torch.Tensor | None:
         """The decodes' attention (one query token per request), or None: the portable
         torch path then runs."""

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import math
 import mmap
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from omnistage import kernels
 from omnistage.kernels import work_sharing
+from omnistage.layers.attention import AttentionMetadata
 from omnistage.layers.attention_backend import AttentionBackend
-
-if TYPE_CHECKING:
-    from omnistage.layers.attention import AttentionMetadata
 
 PARALLEL_DECODE_WORK = 16384
 """Context tokens x KV heads of a decode step from which its attention kernel runs on

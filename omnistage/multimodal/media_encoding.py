@@ -2,24 +2,20 @@
 through the feature extractor and the audio tower (`encode_audios`), its images through
 the image processor and the vision encoder (`encode_images`), all items of a modality
 together, as the models' processors do. Each item is loaded and checked first; an error
-names the item.
+names the item. `encoder` is the `OmniInputEncoder` whose methods call these (not
+imported here, so the two modules do not import each other).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from omnistage.multimodal.media import load_audio, load_image
 
-if TYPE_CHECKING:
-    from omnistage.multimodal.input_encoder import OmniInputEncoder
 
-
-def encode_audios(
-    encoder: OmniInputEncoder, audios: list[Any]
-) -> tuple[torch.Tensor | None, list[int]]:
+def encode_audios(encoder: Any, audios: list[Any]) -> tuple[torch.Tensor | None, list[int]]:
     """`([total tokens, hidden] audio-tower features or None without audios, tokens per
     clip)` for `audios` (anything `load_audio` accepts), in `encoder.dtype`."""
     if not audios:
@@ -56,7 +52,7 @@ def encode_audios(
 
 
 def encode_images(
-    encoder: OmniInputEncoder, images: list[Any]
+    encoder: Any, images: list[Any]
 ) -> tuple[torch.Tensor | None, list[torch.Tensor], torch.Tensor]:
     """`([total tokens, hidden] merged features or None without images, per deepstack layer
     the `[total tokens, hidden]` deepstack features, [n, 3] patch grids on the CPU)` for

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from omnistage.testing.tiny_models import make_checkpoint, tiny_config
+from omnistage.models.tiny_checkpoints import make_checkpoint, tiny_config
 
 ARCHES = ("qwen3_next", "qwen3_5")
 

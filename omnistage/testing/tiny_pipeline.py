@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from omnistage.families.tiny_codec.vocoder import make_tiny_vocoder
-from omnistage.testing.tiny_models import make_checkpoint
+from omnistage.models.tiny_checkpoints import make_checkpoint
 
 
 def make_tiny_omni(path: Path) -> Path:

@@ -33,7 +33,7 @@ from omnistage.families.qwen3_next.gated_delta_rule import (
 )
 from omnistage.layers.forward_context import forward_context
 from omnistage.layers.recurrent_state import RecurrentMetadata
-from omnistage.testing.tiny_models import tiny_config
+from omnistage.models.tiny_checkpoints import tiny_config
 from omnistage.worker.recurrent import (
     allocate_recurrent_state,
     commit_accepted,

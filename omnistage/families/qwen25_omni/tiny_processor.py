@@ -20,7 +20,7 @@ are ours (Qwen3-Omni's); transformers' Qwen2.5-Omni code refers to them only by 
 
 from __future__ import annotations
 
-from omnistage.testing.tiny_models import (
+from omnistage.models.tiny_checkpoints import (
     WHISPER_FEATURE_EXTRACTOR_CONFIG,
     byte_tokenizer,
     omni_chat_template,

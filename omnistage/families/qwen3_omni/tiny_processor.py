@@ -16,7 +16,7 @@ as in Qwen's tokenizer (the talker's prompt builder relies on that).
 
 from __future__ import annotations
 
-from omnistage.testing.tiny_models import (
+from omnistage.models.tiny_checkpoints import (
     WHISPER_FEATURE_EXTRACTOR_CONFIG,
     byte_tokenizer,
     omni_chat_template,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from omnistage.testing.tiny_models import CHAT_TEMPLATE, byte_tokenizer, tiny_config
+from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, byte_tokenizer, tiny_config
 
 THINK_TOKENS = ["<think>", "</think>", "<recaption>", "</recaption>"]
 THINKER_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(

@@ -1,4 +1,5 @@
-"""Tiny random-weight checkpoints of the architectures we serve, for tests and benchmarks.
+"""Tiny random-weight checkpoints of the architectures we serve: what the built-in demos,
+the tests and the benchmarks build from.
 
 Each is saved in the real HF layout (config.json, safetensors, tokenizer files
 with a chat template) so the engine loads it the way it loads a real model.
