@@ -129,7 +129,7 @@ def _rope_config(theta: float, head_dim: int | None) -> types.SimpleNamespace:
 def test_default_rope_equals_every_flagged_class_rotary(theta, head_dim):
     flagged = {
         cls
-        for cls in set(registry._MODELS.values())
+        for cls in {registry.resolve(ref) for f in registry.families() for ref in f.models.values()}
         if issubclass(cls, LlamaForCausalLM) and cls.llama_default_rope
     }
     assert LlamaForCausalLM in flagged and len(flagged) >= 5
