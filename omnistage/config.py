@@ -78,6 +78,13 @@ class EngineConfig:
     float32, except that a GGUF model keeps its quantized weights as the file stores them
     (float32 activations); a named dtype dequantizes them."""
 
+    quant_activations: str | None = None
+    """Products on a GGUF's kept quantized weights: "float32" (activations as they are, the
+    product of the dequantized weight up to summation order) or "int8" (activations
+    quantized per 32-block, integer dot products, as llama.cpp does: ~10 % faster decode
+    on SmolLM2 Q4_1 here, outputs ~1 % of their scale away, so greedy text may differ).
+    None: the OMNISTAGE_QUANT_ACTIVATIONS environment variable, else float32."""
+
     max_model_len: int | None = None
     """Longest prompt + output a request may have; defaults to the model's own context length."""
 
@@ -161,6 +168,10 @@ class EngineConfig:
             _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
             if self.num_kv_blocks is not None:
                 raise ValueError("kv_cache_memory_bytes: give either it or num_kv_blocks, not both")
+        if self.quant_activations not in (None, "float32", "int8"):
+            raise ValueError(
+                f"quant_activations: expected float32 or int8, got {self.quant_activations!r}"
+            )
         if self.executor_backend not in ("auto", "inline", "thread", "process"):
             raise ValueError(
                 f"executor_backend: expected auto, inline, thread or process, got {self.executor_backend!r}"

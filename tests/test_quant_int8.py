@@ -131,13 +131,14 @@ def test_large_inputs_take_the_heap():
 
 @needs_kernels
 def test_the_path_is_chosen_by_argument_environment_or_type(monkeypatch):
+    monkeypatch.delenv(QL.ACTIVATIONS_ENV, raising=False)
     layer, weight, _ = make_layer(T.Q4_1, 16, 64)
-    assert layer.activations == "int8"  # T.Q4_1 is in INT8_TYPES
-    monkeypatch.setenv(QL.ACTIVATIONS_ENV, "float32")
-    layer, weight, _ = make_layer(T.Q4_1, 16, 64)
-    assert layer.activations == "float32"
+    assert layer.activations == "float32"  # the default
     x = torch.randn(3, 64)
     assert_close_to_scale(layer(x), x.double() @ weight.T)  # the float path's 2e-5
+    monkeypatch.setenv(QL.ACTIVATIONS_ENV, "int8")
+    assert make_layer(T.Q4_1, 16, 64)[0].activations == "int8"  # T.Q4_1 is in INT8_TYPES
+    monkeypatch.setenv(QL.ACTIVATIONS_ENV, "float32")
     blocks = layer.blocks
     assert QL.QuantizedLinear(blocks, T.Q4_1, 64, 16, activations="int8").activations == "int8"
     monkeypatch.setenv(QL.ACTIVATIONS_ENV, "int4")
@@ -154,3 +155,21 @@ def test_inputs_the_kernel_does_not_take_use_the_exact_fallback():
     x = torch.randn(4, 64, dtype=torch.float64)
     expected = F.linear(x, weight, bias.double())
     torch.testing.assert_close(layer(x), expected, rtol=0, atol=1e-12)
+
+
+@needs_kernels
+def test_the_engine_argument_picks_the_path_of_every_quantized_layer(monkeypatch):
+    """`quant_activations` reaches every kept quantized layer (a tied LM head too); the
+    default is the float path, and a bad value is a ValueError naming the field."""
+    from omnistage import LLM
+    from omnistage.config import EngineConfig
+
+    monkeypatch.delenv(QL.ACTIVATIONS_ENV, raising=False)
+    with pytest.raises(ValueError, match="quant_activations"):
+        EngineConfig(quant_activations="int4")
+    for asked, expected in ((None, "float32"), ("int8", "int8"), ("float32", "float32")):
+        llm = LLM("smollm2", async_scheduling=False, quant_activations=asked)
+        model = llm.engine.core.executor.runner.model
+        paths = {m.activations for m in model.modules() if isinstance(m, QL.QuantizedLinear)}
+        assert paths == {expected}, asked
+        assert isinstance(model.lm_head, QL.QuantizedLinear)

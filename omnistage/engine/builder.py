@@ -68,7 +68,13 @@ def build_runner(
     platform.configure_threads(config.num_threads, text_hidden_size(hf_config))
     dtype = config.torch_dtype
     model = build_model(
-        files, hf_config, dtype, config.max_model_len, phases, config.keeps_quantized_weights
+        files,
+        hf_config,
+        dtype,
+        config.max_model_len,
+        phases,
+        config.keeps_quantized_weights,
+        config.quant_activations,
     )
     model = model.to(platform.device)
     mtp = mtp_module(config, model)

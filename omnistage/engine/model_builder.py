@@ -26,9 +26,11 @@ def build_model(
     max_model_len: int,
     phases: StartupPhases | None = None,
     keep_quantized: bool = False,
+    quant_activations: str | None = None,
 ) -> CausalLM:
     """The model with its weights; with `keep_quantized`, a GGUF's quantized weights stay in
-    their blocks (`gguf_quantized`) and only the rest loads as floats."""
+    their blocks (`gguf_quantized`, products on the `quant_activations` path) and only the
+    rest loads as floats."""
     phases = phases or StartupPhases()
     cls = model_class_for(hf_config)
     with phases.phase("model build"):
@@ -40,7 +42,7 @@ def build_model(
             groups = quantized_groups(model, quantized)
         skip = {name for group in groups for name in group.hf_names}
         loaded = model.load_weights(part_weights(iter_weights(files.path, skip=skip), hf_config))
-        install_quantized(model, groups, quantized)
+        install_quantized(model, groups, quantized, quant_activations)
     missing = sorted(model.expected_weight_names() - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (" …" if len(missing) > 5 else "")

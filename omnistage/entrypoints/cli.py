@@ -36,6 +36,13 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default="auto", help="auto (float32), float32, bfloat16, float64"
     )
+    parser.add_argument(
+        "--quant-activations",
+        choices=("float32", "int8"),
+        default=None,
+        help="GGUF quantized weights: float32 activations (default) or int8 ones with integer "
+        "dot products, as llama.cpp (faster; greedy text may differ)",
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -65,6 +72,7 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
 def _engine_kwargs(args: argparse.Namespace) -> dict:
     return {
         "dtype": args.dtype,
+        "quant_activations": args.quant_activations,
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
         "max_num_batched_tokens": args.max_num_batched_tokens,

@@ -7,14 +7,15 @@ and a batch-1 decode step reads the packed bytes instead of float32 (SmolLM2-
 135M: 85 MB per token instead of 540 MB).
 
 Products run in the C kernels, on one of two paths (`activations`):
-- "int8" (the default for `INT8_TYPES`): each row of x is quantized to 8 bits per
+- "float32" (the default): W dequantized to float32 in registers or L1 against float32
+  activations (`kernels/quant_matmul.c`), the float32 product up to summation
+  order (~1e-6 of the output scale);
+- "int8" (asked for; `INT8_TYPES`): each row of x is quantized to 8 bits per
   32-block and multiplied by integer dot products (`kernels/quant_matmul_q8.c`, as
   llama.cpp): up to ~1 % of the output scale from the float32 product with the
   dequantized weight (`INT8_TOLERANCE`), bit for bit the same on every instruction
-  set;
-- "float32": W dequantized to float32 in registers or L1 against float32
-  activations (`kernels/quant_matmul.c`), the float32 product up to summation
-  order (~1e-6 of the output scale).
+  set. ~10 % faster decode of SmolLM2 Q4_1 end to end on Zen 4, but its greedy text
+  can differ from the float path's (docs/performance.md), so it is not the default.
 Both are batch-invariant: a row's output is the same alone or in any batch.
 Where no kernel applies — no C compiler, a ggml type it does not know, an input
 that is not float32 on the CPU — the weight is dequantized for the call and
@@ -53,7 +54,8 @@ KERNEL_TYPES = frozenset(
 """The ggml types the C kernels run; other quantized types take the fallback."""
 
 INT8_TYPES = KERNEL_TYPES
-"""The ggml types whose products take the int8 path unless told otherwise. Measured on
+"""The ggml types whose products take the int8 path when it is asked for (others keep the
+float path). Measured on
 Zen 4 (2026-11-25, one thread, batch 1, SmolLM2's shapes, weights streamed from memory):
 Q4_1 1.1-2.1x faster than the float path with the VNNI or the AVX2 kernels; Q8_0 the
 same speed from memory (both read ~9 GB/s there), 1.3-2x faster from cache. Q4_0, Q4_K
@@ -112,15 +114,15 @@ def _isa(override: int | None) -> int:
 
 
 def _activations(override: str | None, ggml_type: GGMLType) -> str:
-    """`override`, else the path `OMNISTAGE_QUANT_ACTIVATIONS` names, else int8 for
-    `INT8_TYPES`."""
+    """`override`, else the path `OMNISTAGE_QUANT_ACTIVATIONS` names, else float32; int8
+    only for `INT8_TYPES`."""
     name = override if override is not None else os.environ.get(ACTIVATIONS_ENV)
     if name is None:
-        return "int8" if ggml_type in INT8_TYPES else "float32"
+        return "float32"
     if name not in ACTIVATIONS:
         source = "activations" if override is not None else ACTIVATIONS_ENV
         raise ValueError(f"{source}: expected one of {list(ACTIVATIONS)}, got {name!r}")
-    return name
+    return name if ggml_type in INT8_TYPES else "float32"
 
 
 _KERNELS = {
@@ -357,10 +359,15 @@ class QuantizedEmbedding(_QuantizedMatrix):
         """The table [num_embeddings, embedding_dim] as floats."""
         return self._dequantize_rows(None, self.embedding_dim).to(dtype)
 
-    def as_linear(self) -> QuantizedLinear:
+    def as_linear(self, activations: str | None = None) -> QuantizedLinear:
         """`h -> h E^T`, a `QuantizedLinear` sharing this table's bytes (a tied LM head)."""
         return QuantizedLinear(
-            self.blocks, self.ggml_type, self.embedding_dim, self.num_embeddings, isa=self.isa
+            self.blocks,
+            self.ggml_type,
+            self.embedding_dim,
+            self.num_embeddings,
+            isa=self.isa,
+            activations=activations,
         )
 
     def extra_repr(self) -> str:

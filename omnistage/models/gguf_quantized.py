@@ -118,10 +118,14 @@ def _covers(module: nn.Module | None, parts: list[QuantizedWeight], offsets: lis
 
 
 def install_quantized(
-    model: nn.Module, groups: list[QuantizedGroup], weights: dict[str, QuantizedWeight]
+    model: nn.Module,
+    groups: list[QuantizedGroup],
+    weights: dict[str, QuantizedWeight],
+    activations: str | None = None,
 ) -> None:
     """Replace each group's module by its quantized form (a `Linear`'s loaded bias is kept;
-    an LM head tied to a quantized embedding becomes a linear over the same bytes)."""
+    an LM head tied to a quantized embedding becomes a linear over the same bytes), its
+    products on the `activations` path (`QuantizedLinear`)."""
     tied = getattr(model, "tie_word_embeddings", False)
     for group in groups:
         parts = [weights[n] for n in group.hf_names]
@@ -134,10 +138,15 @@ def install_quantized(
                 blocks, parts[0].ggml_type, old.num_embeddings, old.embedding_dim
             )
             if tied and isinstance(getattr(model, "lm_head", None), nn.Linear):
-                model.lm_head = new.as_linear()
+                model.lm_head = new.as_linear(activations)
         else:
             new = QuantizedLinear(
-                blocks, parts[0].ggml_type, old.in_features, old.out_features, bias=old.bias
+                blocks,
+                parts[0].ggml_type,
+                old.in_features,
+                old.out_features,
+                bias=old.bias,
+                activations=activations,
             )
         setattr(parent, attr, new)
     if groups:

@@ -111,11 +111,11 @@ def test_penalties_and_logit_bias_are_honoured(client):
 
 @pytest.fixture(scope="module")
 def smollm2_server():
-    # The float32 path of the quantized kernels: with the int8 one (the default) the shipped
-    # Q4_1 file answers "L'Étoile, la Cité, ...", as llama.cpp does on it (its first token's
-    # top two log-probs are 0.24 apart there); see docs/performance.md.
+    # The default float32 path of the quantized kernels: with the int8 one the shipped Q4_1
+    # file answers "L'Étoile, la Cité, ...", as llama.cpp does on it (its first token's top
+    # two log-probs are 0.24 apart there); see docs/performance.md.
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ACTIVATIONS_ENV, "float32")
+        patch.delenv(ACTIVATIONS_ENV, raising=False)
         with LiveServer("smollm2", "smollm2", max_model_len=512, async_scheduling=False) as live:
             yield live
 
