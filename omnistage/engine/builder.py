@@ -87,30 +87,7 @@ def build_runner(
     if mtp is not None:  # so do the MTP layer's (it has the fields kv_block_bytes reads)
         block_bytes += kv_block_bytes(mtp, config.block_size, dtype)
     blocks = num_kv_blocks(config, block_bytes)
-    kv_caches = [
-        allocate_kv_cache(
-            blocks,
-            config.block_size,
-            model.num_kv_heads,
-            model.head_dim,
-            dtype,
-            platform.device,
-            platform.attention_backend,
-        )
-        for _ in range(model.num_attention_layers)
-    ]
-    states = None
-    if model.has_recurrent_state:
-        # With speculation, a scratch state per position of a verification row (k + 1 tokens).
-        spec = config.speculative
-        states = allocate_recurrent_state(
-            model.recurrent_state_shapes(),
-            config.max_num_seqs,
-            dtype,
-            platform.device,
-            spec_positions=0 if spec is None else spec.num_speculative_tokens + 1,
-        )
-        model.bind_recurrent_state(states)
+    kv_caches, states = _allocate_caches(config, model, blocks, dtype, platform)
     logger.info(
         "KV cache: %d blocks x %d tokens (%.1f MiB)",
         blocks - 1,
@@ -137,6 +114,38 @@ def build_runner(
     runner.num_kv_blocks = blocks
     runner.startup_phases = phases.seconds
     return runner
+
+
+def _allocate_caches(
+    config: EngineConfig, model: Any, blocks: int, dtype: Any, platform: Any
+) -> tuple[list[Any], Any]:
+    """The model's KV cache tensors (as the platform allocates them) and, for a model with
+    recurrent layers, its state slots (bound to the model)."""
+    kv_caches = [
+        allocate_kv_cache(
+            blocks,
+            config.block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            dtype,
+            platform.device,
+            platform.attention_backend,
+        )
+        for _ in range(model.num_attention_layers)
+    ]
+    states = None
+    if model.has_recurrent_state:
+        # With speculation, a scratch state per position of a verification row (k + 1 tokens).
+        spec = config.speculative
+        states = allocate_recurrent_state(
+            model.recurrent_state_shapes(),
+            config.max_num_seqs,
+            dtype,
+            platform.device,
+            spec_positions=0 if spec is None else spec.num_speculative_tokens + 1,
+        )
+        model.bind_recurrent_state(states)
+    return kv_caches, states
 
 
 def resolve_stage_config(config: EngineConfig, files: ModelFiles) -> tuple[EngineConfig, Any]:
