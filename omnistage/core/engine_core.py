@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 
 from omnistage.core.engine_core_output import EngineCoreOutput
-from omnistage.core.executor import InlineExecutor
+from omnistage.core.executor import Executor
 from omnistage.core.request import Request, RequestStatus
 from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from omnistage.core.scheduler import Scheduler
@@ -23,7 +23,7 @@ MAX_BATCHES_IN_FLIGHT = 2
 
 class EngineCore:
     def __init__(
-        self, scheduler: Scheduler, executor: InlineExecutor, async_scheduling: bool = False
+        self, scheduler: Scheduler, executor: Executor, async_scheduling: bool = False
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor

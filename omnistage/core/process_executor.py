@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from omnistage.child import ChildError, ChildProcess, resolve_function
-from omnistage.core.executor import Runner
+from omnistage.core.executor import Executor, Runner
 from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from omnistage.core.worker_process import start_runner_worker
 
@@ -120,7 +120,7 @@ class _PendingStep:
         return self._value
 
 
-class ProcessExecutor:
+class ProcessExecutor(Executor):
     """The runner in a worker process: `factory(*args)` builds it there.
 
     The constructor returns once the worker is started; `wait_ready()` blocks until
