@@ -86,7 +86,7 @@ def test_two_families_claiming_one_architecture_is_an_error() -> None:
     a = Family(name="a", models={"XForCausalLM": "m:A"})
     b = Family(name="b", models={"XForCausalLM": "m:B"})
     with pytest.raises(TypeError, match="XForCausalLM.*claimed by a and b"):
-        registry._check_unique(iter([a, b]))
+        registry._merge([a, b])
 
 
 def test_a_new_folder_is_a_new_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,6 +37,15 @@ class Accumulate(enum.Enum):
     """Keep only the latest value."""
 
 
+HIDDEN_STATES_ACCUMULATE: Mapping[str, Accumulate] = {
+    "ids.prompt": Accumulate.REPLACE,
+    "ids.output": Accumulate.CONCAT,
+    "hidden_states.output": Accumulate.CONCAT,
+}
+"""What an edge that carries the producer's per-position hidden states collects: the prompt
+ids, the output ids and one hidden row per position fed to the model."""
+
+
 @dataclass
 class UpstreamResult:
     """A producer's final output, as the orchestrator saw it (for `prompt` edges)."""
@@ -95,12 +104,7 @@ class ThinkerToTalker(EdgeProcessor):
     rows and image grids are collected; the talker input a model builds from them becomes
     the stage input."""
 
-    accumulate = {
-        "ids.prompt": Accumulate.REPLACE,
-        "ids.output": Accumulate.CONCAT,
-        "hidden_states.output": Accumulate.CONCAT,
-        IMAGE_GRID_KEY: Accumulate.REPLACE,
-    }
+    accumulate = {**HIDDEN_STATES_ACCUMULATE, IMAGE_GRID_KEY: Accumulate.REPLACE}
     stream_key = "ids.output"
 
 

@@ -22,11 +22,10 @@ from omnistage.core.executor import InlineExecutor, ThreadExecutor
 from omnistage.core.kv_cache_manager import KVCacheManager
 from omnistage.core.process_executor import ProcessExecutor
 from omnistage.core.scheduler import Scheduler
-from omnistage.engine.kv_sizing import kv_block_bytes, num_kv_blocks
+from omnistage.engine.kv_sizing import allocate_layer_caches, kv_block_bytes, num_kv_blocks
 from omnistage.engine.model_builder import build_model, model_max_len, text_hidden_size
 from omnistage.engine.proposer_builder import build_proposer, load_draft_model, mtp_module
 from omnistage.engine.worker_launch import WORKER_RUNNER, LaunchedWorker, launch_worker
-from omnistage.layers.attention import allocate_kv_cache
 from omnistage.models.loader import (
     ModelFiles,
     load_hf_config,
@@ -121,18 +120,7 @@ def _allocate_caches(
 ) -> tuple[list[Any], Any]:
     """The model's KV cache tensors (as the platform allocates them) and, for a model with
     recurrent layers, its state slots (bound to the model)."""
-    kv_caches = [
-        allocate_kv_cache(
-            blocks,
-            config.block_size,
-            model.num_kv_heads,
-            model.head_dim,
-            dtype,
-            platform.device,
-            platform.attention_backend,
-        )
-        for _ in range(model.num_attention_layers)
-    ]
+    kv_caches = allocate_layer_caches(model, blocks, config.block_size, dtype, platform)
     states = None
     if model.has_recurrent_state:
         # With speculation, a scratch state per position of a verification row (k + 1 tokens).

@@ -1,4 +1,4 @@
-"""KV cache size: bytes per block and how many blocks a stage gets.
+"""KV cache size: bytes per block, how many blocks a stage gets, and the per-layer tensors.
 
 `num_kv_blocks` if given, else `kv_cache_memory_bytes`, else enough for
 `max_num_seqs` requests of `max_model_len` tokens capped at `DEFAULT_KV_BYTES`.
@@ -8,9 +8,12 @@ can always finish.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from omnistage.config import EngineConfig
+from omnistage.layers.attention import allocate_kv_cache
 from omnistage.models.base import CausalLM
 
 DEFAULT_KV_BYTES = 1 << 30
@@ -43,3 +46,23 @@ def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
             "or lower max_model_len"
         )
     return blocks
+
+
+def allocate_layer_caches(
+    model: Any, blocks: int, block_size: int, dtype: torch.dtype, platform: Any
+) -> list[torch.Tensor]:
+    """One KV cache tensor per attention layer of `model` (a target, a draft model or an MTP
+    module: what has `num_attention_layers`, `num_kv_heads`, `head_dim`), allocated as the
+    platform's attention backend allocates them."""
+    return [
+        allocate_kv_cache(
+            blocks,
+            block_size,
+            model.num_kv_heads,
+            model.head_dim,
+            dtype,
+            platform.device,
+            platform.attention_backend,
+        )
+        for _ in range(model.num_attention_layers)
+    ]

@@ -8,8 +8,8 @@ import logging
 from typing import Any
 
 from omnistage.config import EngineConfig, parse_dtype
+from omnistage.engine.kv_sizing import allocate_layer_caches
 from omnistage.engine.model_builder import build_model, model_max_len
-from omnistage.layers.attention import allocate_kv_cache
 from omnistage.models.base import CausalLM
 from omnistage.models.loader import load_hf_config, resolve_model
 from omnistage.models.registry import engine_config, model_class_for
@@ -80,33 +80,13 @@ def build_proposer(
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
     if spec.method == "draft_model":
         assert draft is not None  # loaded for this method
-        kv_caches = [
-            allocate_kv_cache(
-                blocks,
-                config.block_size,
-                draft.num_kv_heads,
-                draft.head_dim,
-                draft.dtype,
-                platform.device,
-                platform.attention_backend,
-            )
-            for _ in range(draft.num_attention_layers)
-        ]
+        kv_caches = allocate_layer_caches(draft, blocks, config.block_size, draft.dtype, platform)
         return DraftModelProposer(draft, kv_caches)
     if spec.method == "mtp" and mtp_target is not None:
         mtp = mtp_target.mtp
-        kv_caches = [
-            allocate_kv_cache(
-                blocks,
-                config.block_size,
-                mtp.num_kv_heads,
-                mtp.head_dim,
-                mtp_target.dtype,
-                platform.device,
-                platform.attention_backend,
-            )
-            for _ in range(mtp.num_attention_layers)
-        ]
+        kv_caches = allocate_layer_caches(
+            mtp, blocks, config.block_size, mtp_target.dtype, platform
+        )
         return MtpProposer(mtp_target, kv_caches)
     raise ValueError(
         f"speculative_config.method: {spec.method} is not available for {config.model} "

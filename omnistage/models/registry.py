@@ -9,10 +9,12 @@ records imports neither torch nor a model, so frontends may ask at start-up.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import pkgutil
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +27,20 @@ _EXTRA_MODELS: dict[str, type] = {}
 """Model classes registered at run time (`register_model`: tests, plugins)."""
 
 
+TABLES = tuple(f.name for f in dataclasses.fields(Family) if f.name != "name")
+"""The fields of a family's record that map a name to what serves it."""
+
+
+@dataclass(frozen=True)
+class _Discovered:
+    families: tuple[tuple[Family, Path], ...]
+    """Each family's record and its folder, by folder name."""
+    tables: dict[str, dict[Any, Any]]
+    """Per record field, every family's entries merged (no key is claimed twice)."""
+
+
 @functools.cache
-def _discovered() -> tuple[tuple[Family, Path], ...]:
+def _discovered() -> _Discovered:
     package = importlib.import_module(FAMILIES_PACKAGE)
     found = []
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
@@ -37,41 +51,31 @@ def _discovered() -> tuple[tuple[Family, Path], ...]:
         if not isinstance(family, Family):
             raise TypeError(f"{module.__name__} declares no FAMILY = Family(...)")
         found.append((family, Path(module.__file__).parent))
-    _check_unique(f for f, _ in found)
-    return tuple(found)
+    return _Discovered(tuple(found), _merge([f for f, _ in found]))
 
 
-def _check_unique(families: Iterator[Family]) -> None:
-    """TypeError when two families claim the same architecture, part, edge, demo, …"""
-    fields = (
-        "models",
-        "parts",
-        "generation_models",
-        "generation_parts",
-        "input_encoders",
-        "stage_prompters",
-        "diffusion_pipelines",
-        "edges",
-        "deploys_by_model_type",
-        "deploys_by_pipeline_class",
-        "demos",
-    )
+def _merge(families: list[Family]) -> dict[str, dict[Any, Any]]:
+    """Each table of every family merged; TypeError when two families claim the same
+    architecture, part, edge, demo, …"""
+    tables: dict[str, dict[Any, Any]] = {table: {} for table in TABLES}
     owners: dict[tuple[str, Any], str] = {}
     for family in families:
-        for field in fields:
-            for key in getattr(family, field):
-                other = owners.setdefault((field, key), family.name)
+        for table in TABLES:
+            for key, value in getattr(family, table).items():
+                other = owners.setdefault((table, key), family.name)
                 if other != family.name:
-                    raise TypeError(f"{field} {key!r} is claimed by {other} and {family.name}")
+                    raise TypeError(f"{table} {key!r} is claimed by {other} and {family.name}")
+                tables[table][key] = value
+    return tables
 
 
 def families() -> tuple[Family, ...]:
     """Every family, by folder name."""
-    return tuple(f for f, _ in _discovered())
+    return tuple(f for f, _ in _discovered().families)
 
 
-def _merged(field: str) -> dict[Any, Any]:
-    return {k: v for f in families() for k, v in getattr(f, field).items()}
+def _merged(table: str) -> dict[Any, Any]:
+    return _discovered().tables[table]
 
 
 def resolve(reference: str) -> Any:
@@ -207,7 +211,7 @@ def packaged_deploys() -> dict[str, Path]:
     """Deploy name -> its file, from every family's `deploys/` folder."""
     return {
         path.stem: path
-        for _, folder in _discovered()
+        for _, folder in _discovered().families
         for path in sorted((folder / DEPLOYS_FOLDER).glob("*.yaml"))
     }
 
@@ -218,7 +222,7 @@ def deploy_for_model_type(model_type: str | None) -> str | None:
 
 
 def deploys_by_model_type() -> Mapping[str, str]:
-    return _merged("deploys_by_model_type")
+    return dict(_merged("deploys_by_model_type"))
 
 
 def deploy_for_pipeline_class(pipeline_class: str | None) -> str | None:
@@ -228,4 +232,4 @@ def deploy_for_pipeline_class(pipeline_class: str | None) -> str | None:
 
 def demos() -> dict[str, Demo]:
     """Built-in demo name -> how to make it."""
-    return _merged("demos")
+    return dict(_merged("demos"))

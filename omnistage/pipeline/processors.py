@@ -12,6 +12,7 @@ import torch
 
 from omnistage.core.edge_processor import (
     CODES_KEY,
+    HIDDEN_STATES_ACCUMULATE,
     Accumulate,
     EdgeProcessor,
     UpstreamResult,
@@ -61,11 +62,7 @@ class HiddenToEmbeds(EdgeProcessor):
 
     name = "hidden_to_embeds"
 
-    accumulate = {
-        "ids.prompt": Accumulate.REPLACE,
-        "ids.output": Accumulate.CONCAT,
-        "hidden_states.output": Accumulate.CONCAT,
-    }
+    accumulate = HIDDEN_STATES_ACCUMULATE
     stream_key = "ids.output"
 
     def to_input(self, payload: Payload, voice: str | None = None) -> StageInput:
