@@ -52,7 +52,8 @@ class Voices:
 
     reader: str
     """"module:function" taking the talker checkpoint directory, returning speaker names."""
-    default: str
+    default: str | None
+    """None: the checkpoint's first speaker (none for a model without named speakers)."""
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,22 @@ class Family:
     that part (each has `from_checkpoint(path, hf_config, dtype)`)."""
     input_encoders: Mapping[str, str] = field(default_factory=dict)
     """config.json `model_type` -> "module:Class" of its `OmniInputEncoder`."""
+    configs: Mapping[str, str] = field(default_factory=dict)
+    """config.json `model_type` -> "module:Class" of its transformers config, for models
+    transformers does not know (registered with `AutoConfig` before such a checkpoint is
+    read)."""
     stage_prompters: Mapping[str, str] = field(default_factory=dict)
     """config.json `model_type` -> "module:Class" of a prompter: an entry stage whose model
-    renders its own prompt from the request (GLM-Image's prior states the image size)."""
+    renders its own prompt from the request (GLM-Image's prior states the image size, a
+    TTS talker its voice)."""
     diffusion_pipelines: Mapping[str, str] = field(default_factory=dict)
     """model_index.json `_class_name` -> "module:Class" of its `DiffusionModel`."""
     edges: Mapping[str, str] = field(default_factory=dict)
     """Edge processor name (as deploy files write it) -> "module:Class"."""
     voices: Mapping[str, Voices] = field(default_factory=dict)
-    """Edge processor name -> the speakers of the talker it feeds."""
+    """Edge processor name -> the speakers of the talker it feeds; or config.json
+    `model_type` -> the speakers of an entry stage that renders its own prompt (a TTS
+    talker)."""
     deploys_by_model_type: Mapping[str, str] = field(default_factory=dict)
     """config.json `model_type` -> the packaged deploy `Omni(model=...)` serves it with."""
     deploys_by_pipeline_class: Mapping[str, str] = field(default_factory=dict)

@@ -118,11 +118,9 @@ def load_generation_model(
 def _load_part(
     path: Path, config: dict[str, Any], part: str, dtype: torch.dtype
 ) -> GenerationModel:
-    import transformers
-
     model_type = config.get("model_type")
     cls = registry.generation_part_class(model_type, part)
     if cls is None:
         raise ValueError(f"model_part: {model_type!r} checkpoints have no generation part {part!r}")
-    hf_config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    hf_config = registry.auto_config(path)
     return cls.from_checkpoint(path, hf_config, dtype)

@@ -90,10 +90,10 @@ def load_config(directory: Path) -> Any:
 
 
 def _transformers_config(directory: Path) -> Any:
-    import transformers
+    from omnistage.models.registry import auto_config
 
     try:
-        return transformers.AutoConfig.from_pretrained(directory, local_files_only=True)
+        return auto_config(directory)
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"{directory / 'config.json'}: cannot load the config ({e})") from e
 

@@ -139,6 +139,25 @@ def part_names(model_type: str) -> list[str]:
     return sorted(part for (mt, part) in _merged("parts") if mt == model_type)
 
 
+def register_configs() -> None:
+    """Register every family's own transformers config (`Family.configs`) with
+    `AutoConfig`, so `AutoConfig.from_pretrained` reads checkpoints transformers does not
+    know; idempotent."""
+    from transformers import AutoConfig
+
+    for model_type in _merged("configs"):
+        AutoConfig.register(model_type, _resolved("configs", model_type), exist_ok=True)
+
+
+def auto_config(path: Path) -> Any:
+    """transformers' config of the checkpoint directory `path` (offline), family configs
+    included."""
+    from transformers import AutoConfig
+
+    register_configs()
+    return AutoConfig.from_pretrained(path, local_files_only=True)
+
+
 def renders_own_prompt(model_type: str | None) -> bool:
     """Whether a `model_type` model renders its own prompt from a request (no import)."""
     return model_type in _merged("stage_prompters")
@@ -198,8 +217,9 @@ def edge_class(name: str) -> type | None:
     return _resolved("edges", name)
 
 
-def edge_voices(name: str) -> tuple[Callable[[Path], list[str]], str] | None:
-    """(speaker reader, default voice) of the talker an edge processor feeds, or None."""
+def edge_voices(name: str) -> tuple[Callable[[Path], list[str]], str | None] | None:
+    """(speaker reader, default voice) of the talker an edge processor feeds (or of an
+    entry-stage talker, by its model type), or None."""
     voices: Voices | None = _merged("voices").get(name)
     return None if voices is None else (resolve(voices.reader), voices.default)
 

@@ -26,12 +26,10 @@ from omnistage.multimodal.modalities import check_modalities
 def load_config(config_or_path: Any) -> Any:
     """A transformers config, or the one of a checkpoint directory (ValueError if none)."""
     if isinstance(config_or_path, (str, os.PathLike)):
-        import transformers
+        from omnistage.models.registry import auto_config
 
         try:
-            return transformers.AutoConfig.from_pretrained(
-                os.fspath(config_or_path), local_files_only=True
-            )
+            return auto_config(Path(config_or_path))
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{config_or_path}: cannot load the config ({e})") from e
     return config_or_path

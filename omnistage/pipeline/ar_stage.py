@@ -160,13 +160,15 @@ class ARStageCore(StageCore):
     def _prompted_input(
         self, msg: SubmitRequest, params: SamplingParams
     ) -> tuple[StageInput, SamplingParams]:
-        """The input of a model that renders its own prompt, and the token budget it sets
-        (the prompter loads on first use)."""
+        """The input of a model that renders its own prompt, and the token budget it sets,
+        if any (the prompter loads on first use)."""
         if self.prompter is None:
-            self.prompter = self.prompter_class.from_checkpoint(self.engine.model_files.path)
-        inputs, budget = self.prompter.request_input(
-            self.name, msg.prompt, msg.image_size, bool(msg.images)
-        )
+            self.prompter = self.prompter_class.from_checkpoint(
+                self.engine.model_files.path, dtype=self.engine.config.torch_dtype
+            )
+        inputs, budget = self.prompter.request_input(self.name, msg)
+        if budget is None:
+            return inputs, params
         return inputs, dataclasses.replace(params, max_tokens=budget)
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:

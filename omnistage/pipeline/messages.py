@@ -48,6 +48,11 @@ class SubmitRequest(_Msg):
     """The speaker the pipeline's talker speaks with (validated by the frontend against the
     checkpoint's speakers, sent to every stage of the request; processors that build a
     talker's input and speaker-conditioned vocoders use it); None: the model's default."""
+    instructions: str | None = None
+    """How to speak (a TTS talker that takes instructions: style, emotion, or the voice
+    itself described in words); None: none."""
+    language: str | None = None
+    """The language to speak (a TTS talker's; None: detected, "auto")."""
 
 
 class DeliverPayload(_Msg):

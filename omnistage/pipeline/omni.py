@@ -82,10 +82,16 @@ class _PipelineFrontend:
         modalities: Sequence[str] | None,
         request_id: str | None,
         voice: str | None = None,
+        instructions: str | None = None,
+        language: str | None = None,
     ) -> PipelineRequest:
         """Validate one request up front (decoding its media); ValueError naming the field.
-        `voice`: one of the talker checkpoint's speakers, any case (`voices.resolve_voice`)."""
+        `voice`: one of the talker checkpoint's speakers, any case (`voices.resolve_voice`);
+        `instructions`, `language`: for a TTS talker (checked by its prompter)."""
         voice = resolve_voice(self.deploy, voice)
+        for name, value in (("instructions", instructions), ("language", language)):
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}: expected a string, got {value!r}")
         inputs = self._prompts.read(prompt)
         wanted = list(modalities) if modalities is not None else self.modalities
         unknown = [m for m in wanted if m not in self.modalities]
@@ -106,6 +112,8 @@ class _PipelineFrontend:
             sampling=params.per_stage,
             image_size=params.image_size,
             voice=voice,
+            instructions=instructions,
+            language=language,
             final_stages=[
                 s.name for s in self.deploy.final_stages if s.final_output_type in wanted
             ],
@@ -136,11 +144,15 @@ class Omni(_PipelineFrontend):
         sampling_params: SamplingArg | list[SamplingArg] = None,
         modalities: Sequence[str] | None = None,
         voice: str | None = None,
+        instructions: str | None = None,
+        language: str | None = None,
     ) -> list[OmniRequestOutput]:
         """Final outputs in prompt order; a request that failed has `error` set.
         `sampling_params` may be a list, one entry per prompt. `voice`: the speaker of a
         speaking pipeline (one of its talker checkpoint's, any case; None: the default),
-        checked before any stage runs (ValueError naming `voice` with the choices)."""
+        checked before any stage runs (ValueError naming `voice` with the choices).
+        `instructions` (how to speak; a VoiceDesign model's voice in words) and
+        `language` (None: "auto"): for TTS models (Qwen3-TTS)."""
         single = isinstance(prompts, str | Mapping)
         batch = [prompts] if single else list(prompts)
         if isinstance(sampling_params, list):  # one per prompt, as vLLM's LLM takes them
@@ -152,7 +164,7 @@ class Omni(_PipelineFrontend):
         else:
             per_prompt = [sampling_params] * len(batch)
         requests = [
-            self._request(p, params, modalities, None, voice)
+            self._request(p, params, modalities, None, voice, instructions, language)
             for p, params in zip(batch, per_prompt, strict=True)
         ]
         finished: queue.SimpleQueue[OmniRequestOutput] = queue.SimpleQueue()
@@ -188,9 +200,13 @@ class AsyncOmni(_PipelineFrontend):
         modalities: Sequence[str] | None = None,
         request_id: str | None = None,
         voice: str | None = None,
+        instructions: str | None = None,
+        language: str | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
-        """`voice`: as `Omni.generate`'s."""
-        request = self._request(prompt, sampling_params, modalities, request_id, voice)
+        """`voice`, `instructions`, `language`: as `Omni.generate`'s."""
+        request = self._request(
+            prompt, sampling_params, modalities, request_id, voice, instructions, language
+        )
         loop = asyncio.get_running_loop()
         updates: asyncio.Queue[OmniRequestOutput] = asyncio.Queue()
 

@@ -59,6 +59,10 @@ class PipelineRequest:
     """`[height, width]` of the image a diffusion stage will draw (see `SubmitRequest`)."""
     voice: str | None = None
     """The speaker a speaking pipeline's talker speaks with (see `SubmitRequest`)."""
+    instructions: str | None = None
+    """How a TTS talker speaks (see `SubmitRequest`)."""
+    language: str | None = None
+    """The language a TTS talker speaks (see `SubmitRequest`)."""
 
 
 @dataclass
@@ -153,6 +157,8 @@ class RequestRouter:
     def _submit(self, tracked: _Tracked, stage: str, msg: SubmitRequest) -> None:
         msg.sampling = tracked.request.sampling.get(stage)
         msg.voice = tracked.request.voice
+        msg.instructions = tracked.request.instructions
+        msg.language = tracked.request.language
         msg.send_to = [
             edge_name(e)
             for e in self.deploy.edges_from(stage)

@@ -1,10 +1,12 @@
 """The voices (speakers) a speaking pipeline can use, read from its talker's checkpoint.
 
 A pipeline speaks when one of its edges builds a talker's input (an edge a family
-declares `voices` for); its voices are that talker checkpoint's speakers, read as
-the family says (Qwen3-Omni: `talker_config.speaker_id`; Qwen2.5-Omni: `spk_dict.pt`).
-A request names one case-insensitively (`resolve_voice`), and every stage gets it as
-the checkpoint spells it.
+declares `voices` for), or when its entry stage is a talker that renders its own
+prompt (a TTS model whose `model_type` a family declares `voices` for); its voices
+are that talker checkpoint's speakers, read as the family says (Qwen3-Omni:
+`talker_config.speaker_id`; Qwen2.5-Omni: `spk_dict.pt`; Qwen3-TTS:
+`talker_config.spk_id`). A request names one case-insensitively (`resolve_voice`),
+and every stage gets it as the checkpoint spells it.
 """
 
 from __future__ import annotations
@@ -17,12 +19,29 @@ from omnistage.models import registry
 
 
 def _talker_edge(deploy: Any) -> tuple[Any, str] | None:
-    """(the talker stage's spec, its processor name), or None for a pipeline that does not
-    speak through a talker."""
+    """(the talker stage's spec, the name its voices are declared under: its edge's
+    processor or its own model type), or None for a pipeline without a talker."""
     for edge in deploy.edges:
         if registry.edge_voices(edge.processor) is not None:
             return deploy.stage(edge.dst).with_part_directory(), edge.processor
+    entries = deploy.entry_stages
+    if len(entries) == 1:
+        model_type = _model_type(entries[0].with_part_directory().model)
+        if model_type is not None and registry.edge_voices(model_type) is not None:
+            return entries[0].with_part_directory(), model_type
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _model_type(model: str | None) -> str | None:
+    import json
+
+    from omnistage.models.loader import resolve_model
+
+    if model is None:
+        return None
+    config = Path(resolve_model(model).path) / "config.json"
+    return json.loads(config.read_text()).get("model_type") if config.is_file() else None
 
 
 @functools.lru_cache(maxsize=16)
@@ -44,9 +63,16 @@ def speakers_of(deploy: Any) -> list[str] | None:
 
 
 def default_voice(deploy: Any) -> str | None:
-    """The voice a request that names none speaks with; None without a talker."""
+    """The voice a request that names none speaks with (the family's default, else the
+    checkpoint's first speaker); None without a talker or named speakers."""
     found = _talker_edge(deploy)
-    return None if found is None else registry.edge_voices(found[1])[1]
+    if found is None:
+        return None
+    default = registry.edge_voices(found[1])[1]
+    if default is not None:
+        return default
+    speakers = speakers_of(deploy)
+    return speakers[0] if speakers else None
 
 
 def resolve_voice(deploy: Any, voice: str | None) -> str | None:
@@ -57,7 +83,7 @@ def resolve_voice(deploy: Any, voice: str | None) -> str | None:
     if not isinstance(voice, str):
         raise ValueError(f"voice: expected a string, got {voice!r}")
     speakers = speakers_of(deploy)
-    if speakers is None:
+    if not speakers:
         raise ValueError(f"voice: {voice!r} given, but this pipeline has no selectable voices")
     by_lower = {s.lower(): s for s in speakers}
     if voice.lower() not in by_lower:

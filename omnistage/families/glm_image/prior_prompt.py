@@ -83,7 +83,7 @@ class GlmImagePriorPrompter:
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | Path, processor_path: str | Path | None = None
+        cls, path: str | Path, processor_path: str | Path | None = None, dtype: Any = None
     ) -> GlmImagePriorPrompter:
         """The prior checkpoint at `path` (its `config.json`) and its processor, loaded with
         `AutoProcessor` offline from `processor_path`; by default `path` itself, or the
@@ -107,14 +107,14 @@ class GlmImagePriorPrompter:
             )
         return cls(processor, config)
 
-    def request_input(
-        self, stage: str, prompt: str | None, image_size: Any, has_images: bool
-    ) -> tuple[StageInput, int]:
-        """An entry stage's input for a request: the prompt with the target grids of
-        `image_size` and the 3-D positions of what the prior writes, and how many tokens it
-        writes (exactly the grids' cells plus the end, whatever `max_tokens` was asked).
-        ValueError naming the field for a request the prior cannot serve."""
-        if has_images:
+    def request_input(self, stage: str, msg: Any) -> tuple[StageInput, int]:
+        """An entry stage's input for a request (`SubmitRequest`): the prompt with the
+        target grids of its `image_size` and the 3-D positions of what the prior writes,
+        and how many tokens it writes (exactly the grids' cells plus the end, whatever
+        `max_tokens` was asked). ValueError naming the field for a request the prior
+        cannot serve."""
+        prompt, image_size = msg.prompt, msg.image_size
+        if msg.images:
             raise ValueError(
                 f"images: stage {stage!r} (GLM-Image prior) does not support image-to-image prompts"
             )

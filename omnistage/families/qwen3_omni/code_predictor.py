@@ -1,0 +1,253 @@
+"""The code predictor of a multi-codebook talker, and the talker behaviour built on it.
+
+Qwen3-Omni's and Qwen3-TTS's talkers write one frame of `G` speech codes per step:
+the decoder samples code 0 from its codec head; a small dense decoder (the
+**code predictor**, with a fresh cache per frame) then writes codes 1..G-1 from
+the decoder's final hidden state and code 0's embedding. `CodePredictingTalker`
+gives a decoder class that behaviour: `sample()` returns all codes of each frame
+(the runner keeps them in the request's history, `num_token_codes`), a frame fed
+back is embedded as the sum of its codes' embeddings (`embed_token_codes`), and
+the code predictor's weights load under `code_predictor.`.
+
+Sampling is seeded per request and output position, as the default sampler's:
+code 0 with the request's parameters (temperature 0 = greedy), codes 1..G-1
+greedy for greedy requests, else with the talker's `code_predictor_params`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from omnistage.layers.linear import Embedding, Linear
+from omnistage.layers.norm import RMSNorm
+from omnistage.layers.rotary import RotaryEmbedding, rotate
+from omnistage.sample import Sampler, SamplingMetadata
+from omnistage.sample.metadata import SAMPLING_EPS, RowSamplingState
+from omnistage.sampling_params import SamplingParams
+
+NUM_SUPPRESSED = 1024
+"""The top ids of the talker vocabulary `generate` never samples (but `codec_eos`)."""
+
+_GREEDY = SamplingParams(temperature=0.0)
+_SEED_SALT = 0x636F64655F707265  # separates the code predictor's draws from the talker's
+
+
+class CodePredictorLayer(nn.Module):
+    """A dense Qwen3 decoder layer (q/k norm, RoPE) over a short per-frame sequence."""
+
+    def __init__(self, config: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
+        bias = getattr(config, "attention_bias", False)
+        self.self_attn = nn.Module()
+        attn = self.self_attn
+        attn.q_proj = Linear(hidden, self.num_heads * self.head_dim, bias, dtype=dtype)
+        attn.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias, dtype=dtype)
+        attn.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias, dtype=dtype)
+        attn.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias, dtype=dtype)
+        attn.q_norm = RMSNorm(self.head_dim, eps, dtype)
+        attn.k_norm = RMSNorm(self.head_dim, eps, dtype)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = Linear(hidden, config.intermediate_size, False, dtype=dtype)
+        self.mlp.up_proj = Linear(hidden, config.intermediate_size, False, dtype=dtype)
+        self.mlp.down_proj = Linear(config.intermediate_size, hidden, False, dtype=dtype)
+        self.input_layernorm = RMSNorm(hidden, eps, dtype)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """x [B, T, H]; cos/sin [T, d]; `cache` ([k, v] of the earlier positions, or empty)
+        is extended in place."""
+        b, t, _ = x.shape
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        q = attn.q_norm(attn.q_proj(h).view(b, t, self.num_heads, self.head_dim))
+        k = attn.k_norm(attn.k_proj(h).view(b, t, self.num_kv_heads, self.head_dim))
+        v = attn.v_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
+        cos, sin = cos[None, :, None], sin[None, :, None]
+        q, k = rotate(q, cos, sin).transpose(1, 2), rotate(k, cos, sin).transpose(1, 2)
+        v = v.transpose(1, 2)
+        if cache:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        cache[:] = [k, v]
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=True)
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        h = self.post_attention_layernorm(x)
+        mlp = self.mlp
+        return x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+
+
+class CodePredictor(nn.Module):
+    """`talker.code_predictor`: writes a frame's codes 1..G-1 from the talker's state.
+
+    `rotary` supplies the inverse frequencies (a transformers rotary module or
+    `DefaultRope`); `talker_hidden` is the talker's width where it differs from the
+    code predictor's: its codec embeddings are that wide and `small_to_mtp_projection`
+    maps every input row down (Qwen3-TTS 1.7B)."""
+
+    def __init__(
+        self, config: Any, dtype: torch.dtype, rotary: Any, talker_hidden: int | None = None
+    ) -> None:
+        super().__init__()
+        groups = config.num_code_groups
+        embed_dim = talker_hidden or config.hidden_size
+        self.num_codes = groups - 1
+        self.model = nn.Module()
+        self.model.layers = nn.ModuleList(
+            CodePredictorLayer(config, dtype) for _ in range(config.num_hidden_layers)
+        )
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
+        self.model.codec_embedding = nn.ModuleList(
+            Embedding(config.vocab_size, embed_dim, dtype=dtype) for _ in range(self.num_codes)
+        )
+        self.lm_head = nn.ModuleList(
+            Linear(config.hidden_size, config.vocab_size, False, dtype=dtype)
+            for _ in range(self.num_codes)
+        )
+        self.small_to_mtp_projection = (
+            Linear(embed_dim, config.hidden_size, True, dtype=dtype)
+            if embed_dim != config.hidden_size
+            else None
+        )
+        self.rotary = RotaryEmbedding(rotary, groups + 1, dtype)
+        self.requires_grad_(False)
+
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """[n, G-1] codes 1..G-1 -> the sum of their embeddings [n, H]."""
+        tables = self.model.codec_embedding
+        out = tables[0](codes[:, 0])
+        for j in range(1, self.num_codes):
+            out = out + tables[j](codes[:, j])
+        return out
+
+    def _project(self, x: torch.Tensor) -> torch.Tensor:
+        projection = self.small_to_mtp_projection
+        return x if projection is None else projection(x)
+
+    def generate(
+        self,
+        talker_hidden: torch.Tensor,
+        first_code_embeds: torch.Tensor,
+        sample: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """[B, H] talker hidden and first-code embeddings -> [B, G-1] codes; `sample(j,
+        logits)` picks code j+1 of every row."""
+        x = self._project(torch.stack([talker_hidden, first_code_embeds], dim=1))
+        caches: list[list[torch.Tensor]] = [[] for _ in self.model.layers]
+        start, codes = 0, []
+        for j in range(self.num_codes):
+            t = x.shape[1]
+            cos, sin = self.rotary.cos[start : start + t], self.rotary.sin[start : start + t]
+            for layer, cache in zip(self.model.layers, caches, strict=True):
+                x = layer(x, cos, sin, cache)
+            start += t
+            logits = self.lm_head[j](self.model.norm(x[:, -1])).float()
+            code = sample(j, logits)
+            codes.append(code)
+            if j + 1 < self.num_codes:
+                x = self._project(self.model.codec_embedding[j](code)[:, None])
+        return torch.stack(codes, dim=1)
+
+
+class CodePredictingTalker:
+    """Mixin for a talker decoder class (a `CausalLM` whose input embedding is the codec
+    embedding and head the codec head): call `init_talker` at the end of `__init__`."""
+
+    prefer_model_sampler = True
+    code_predictor_params: ClassVar[SamplingParams]
+    """How codes 1..G-1 of a sampled (not greedy) request are drawn."""
+
+    def init_talker(self, code_predictor: CodePredictor, vocab_size: int, eos_id: int) -> None:
+        self.codec_eos_token_id = eos_id
+        self.code_predictor = code_predictor
+        self.num_token_codes = code_predictor.num_codes
+        suppressed = torch.zeros(vocab_size, dtype=torch.bool)
+        suppressed[vocab_size - NUM_SUPPRESSED :] = True
+        suppressed[eos_id] = False
+        self.register_buffer("suppressed", suppressed, persistent=False)
+        self._sampler = Sampler()
+        self._sampling_hidden: torch.Tensor | None = None
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        self._sampling_hidden = hidden  # read by sample(), which the runner calls next
+        return super().compute_logits(hidden)  # type: ignore[misc]
+
+    def embed_token_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        return self.code_predictor.embed(codes)
+
+    def sample(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        hidden, self._sampling_hidden = self._sampling_hidden, None
+        if hidden is None or hidden.shape[0] != logits.shape[0]:
+            raise RuntimeError(f"{type(self).__name__}.sample: compute_logits was not called first")
+        logits = logits.masked_fill(self.suppressed.to(logits.device), float("-inf"))
+        first = self._sampler(logits, metadata)
+        residual_md = code_predictor_metadata(
+            metadata, self.num_token_codes, logits.device, self.code_predictor_params
+        )
+        residual = self.code_predictor.generate(
+            hidden,
+            self.embed_tokens(first),  # type: ignore[attr-defined]
+            lambda j, lg: self._sampler(lg, residual_md[j]),
+        )
+        return torch.cat([first[:, None], residual], dim=1)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        own: dict[str, torch.Tensor] = {}
+
+        def decoder(items: Iterable[tuple[str, torch.Tensor]]):
+            for name, tensor in items:
+                if name.startswith("code_predictor."):
+                    own[name.removeprefix("code_predictor.")] = tensor
+                else:
+                    yield name, tensor
+
+        loaded = super().load_weights(decoder(weights))  # type: ignore[misc]
+        state = self.code_predictor.state_dict()
+        for name, tensor in own.items():
+            if name not in state or state[name].shape != tensor.shape:
+                raise ValueError(f"checkpoint tensor talker.code_predictor.{name} does not fit")
+            state[name].copy_(tensor.to(self.dtype))  # type: ignore[attr-defined]
+            loaded.add(f"code_predictor.{name}")
+        return loaded
+
+    def expected_weight_names(self) -> set[str]:
+        names = {n for n in super().expected_weight_names() if "code_predictor." not in n}  # type: ignore[misc]
+        return names | {f"code_predictor.{n}" for n in self.code_predictor.state_dict()}
+
+
+def code_predictor_metadata(
+    md: SamplingMetadata, num_codes: int, device: torch.device, params: SamplingParams
+) -> list[SamplingMetadata]:
+    """Per code index: the metadata of its draws (greedy rows stay greedy; random rows use
+    `params`, seeded by the request and (output position, code))."""
+    rows = [
+        RowSamplingState(
+            sampling_params=_GREEDY if p.temperature < SAMPLING_EPS else params,
+            seed=(seed ^ _SEED_SALT) & ((1 << 63) - 1),
+            prompt_token_ids=[],
+            output_token_ids=[],
+        )
+        for p, seed in zip(md.sampling_params, md.seeds, strict=True)
+    ]
+    first = SamplingMetadata.from_requests(rows, device)
+    # The draws of code j differ only in their position: the rest is built once per step.
+    return [
+        dataclasses.replace(
+            first, output_positions=[pos * num_codes + j for pos in md.output_positions]
+        )
+        for j in range(num_codes)
+    ]
