@@ -266,6 +266,12 @@ def build_parser(benchmarks: Collection[str] | None = None) -> argparse.Argument
     images.add_argument("--num-inference-steps", type=int, default=None)
     images.add_argument("--guidance-scale", type=float, default=None)
     images.add_argument("--negative-prompt", default=None)
+    speech = gen.add_argument_group("speech (pipelines that speak)")
+    speech.add_argument("--voice", default=None, help="one of the model's speakers")
+    speech.add_argument(
+        "--instructions", default=None, help="how to speak (TTS models; VoiceDesign: the voice)"
+    )
+    speech.add_argument("--language", default=None, help="the language to speak (TTS models)")
     gen.add_argument(
         "--in-process", action="store_true", help="run every stage in this process (debugging)"
     )

@@ -26,7 +26,10 @@ def generate_pipeline(args: argparse.Namespace) -> int:
         prompt = args.prompt
         if args.chat:
             prompt = _chat_prompt(omni, args.prompt)
-        (out,) = omni.generate([prompt], params or None, modalities)
+        speech = {"voice": args.voice, "instructions": args.instructions}
+        (out,) = omni.generate(
+            [prompt], params or None, modalities, language=args.language, **speech
+        )
         thought = _thought_and_caption(omni, out)
     if out.error is not None:
         print(f"omnistage: error: {out.error}", file=sys.stderr)

@@ -14,7 +14,22 @@ def tiny_qwen3_omni_deploy(
 ):
     """The packaged demo-omni deploy serving the checkpoint at `path`; with `stream=False`
     every edge carries a whole payload instead of stream chunks."""
-    spec = load_deploy(packaged_deploy_path("demo-omni")).with_model(str(path))
+    return tiny_speech_deploy(
+        "demo-omni", path, dtype=dtype, async_scheduling=async_scheduling, stream=stream
+    )
+
+
+def tiny_speech_deploy(
+    name: str,
+    path: Path,
+    *,
+    dtype: str = "float64",
+    async_scheduling: bool = True,
+    stream: bool = True,
+):
+    """The packaged deploy `name` (demo-omni, demo-qwen3-tts) serving the checkpoint at
+    `path`; with `stream=False` every edge carries a whole payload instead of chunks."""
+    spec = load_deploy(packaged_deploy_path(name)).with_model(str(path))
     spec = spec.with_engine_args({"dtype": dtype, "async_scheduling": async_scheduling})
     if not stream:
         edges = tuple(dataclasses.replace(e, transfer="payload") for e in spec.edges)

@@ -169,7 +169,7 @@ def test_speech_errors(speech_server: PipelineServer) -> None:
     assert "not one of aiden, chelsie, ethan" in _error(exc)["message"]
     with pytest.raises(openai.BadRequestError) as exc:
         client.audio.speech.create(
-            model="demo-omni", input="hi", voice="ethan", response_format="mp3"
+            model="demo-omni", input="hi", voice="ethan", response_format="aac"
         )
     assert _error(exc)["param"] == "response_format"
     with pytest.raises(openai.BadRequestError) as exc:

@@ -332,11 +332,13 @@ class PipelineClient:
         request_id: str,
         renames: Mapping[str, str] | None = None,
         voice: str | None = None,
+        **speech: str | None,
     ) -> AsyncIterator[OmniRequestOutput]:
         """The request's updates (the speech and image endpoints read them). Bad input is a
         400 naming the field (`renames`: engine names to the request's) at the first
-        `anext`; then as `_updates`. `voice`: see `check_voice` (None: the default)."""
-        updates = self._updates(prompt, sampling_params, modalities, request_id, voice)
+        `anext`; then as `_updates`. `voice`: see `check_voice` (None: the default);
+        `speech`: `instructions`, `language` for a TTS model (`Omni.generate`)."""
+        updates = self._updates(prompt, sampling_params, modalities, request_id, voice, speech)
         try:
             try:
                 first = await anext(updates)
@@ -358,12 +360,15 @@ class PipelineClient:
         modalities: Sequence[str] | None,
         request_id: str,
         voice: str | None,
+        speech: Mapping[str, str | None] | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         """The updates of one request; ValueError for bad input at the first, OpenAIError
         (503, 500) for a request that failed, EngineDeadError when nothing runs."""
         if not self.is_alive:
             raise EngineDeadError("the pipeline is not running")
-        updates = self.omni.generate(prompt, sampling_params, modalities, request_id, voice=voice)
+        updates = self.omni.generate(
+            prompt, sampling_params, modalities, request_id, voice=voice, **(speech or {})
+        )
         self._active.add(request_id)
         try:
             first = True

@@ -369,6 +369,8 @@ class SpeechRequest(RequestModel):
     voice: str | None = None
     response_format: Literal["wav", "pcm", "flac", "mp3", "opus", "aac"] = "wav"
     speed: float | None = Field(default=None, gt=0, le=4)
-    instructions: str | None = None
+    instructions: str | None = Field(default=None, max_length=4096)
+    language: str | None = Field(default=None, max_length=64)
+    """Extension (TTS models): the language to speak; None: "auto"."""
     stream: bool = False
     stream_format: Literal["audio", "sse"] | None = None

@@ -1,19 +1,24 @@
 """POST /v1/audio/speech, for pipelines that speak (a final stage whose
-`final_output_type` is audio, e.g. `demo-omni`, Qwen3-Omni, Qwen2.5-Omni).
+`final_output_type` is audio: Qwen3-TTS, `demo-qwen3-tts`, Qwen3-Omni, `demo-omni`,
+Qwen2.5-Omni).
 
     {"model": "demo-omni", "input": "Hello there", "voice": "ethan", "response_format": "wav"}
     -> the audio file (16-bit mono at the model's rate: 24 kHz for Qwen3-Omni)
 
-The pipeline is asked to read the text: its entry stage gets the chat message
-"Read the following text aloud, word for word, and say nothing else:\\n<input>"
-through its chat template, and the audio of the reply is the answer (an omni model
-speaks its reply; a model that paraphrases reads it less faithfully than a TTS would).
+A TTS model (its entry stage renders its own prompt: Qwen3-TTS) gets the text as it
+is, with `instructions` (how to speak; a VoiceDesign checkpoint's voice in words) and
+`language` (an extension; left out: "auto"). An omni model is asked to read the
+text: its entry stage gets the chat message "Read the following text aloud, word for
+word, and say nothing else:\\n<input>" through its chat template, and the audio of the
+reply is the answer (a model that paraphrases reads it less faithfully than a TTS
+would); `instructions` and `language` are a 400 there.
 
 `voice`: one of the model's speakers (its talker checkpoint's, any case: Qwen3-Omni
-"ethan" (default), "chelsie", "aiden"; Qwen2.5-Omni "Chelsie" (default), "Ethan"), or
-left out for the default; any other is a 400 naming `voice` with the choices. `response_format`: wav, pcm
-(raw 16-bit little-endian mono samples at the model's rate) or flac; mp3 / opus / aac
-are a 400. `speed` other than 1 and `instructions` are a 400 (not honoured).
+"ethan" (default), "chelsie", "aiden"; Qwen2.5-Omni "Chelsie" (default), "Ethan";
+Qwen3-TTS CustomVoice its `spk_id` names, the first the default), or left out for the
+default; any other is a 400 naming `voice` with the choices. `response_format`: wav,
+pcm (raw 16-bit little-endian mono samples at the model's rate), flac, mp3 or opus;
+aac is a 400. `speed` other than 1 is a 400 (not honoured).
 `stream: true` (wav or pcm) sends the audio as the pipeline produces it: pcm chunks as
 they arrive, for wav first a WAV header whose lengths say "unknown" (0xFFFFFFFF, as
 streaming TTS servers send). A client that disconnects aborts the request in every
@@ -43,7 +48,15 @@ from omnistage.entrypoints.openai.sse import EventStream, until_disconnect
 from omnistage.pipeline.outputs import OmniRequestOutput
 
 READ_ALOUD = "Read the following text aloud, word for word, and say nothing else:\n"
-MEDIA_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac"}
+MEDIA_TYPES = {
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+}
+_CONTAINERS = {"mp3": ("MP3", "MPEG_LAYER_III"), "opus": ("OGG", "OPUS")}
+"""soundfile's (format, subtype) per response format; the others are 16-bit PCM."""
 UNKNOWN_LENGTH = 0xFFFFFFFF
 
 
@@ -80,18 +93,22 @@ class SpeechServing(OpenAIServing):
         voice = self.client.check_voice(body.voice, "voice")
         if body.response_format not in MEDIA_TYPES:
             raise OpenAIError(
-                f"response_format: {body.response_format!r} is not served; use wav, pcm or flac",
+                f"response_format: {body.response_format!r} is not served; use "
+                f"{', '.join(MEDIA_TYPES)}",
                 param="response_format",
             )
         if body.speed is not None and body.speed != 1.0:
             raise OpenAIError("speed: only 1.0 is supported", param="speed")
-        if body.instructions is not None:
-            raise OpenAIError("instructions: not supported by this model", param="instructions")
+        if not self.client.entry_builds_its_prompt:
+            for field in ("instructions", "language"):
+                if getattr(body, field) is not None:
+                    raise OpenAIError(f"{field}: not supported by this model", param=field)
         if body.stream_format == "sse":
             raise OpenAIError("stream_format: only 'audio' is served", param="stream_format")
-        if body.stream and body.response_format == "flac":
+        if body.stream and body.response_format not in ("wav", "pcm"):
             raise OpenAIError(
-                "response_format: streaming serves wav or pcm, not flac", param="response_format"
+                f"response_format: streaming serves wav or pcm, not {body.response_format}",
+                param="response_format",
             )
         return voice
 
@@ -99,11 +116,16 @@ class SpeechServing(OpenAIServing):
         voice = self.check_supported(body)
         stage = self.client.final_stage("audio")
         assert stage is not None
-        prompt = {"messages": [{"role": "user", "content": READ_ALOUD + body.input}]}
+        speech: dict[str, str | None] = {}
+        if self.client.entry_builds_its_prompt:  # a TTS model: the text as it is
+            prompt: Any = body.input
+            speech = {"instructions": body.instructions, "language": body.language}
+        else:
+            prompt = {"messages": [{"role": "user", "content": READ_ALOUD + body.input}]}
         request_id = f"speech-{uuid.uuid4().hex}"
         arrival = time.monotonic()
         updates = self.client.generate(
-            prompt, None, ["audio"], request_id, {"prompt": "input"}, voice=voice
+            prompt, None, ["audio"], request_id, {"prompt": "input"}, voice=voice, **speech
         )
         first = await anext(updates)  # 400s are raised here, before the response starts
         if body.stream:
@@ -210,5 +232,6 @@ def encode(samples: np.ndarray, sample_rate: int, response_format: str) -> bytes
 
     buffer = io.BytesIO()
     data = np.clip(samples.reshape(-1), -1.0, 1.0)
-    soundfile.write(buffer, data, sample_rate, format=response_format.upper(), subtype="PCM_16")
+    container, subtype = _CONTAINERS.get(response_format, (response_format.upper(), "PCM_16"))
+    soundfile.write(buffer, data, sample_rate, format=container, subtype=subtype)
     return buffer.getvalue()

@@ -1,0 +1,183 @@
+"""Qwen3-TTS (talker -> code2wav, the packaged demo-qwen3-tts deploy) on tiny checkpoints.
+
+- Parity: greedy, every case of `fixtures/qwen3_tts/talker_codes.json` (CustomVoice with
+  named speakers, a dialect speaker, an instruction, streamed text; VoiceDesign) gives
+  the official reference's waveform (qwen-tts 0.1.1, float32) within 1e-5: the talker's
+  codes are the reference's, frame for frame (a differing code changes the waveform by
+  far more), and code2wav decodes them as it does.
+- Sync and async scheduling give bit-identical audio with a sampled, seeded talker.
+- Voices never cross: requests with different voices, batched, each equal the same
+  request alone (float64); streamed audio equals whole-payload audio.
+- A stream ends exactly once; bad requests are ValueErrors naming the field, and the
+  pipeline goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnistage import SamplingParams
+from omnistage.families.qwen3_tts.prompt import Qwen3TTSPrompter
+from omnistage.families.qwen3_tts.tiny import make_tiny_qwen3_tts
+from omnistage.pipeline.omni import AsyncOmni, Omni
+from omnistage.testing.tiny_deploys import tiny_speech_deploy
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "qwen3_tts" / "talker_codes.json"
+SAMPLED = SamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05, seed=3)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return json.loads(FIXTURE.read_text())
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, reference):
+    root = tmp_path_factory.mktemp("qwen3-tts")
+    kinds = {case["kind"] for case in reference["cases"]}
+    return {kind: make_tiny_qwen3_tts(root / kind, reference["seed"], kind) for kind in kinds}
+
+
+def _stream_text(monkeypatch) -> None:
+    """Requests built with the text streamed in (the reference's non_streaming_mode=False)."""
+    build = Qwen3TTSPrompter.build
+
+    def streamed(self, text, speaker, language_id, instructions=None, stream_text=False):
+        return build(self, text, speaker, language_id, instructions, True)
+
+    monkeypatch.setattr(Qwen3TTSPrompter, "build", streamed)
+
+
+def test_greedy_audio_equals_the_reference(checkpoints, reference, monkeypatch):
+    frames = reference["max_new_tokens"] - 1  # the reference completes one frame less
+    for case in reference["cases"]:
+        with monkeypatch.context() as patch:
+            if not case["non_streaming_mode"]:
+                _stream_text(patch)
+            spec = tiny_speech_deploy("demo-qwen3-tts", checkpoints[case["kind"]], dtype="float32")
+            params = {
+                "talker": SamplingParams(
+                    temperature=0.0, repetition_penalty=1.05, min_tokens=2, max_tokens=frames
+                )
+            }
+            language = None if case["language"] == "auto" else case["language"]
+            with Omni(spec, in_process=True) as omni:
+                (out,) = omni.generate(
+                    case["text"],
+                    params,
+                    voice=case["speaker"],
+                    instructions=case["instructions"],
+                    language=language,
+                )
+        assert out.error is None, out.error
+        expected = np.asarray(case["waveform"], dtype=np.float32)
+        assert out.sample_rate == case["sample_rate"]
+        assert out.audio.shape == expected.shape, case["text"]
+        np.testing.assert_allclose(out.audio, expected, rtol=0, atol=1e-5)
+
+
+TEXTS = ["Hello there.", "A second, longer sentence to read.", "Three."]
+VOICES = ["vivian", "ryan", "uncle_fu"]
+
+
+def test_sync_and_async_scheduling_give_identical_audio(checkpoints):
+    ckpt = checkpoints["custom_voice"]
+    sync = _concurrent(tiny_speech_deploy("demo-qwen3-tts", ckpt, async_scheduling=False))
+    asyn = _concurrent(tiny_speech_deploy("demo-qwen3-tts", ckpt, async_scheduling=True))
+    for a, b in zip(sync, asyn, strict=True):
+        assert np.array_equal(a, b)
+
+
+def _concurrent(spec, texts=None, voices=None) -> list[np.ndarray]:
+    """Requests with different voices at once, through AsyncOmni (steps interleave): the
+    audio of each, as its chunks arrived."""
+    texts = texts or TEXTS * 2
+    voices = voices or VOICES + VOICES[::-1]
+
+    async def main():
+        with AsyncOmni(spec, in_process=True) as omni:
+
+            async def one(i, text, voice):
+                final, chunks = None, []
+                async for out in omni.generate(
+                    text, {"talker": SAMPLED}, request_id=f"r{i}", voice=voice
+                ):
+                    if out.new_data is not None:
+                        chunks.append(out.new_data.float().numpy().reshape(-1))
+                    if out.finished:
+                        final = out
+                return final, np.concatenate(chunks)
+
+            return await asyncio.gather(
+                *(one(i, t, v) for i, (t, v) in enumerate(zip(texts, voices, strict=True)))
+            )
+
+    outs = asyncio.run(main())
+    for out, _ in outs:
+        assert out.error is None, out.error
+    return [audio for _, audio in outs]
+
+
+def test_voices_never_cross_batched_equals_alone(checkpoints):
+    spec = tiny_speech_deploy("demo-qwen3-tts", checkpoints["custom_voice"])
+    texts, voices = TEXTS * 2, VOICES + VOICES[::-1]
+    together = _concurrent(spec, texts, voices)
+    for i, (text, voice) in enumerate(zip(texts, voices, strict=True)):
+        (alone,) = _concurrent(spec, [text], [voice])
+        assert np.array_equal(together[i], alone), (text, voice)
+    # Different voices of one text give different audio.
+    assert not np.array_equal(together[0], together[5])
+
+
+def test_streamed_audio_equals_whole_payload_audio(checkpoints):
+    ckpt = checkpoints["custom_voice"]
+    streamed = _concurrent(tiny_speech_deploy("demo-qwen3-tts", ckpt, stream=True))
+    whole = _concurrent(tiny_speech_deploy("demo-qwen3-tts", ckpt, stream=False))
+    for s, w in zip(streamed, whole, strict=True):
+        assert s.shape == w.shape
+        np.testing.assert_allclose(s, w, rtol=0, atol=1e-5)
+
+
+def test_a_stream_finishes_once_and_bad_requests_name_their_field(checkpoints):
+    spec = tiny_speech_deploy("demo-qwen3-tts", checkpoints["custom_voice"])
+
+    async def main():
+        with AsyncOmni(spec, in_process=True) as omni:
+            finished, audio = 0, []
+            async for out in omni.generate("Stream me.", {"talker": SAMPLED}, voice="ryan"):
+                finished += out.finished
+                if out.new_data is not None:
+                    audio.append(out.new_data.numpy())
+            errors = {}
+            bad = {
+                "voice": dict(voice="nobody"),
+                "language": dict(language="klingon"),
+                "input": dict(prompt="   "),
+            }
+            for field, kwargs in bad.items():
+                prompt = kwargs.pop("prompt", "Fine text.")
+                try:
+                    async for out in omni.generate(prompt, {"talker": SAMPLED}, **kwargs):
+                        if out.finished:
+                            errors[field] = out.error
+                except ValueError as e:
+                    errors[field] = str(e)
+            after = None
+            async for out in omni.generate("Still serving.", {"talker": SAMPLED}):
+                if out.finished:
+                    after = out
+            return finished, audio, errors, after
+
+    finished, audio, errors, after = asyncio.run(main())
+    assert finished == 1 and len(audio) > 1
+    for field, error in errors.items():
+        # Refused up front (the frontend) or by the talker's prompter (the server answers
+        # "stage talker: field: why" from the entry stage as a 400).
+        assert error is not None and re.match(rf"(stage talker: )?{field}: ", error), error
+    assert after.error is None and after.audio.size > 0

@@ -1,0 +1,80 @@
+"""POST /v1/audio/speech over a TTS model (the built-in demo-qwen3-tts: talker ->
+code2wav), with the real server on a loopback port and the real `openai` client: the
+text goes to the talker as it is, with its voice, instructions and language; every
+response format decodes; bad input is a 400 naming the field and the server goes on
+serving."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from tests.server.conftest import PipelineServer
+
+MODEL = "demo-qwen3-tts"
+
+
+@pytest.fixture(scope="module")
+def tts_server() -> Iterator[PipelineServer]:
+    with PipelineServer(MODEL) as live:
+        yield live
+
+
+def _error(exc: pytest.ExceptionInfo[openai.APIStatusError]) -> dict[str, Any]:
+    return exc.value.response.json()["error"]
+
+
+def _speech(server: PipelineServer, **kwargs: Any) -> bytes:
+    return server.openai().audio.speech.create(model=MODEL, **kwargs).content
+
+
+def test_formats_decode_and_voices_differ(tts_server: PipelineServer) -> None:
+    text = "Hello from the tiny talker."
+    wav = _speech(tts_server, input=text, voice="Vivian", extra_body={"language": "english"})
+    samples, rate = soundfile.read(io.BytesIO(wav), dtype="int16")
+    assert rate == 24000 and samples.ndim == 1 and len(samples) > 0
+    for fmt in ("flac", "mp3", "opus"):
+        data, fmt_rate = soundfile.read(
+            io.BytesIO(_speech(tts_server, input=text, voice="ryan", response_format=fmt))
+        )
+        assert fmt_rate == 24000 and len(data) > 0, fmt
+    pcm = _speech(tts_server, input=text, voice="ryan", response_format="pcm")
+    other = np.frombuffer(pcm, dtype="<i2")
+    assert other.size > 0 and not np.array_equal(other[: samples.size], samples[: other.size])
+    styled = _speech(tts_server, input=text, voice="ryan", instructions="Whisper it.")
+    assert soundfile.read(io.BytesIO(styled))[0].size > 0
+    tts_server.wait_idle()
+
+
+def test_streamed_wav_arrives_in_chunks(tts_server: PipelineServer) -> None:
+    with tts_server.openai().audio.speech.with_streaming_response.create(
+        model=MODEL, input="A streamed sentence.", voice="vivian", extra_body={"stream": True}
+    ) as response:
+        chunks = list(response.iter_bytes(4096))
+    data = b"".join(chunks)
+    assert data[:4] == b"RIFF" and len(data) > 44 and (len(data) - 44) % 2 == 0
+    tts_server.wait_idle()
+
+
+def test_bad_input_is_a_400_naming_the_field(tts_server: PipelineServer) -> None:
+    client = tts_server.openai()
+    cases = {
+        "voice": dict(input="hi", voice="alloy"),
+        "language": dict(input="hi", voice="ryan", extra_body={"language": "klingon"}),
+        "input": dict(input="   ", voice="ryan"),
+        "response_format": dict(input="hi", voice="ryan", response_format="aac"),
+        "speed": dict(input="hi", voice="ryan", speed=2.0),
+    }
+    for param, kwargs in cases.items():
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.audio.speech.create(model=MODEL, **kwargs)
+        assert _error(exc)["param"] == param, (param, _error(exc))
+    # The server still serves, and nothing is left behind.
+    assert len(_speech(tts_server, input="Still here.", voice="vivian")) > 44
+    tts_server.wait_idle()
