@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from omnistage.models import registry
+from omnistage.voice_store import VoiceStore
 
 
 def _talker_edge(deploy: Any) -> tuple[Any, str] | None:
@@ -82,6 +83,8 @@ def resolve_voice(deploy: Any, voice: str | None) -> str | None:
         return None
     if not isinstance(voice, str):
         raise ValueError(f"voice: expected a string, got {voice!r}")
+    if VoiceStore.is_voice_id(voice):
+        return _uploaded(deploy, voice)
     speakers = speakers_of(deploy)
     if not speakers:
         raise ValueError(f"voice: {voice!r} given, but this pipeline has no selectable voices")
@@ -89,3 +92,22 @@ def resolve_voice(deploy: Any, voice: str | None) -> str | None:
     if voice.lower() not in by_lower:
         raise ValueError(f"voice: {voice!r} is not one of {', '.join(sorted(by_lower))}")
     return by_lower[voice.lower()]
+
+
+def voice_store(deploy: Any) -> VoiceStore | None:
+    """The uploaded voices of the pipeline's entry talker (a TTS model), or None."""
+    found = _talker_edge(deploy)
+    if found is None or found[1] in {e.processor for e in deploy.edges}:
+        return None  # no talker, or one an edge feeds (an omni model's): nothing cloned
+    from omnistage.models.loader import resolve_model
+
+    return VoiceStore.for_model(resolve_model(found[0].model).path)
+
+
+def _uploaded(deploy: Any, voice: str) -> str:
+    store = voice_store(deploy)
+    if store is None:
+        raise ValueError(f"voice: {voice!r} is an uploaded voice; this pipeline clones none")
+    if store.get(voice) is None:
+        raise ValueError(f"voice: no uploaded voice {voice!r}")
+    return voice

@@ -78,3 +78,60 @@ def test_bad_input_is_a_400_naming_the_field(tts_server: PipelineServer) -> None
     # The server still serves, and nothing is left behind.
     assert len(_speech(tts_server, input="Still here.", voice="vivian")) > 44
     tts_server.wait_idle()
+
+
+# -- uploaded voices (a Base checkpoint clones them) ----------------------------------------
+@pytest.fixture(scope="module")
+def base_server(tmp_path_factory) -> Iterator[PipelineServer]:
+    from omnistage.families.qwen3_tts.tiny import make_tiny_qwen3_tts
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path_factory.mktemp("voices-cache")))
+        ckpt = make_tiny_qwen3_tts(tmp_path_factory.mktemp("tts-base") / "base", 0, "base")
+        with PipelineServer(str(ckpt)) as live:
+            yield live
+
+
+def _wav(seconds: float, amplitude: float = 0.3) -> str:
+    import base64
+
+    t = np.arange(int(24000 * seconds)) / 24000
+    buffer = io.BytesIO()
+    soundfile.write(buffer, amplitude * np.sin(2 * np.pi * 180 * t), 24000, format="WAV")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_voices_upload_list_speak_delete(base_server: PipelineServer) -> None:
+    import httpx
+
+    with httpx.Client(base_url=base_server.url, timeout=60) as http:
+        created = http.post("/v1/audio/voices", json={"audio": _wav(2), "text": "A hum."})
+        assert created.status_code == 201, created.text
+        voice = created.json()
+        assert voice["object"] == "voice" and voice["id"].startswith("voice-")
+        assert voice["seconds"] == 2.0 and voice["text"] == "A hum."
+        listed = http.get("/v1/audio/voices").json()["data"]
+        assert [v["id"] for v in listed] == [voice["id"]]
+        speech = http.post(
+            "/v1/audio/speech",
+            json={"model": base_server.name, "input": "Hi.", "voice": voice["id"]},
+        )
+        assert speech.status_code == 200 and len(speech.content) > 44, speech.text
+        bad = {
+            "audio": {"audio": _wav(0.2)},
+            "text": {"audio": _wav(2), "text": "x" * 5000},
+        }
+        for param, body in bad.items():
+            answer = http.post("/v1/audio/voices", json=body)
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == param
+        silent = http.post("/v1/audio/voices", json={"audio": _wav(2, amplitude=0.0)})
+        assert silent.status_code == 400 and "silent" in silent.json()["error"]["message"]
+        assert http.delete(f"/v1/audio/voices/{voice['id']}").json()["deleted"] is True
+        assert http.delete(f"/v1/audio/voices/{voice['id']}").status_code == 404
+        gone = http.post(
+            "/v1/audio/speech",
+            json={"model": base_server.name, "input": "Hi.", "voice": voice["id"]},
+        )
+        assert gone.status_code == 400 and gone.json()["error"]["param"] == "voice"
+        assert http.get("/v1/audio/voices").json()["data"] == []
+    base_server.wait_idle()

@@ -54,6 +54,7 @@ from omnistage.entrypoints.openai.serving_completion import CompletionServing
 from omnistage.entrypoints.openai.serving_images import ImagesServing
 from omnistage.entrypoints.openai.serving_models import ModelsServing
 from omnistage.entrypoints.openai.serving_speech import SpeechServing
+from omnistage.entrypoints.openai.serving_voices import VoicesServing
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (
     CompletionServing,
     ImagesServing,
     SpeechServing,
+    VoicesServing,
 )
 """Endpoint families every app gets (each only where its `enabled` says so)."""
 

@@ -40,6 +40,7 @@ from omnistage.entrypoints.openai.pipeline_deploy import (
     stage_params,
 )
 from omnistage.entrypoints.openai.pipeline_stream import PipelineStream
+from omnistage.entrypoints.openai.voice_choice import VoiceChoice
 from omnistage.pipeline.deploy_spec import DeploySpec
 from omnistage.pipeline.omni import AsyncOmni
 from omnistage.pipeline.outputs import OmniRequestOutput
@@ -51,7 +52,7 @@ _REFUSED = re.compile(r"^stage (\S+): ([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?: .*)",
 """A failure that is a stage refusing the request's input: "stage NAME: field: why"."""
 
 
-class PipelineClient:
+class PipelineClient(VoiceChoice):
     """An `AsyncOmni` driven by the server (the app starts nothing: the stages start here);
     a `client.EngineClient` (one sequence per request, no logprobs)."""
 
@@ -127,46 +128,6 @@ class PipelineClient:
         """The draw stage's `DiffusionLimits` (sizes it can draw), or None."""
         stage = self.final_stage("image")
         return None if stage is None else self.omni._params.limits.get(stage.name)
-
-    @functools.cached_property
-    def voices(self) -> list[str] | None:
-        """The speakers of the pipeline's talker checkpoint (`voices.speakers_of`), or None
-        when it has no talker to choose a speaker of."""
-        from omnistage.pipeline.voices import speakers_of
-
-        return speakers_of(self.deploy)
-
-    @property
-    def default_voice(self) -> str | None:
-        from omnistage.pipeline.voices import default_voice
-
-        voice = default_voice(self.deploy)
-        if voice is not None:
-            return voice
-        return "default" if self.speaks else None
-
-    def check_voice(self, voice: str | None, param: str) -> str | None:
-        """The request's `voice` as the pipeline takes it (`generate(voice=...)`): one of
-        `voices` (any case), None for None or a pipeline without voices to choose from
-        given its default; any other is a 400 naming `param` with the choices."""
-        if voice is None:
-            return None
-        choices = self.voices
-        if choices is None:
-            default = self.default_voice
-            if default is not None and voice.lower() == default.lower():
-                return None
-            raise OpenAIError(
-                f"{param}: {voice!r} is not available; this model speaks only with its "
-                f"default voice {default!r}",
-                param=param,
-            )
-        by_lower = {c.lower(): c for c in choices}
-        if voice.lower() not in by_lower:
-            raise OpenAIError(
-                f"{param}: {voice!r} is not one of {', '.join(sorted(by_lower))}", param=param
-            )
-        return by_lower[voice.lower()]
 
     @property
     def entry_model(self) -> str | None:

@@ -361,6 +361,15 @@ class ImageGenerationResponse(BaseModel):
     data: list[ImageData]
 
 
+class VoiceUploadRequest(RequestModel):
+    """POST /v1/audio/voices: a reference clip (base64 audio file: wav, flac, ...) and its
+    transcript."""
+
+    audio: str = Field(min_length=1)
+    text: str | None = None
+    name: str | None = None
+
+
 class SpeechRequest(RequestModel):
     """POST /v1/audio/speech."""
 

@@ -7,7 +7,9 @@ for one request; `T(ids)` is a projected text row, `C(ids)` a codec embedding:
   assistant\\n`; the role rows are `T` of its first three tokens;
 - the codec prefix is `think, think_bos, language, think_eos` (or `nothink, think_bos,
   think_eos` for language "auto"), the speaker row (a named speaker's codec
-  embedding; none for a voice designed in words), then `pad, bos`; all but its last
+  embedding, a cloned voice's x-vector — the Base checkpoint's speaker encoder on the
+  uploaded clip (`omnistage.voice_store`); none for a voice designed in words), then
+  `pad, bos`; all but its last
   row are added to `tts_pad` rows ending with `tts_bos`;
 - **non-streaming text** (the reference's default): the whole text then `tts_eos`,
   each plus `C(pad)`, then `tts_pad + C(bos)`; every generated frame gets `tts_pad`;
@@ -30,6 +32,7 @@ import torch
 
 from omnistage.core.stage_input import StageInput
 from omnistage.families.qwen3_tts.text_rows import TalkerTextSide
+from omnistage.voice_store import VoiceStore
 
 ASSISTANT = "<|im_start|>assistant\n{}<|im_end|>\n<|im_start|>assistant\n"
 INSTRUCTION = "<|im_start|>user\n{}<|im_end|>\n"
@@ -41,8 +44,14 @@ MAX_TEXT_TOKENS = 4096
 class Qwen3TTSPrompter:
     """Builds the talker's prompt and per-frame text rows for a request."""
 
-    def __init__(self, config: Any, tokenizer: Any, text_side: TalkerTextSide) -> None:
+    def __init__(
+        self, config: Any, tokenizer: Any, text_side: TalkerTextSide, path: Path | None = None
+    ) -> None:
         self.config = config
+        self.path = path
+        self.speaker_encoder: Any = None
+        self._clones: dict[str, torch.Tensor] = {}
+        """Voice id -> its x-vector (voices are immutable: an id is never reused)."""
         self.talker = config.talker_config
         self.tokenizer = tokenizer
         self.side = text_side
@@ -68,7 +77,7 @@ class Qwen3TTSPrompter:
         side = TalkerTextSide(
             path, talker.text_hidden_size, talker.hidden_size, talker.vocab_size, dtype
         )
-        return cls(config, tokenizer, side)
+        return cls(config, tokenizer, side, path)
 
     # -- the request ----------------------------------------------------------------------
     def request_input(self, stage: str, msg: Any) -> tuple[StageInput, int | None]:
@@ -91,10 +100,17 @@ class Qwen3TTSPrompter:
                     "the voice in `instructions`"
                 )
             return None
+        if VoiceStore.is_voice_id(voice):
+            if self.kind != "base":
+                raise ValueError(
+                    f"voice: {voice!r} is an uploaded voice; cloning needs a Qwen3-TTS Base "
+                    "checkpoint"
+                )
+            return voice
         if self.kind == "base":
             raise ValueError(
-                "voice: this Qwen3-TTS Base checkpoint clones a voice from reference audio; "
-                "named voices need a CustomVoice checkpoint"
+                "voice: this Qwen3-TTS Base checkpoint speaks in a cloned voice: upload a "
+                "reference clip (POST /v1/audio/voices) and pass its id"
             )
         if voice is None:
             if not speakers:
@@ -128,6 +144,22 @@ class Qwen3TTSPrompter:
             return languages[str(dialect).lower()]
         return None if name == "auto" else languages[name]
 
+    def _speaker_row(self, speaker: str) -> torch.Tensor:
+        """A named speaker's codec embedding, or a cloned voice's x-vector (the speaker
+        encoder's embedding of its reference clip, computed once per voice)."""
+        if not VoiceStore.is_voice_id(speaker):
+            return self.side.codec([self.talker.spk_id[speaker]])[0]
+        if speaker not in self._clones:
+            if self.speaker_encoder is None:
+                from omnistage.families.qwen3_tts.speaker_encoder import SpeakerEncoder
+
+                self.speaker_encoder = SpeakerEncoder.from_checkpoint(
+                    self.path, self.config.speaker_encoder_config.to_dict(), self.side.dtype
+                )
+            clip = VoiceStore.for_model(self.path).audio(speaker)
+            self._clones[speaker] = self.speaker_encoder.embed(clip).to(self.side.dtype)
+        return self._clones[speaker]
+
     # -- the prompt -----------------------------------------------------------------------
     def _tokens(self, template: str, value: str) -> list[int]:
         ids = self.tokenizer(template.format(value), add_special_tokens=False)["input_ids"]
@@ -156,7 +188,7 @@ class Qwen3TTSPrompter:
             prefix = [t.codec_think_id, t.codec_think_bos_id, language_id, t.codec_think_eos_id]
         codec = side.codec(prefix)
         if speaker is not None:
-            codec = torch.cat([codec, side.codec([t.spk_id[speaker]])])
+            codec = torch.cat([codec, self._speaker_row(speaker)[None]])
         codec = torch.cat([codec, side.codec([t.codec_pad_id, t.codec_bos_id])])
         pads = self.tts_pad.expand(codec.shape[0] - 2, -1)
         parts = [side.text(ids[:_ROLE]), torch.cat([pads, self.tts_bos]) + codec[:-1]]

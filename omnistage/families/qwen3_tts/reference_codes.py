@@ -1,7 +1,7 @@
 """Qwen3-TTS voice-clone reference audio: loading and checking the clip, and its codec codes.
 
-`load_reference_audio` turns the user's `ref_audio` (file bytes or samples) into a mono
-float32 clip at 24 kHz and refuses clips the model cannot clone from.
+`load_reference_audio` (`omnistage.voice_store`) turns the user's `ref_audio` into a
+mono float32 clip at 24 kHz and refuses clips a model cannot clone from.
 
 `ReferenceAudioEncoder` computes the clip's codes for in-context cloning, as the
 official `qwen-tts` 0.1.1 does (`Qwen3TTSTokenizer.encode` -> `Qwen3TTSTokenizerV2Model
@@ -25,13 +25,9 @@ import torch
 from safetensors import safe_open
 from transformers import MimiConfig, MimiModel
 
-from omnistage.multimodal.media import load_audio
+from omnistage.voice_store import SAMPLE_RATE, load_reference_audio
 
-SAMPLE_RATE = 24000
-MIN_SECONDS = 1.0
-MAX_SECONDS = 30.0
-# A clip whose RMS is below this (about -80 dBFS) is treated as silence.
-SILENCE_RMS = 1e-4
+__all__ = ["SAMPLE_RATE", "ReferenceAudioEncoder", "load_reference_audio"]
 
 # Mimi's flat checkpoint layout -> transformers 5's `MimiModel` (encoder half) layout;
 # a rename is used only where the model has no parameter of the original name.
@@ -40,45 +36,6 @@ _RENAMES = (
     ("encoder_transformer.", "encoder.encoder_transformer."),
     ("downsample.", "encoder.downsample."),
 )
-
-
-def load_reference_audio(
-    data: bytes | bytearray | np.ndarray, sample_rate: float | None = None
-) -> np.ndarray:
-    """A mono float32 clip at 24 kHz from file bytes (WAV, FLAC, ...: the rate is read from
-    the file, `sample_rate` must be None) or from samples `[n]` / `[n, channels]` at
-    `sample_rate`. Raises `ValueError` naming `ref_audio` for undecodable or non-finite
-    data, a duration outside 1-30 s, or silence (RMS below `SILENCE_RMS`)."""
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        if sample_rate is not None:
-            raise ValueError("ref_audio: the sample rate is read from the file; pass none")
-    elif not isinstance(data, np.ndarray):
-        raise ValueError(
-            f"ref_audio: expected audio file bytes or an array of samples, got "
-            f"{type(data).__name__}"
-        )
-    elif sample_rate is None:
-        raise ValueError("ref_audio: an array of samples needs its sample_rate")
-    try:
-        clip = load_audio(data, sample_rate, target_rate=SAMPLE_RATE)
-    except ValueError as e:
-        message = str(e).removeprefix("audio: ")
-        raise ValueError(f"ref_audio: {message}") from e
-    seconds = clip.size / SAMPLE_RATE
-    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
-        raise ValueError(
-            f"ref_audio: the clip lasts {seconds:.2f} s; a reference clip must last "
-            f"{MIN_SECONDS:g} to {MAX_SECONDS:g} s"
-        )
-    if not np.isfinite(clip).all():
-        raise ValueError("ref_audio: samples must be finite (found NaN or infinity)")
-    rms = float(np.sqrt(np.mean(np.square(clip, dtype=np.float64))))
-    if rms < SILENCE_RMS:
-        raise ValueError(
-            f"ref_audio: the clip is silent (RMS {rms:.2e} < {SILENCE_RMS:g}); "
-            "record the speaker's voice"
-        )
-    return clip
 
 
 def _mimi_encoder(encoder_config: dict[str, Any]) -> MimiModel:
