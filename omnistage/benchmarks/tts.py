@@ -1,0 +1,227 @@
+"""`omnistage bench tts`: text to speech on the built-in `demo-qwen3-tts` (Qwen3-TTS
+architecture, tiny random weights made locally once; nothing is downloaded).
+
+Workload (seeded): distinct texts of 4-8 random lowercase words; the talker writes
+`--frames` frames (greedy, ignore_eos; 125 frames = 10 s of audio at 12.5 frames/s),
+the speaker is the checkpoint's first, code2wav decodes 24 kHz audio (48 samples per
+frame in the tiny model, 1920 in the real one). Per concurrency (`--concurrency`,
+default 1, 4, 16) and mode, all requests of a measurement are submitted at once
+through `AsyncOmni` (a process per stage):
+
+- `stream` (the packaged deploy): codes stream talker -> code2wav in chunks (first 4
+  frames, then 16, with 32 frames of left context), so audio starts early;
+- `payload`: code2wav gets the whole utterance when the talker has finished.
+
+Reported: time to first audio (TTFA: submit -> first audio; median), real-time factor
+(end-to-end time / audio duration; median; lower is better) and audio seconds per
+wall second (all requests). The peer, measured in the same run where its venv exists
+(`--reference-python`, default `.reference/qwen-tts-env/bin/python`): the official
+`qwen-tts` 0.1.1 on the same checkpoint (`qwen_tts_peer.py`), one request at a time
+(its RTF at c=1) and one batch of 16 (its aggregate audio s/s at c=16). Repeats are
+interleaved and the lowest median TTFA kept. A table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from omnistage.benchmarks.pipeline import make_prompts
+
+DEMO = "demo-qwen3-tts"
+LAST_STAGE = "code2wav"
+SAMPLE_RATE = 24000
+FRAME_RATE = 12.5
+DEFAULT_REFERENCE = Path(".reference/qwen-tts-env/bin/python")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
+    parser.add_argument("--frames", type=int, default=125, help="talker frames per request")
+    parser.add_argument("--repeat", type=int, default=2, help="interleaved runs; best reported")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--reference-python",
+        default=str(DEFAULT_REFERENCE),
+        help="python of a venv with qwen-tts 0.1.1 (the peer); skipped if absent",
+    )
+
+
+def _deploy(transfer: str) -> Any:
+    from omnistage.pipeline.deploy import deploy_for_model
+
+    spec = deploy_for_model(DEMO)
+    if transfer == "payload":
+        edges = tuple(dataclasses.replace(e, transfer="payload") for e in spec.edges)
+        spec = dataclasses.replace(spec, edges=edges)
+    return spec
+
+
+async def _serve(omni: Any, texts: list[str], frames: int) -> dict[str, float]:
+    from omnistage import SamplingParams
+
+    params = {"talker": SamplingParams(temperature=0, max_tokens=frames, ignore_eos=True)}
+
+    async def one(text: str) -> tuple[float, float, float]:
+        submitted, first, samples = time.perf_counter(), None, 0
+        async for out in omni.generate(text, params):
+            if out.error is not None:
+                raise RuntimeError(f"request {out.request_id} failed: {out.error}")
+            if out.stage == LAST_STAGE and out.new_data is not None and out.new_data.numel():
+                first = first or time.perf_counter() - submitted
+                samples += out.new_data.numel()
+        if first is None:
+            raise RuntimeError("a request finished without audio")
+        return first, time.perf_counter() - submitted, samples / SAMPLE_RATE
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(t) for t in texts))
+    wall = time.perf_counter() - start
+    return {
+        "ttfa_median_s": statistics.median(r[0] for r in results),
+        "rtf_median": statistics.median(r[1] / r[2] for r in results),
+        "audio_s_per_s": sum(r[2] for r in results) / wall,
+        "wall_s": wall,
+    }
+
+
+def run_mode(args: argparse.Namespace, transfer: str, levels: list[int], tag: str) -> dict:
+    from omnistage.pipeline.omni import AsyncOmni
+
+    out = {}
+    with AsyncOmni(_deploy(transfer)) as omni:
+        asyncio.run(_serve(omni, ["warm up"], args.frames))
+        for level in levels:
+            texts = [f"{tag} {p}" for p in make_prompts(level, args.seed + level)]
+            out[level] = asyncio.run(_serve(omni, texts, args.frames))
+    return out
+
+
+def run_reference(args: argparse.Namespace, n: int, batch: int) -> dict[str, float] | None:
+    """The official qwen-tts on the same checkpoint, in its own venv; None without one."""
+    python = Path(args.reference_python)
+    if not python.exists():
+        return None
+    from omnistage.models.builtin import demo_model_path
+
+    texts = [f"ref {p}" for p in make_prompts(n, args.seed + 1000 + batch)]
+    script = Path(__file__).with_name("qwen_tts_peer.py")
+    command = [str(python), str(script), str(demo_model_path(DEMO)), json.dumps(texts)]
+    done = subprocess.run(
+        [*command, str(args.frames), str(batch)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the reference peer failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # One at a time, requests of equal length: the wall time per audio second is each
+    # request's real-time factor.
+    result["rtf"] = result["wall_s"] / result["audio_s"]
+    result["audio_s_per_s"] = result["audio_s"] / result["wall_s"]
+    return result
+
+
+def _best(args: argparse.Namespace, levels: list[int]) -> dict[str, dict[int, dict]]:
+    best: dict[str, dict[int, dict[str, float]]] = {}
+    for i in range(args.repeat):
+        for transfer in ("stream", "payload")[:: -1 if i % 2 else 1]:
+            for level, r in run_mode(args, transfer, levels, f"{transfer[:3]}{i}").items():
+                kept = best.setdefault(transfer, {}).get(level)
+                if kept is None or r["ttfa_median_s"] < kept["ttfa_median_s"]:
+                    best[transfer][level] = r
+    return best
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    if not levels or min(levels) < 1:
+        raise ValueError("--concurrency: expected comma-separated levels >= 1")
+    for name in ("frames", "repeat"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}: must be at least 1")
+    best = _best(args, levels)
+    alone = run_reference(args, n=2, batch=1)
+    batched = run_reference(args, n=16, batch=16) if alone is not None else None
+    workload = (
+        f"best of {args.repeat} (lowest median TTFA): {DEMO} (tiny random-weight Qwen3-TTS "
+        f"CustomVoice, float32), texts of 4-8 random words, talker {args.frames} frames "
+        f"({args.frames / FRAME_RATE:.1f} s of audio at the real model's 1920 samples per "
+        "frame; the tiny decoder writes 48, and RTF counts those), greedy, ignore_eos, a process per "
+        "stage, async scheduling; stream: talker->code2wav 4 then 16 frames with 32 frames of "
+        "left context; payload: the whole utterance; reference: qwen-tts 0.1.1 generate + "
+        "decode, one request at a time and one batch of 16"
+    )
+    flags = _cpu_flags()
+    machine = (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"flags {flags}, torch {torch.__version__}"
+    )
+    print(f"workload: {workload}\nmachine: {machine}")
+    print(f"{'mode':<9}{'conc':>5}{'TTFA s':>9}{'RTF':>8}{'audio s/s':>11}")
+    for transfer in ("stream", "payload"):
+        for level in levels:
+            r = best[transfer][level]
+            print(
+                f"{transfer:<9}{level:>5}{r['ttfa_median_s']:>9.3f}{r['rtf_median']:>8.3f}"
+                f"{r['audio_s_per_s']:>11.2f}"
+            )
+    summary: dict[str, Any] = {"benchmark": "tts", "workload": workload, "machine": machine}
+    for transfer in ("stream", "payload"):
+        for level in levels:
+            for key, value in best[transfer][level].items():
+                summary[f"{transfer}_c{level}_{key}"] = round(value, 4)
+    low, high = min(levels), max(levels)
+    ratio_first = best["stream"][low]["ttfa_median_s"] / best["payload"][low]["ttfa_median_s"]
+    summary["ratio_ttfa_stream_vs_whole"] = round(ratio_first, 4)
+    summary["target_first_audio_met"] = ratio_first <= 0.2
+    print(f"stream / whole first audio at concurrency {low}: {ratio_first:.3f} (target <= 0.2)")
+    if alone is not None and batched is not None:
+        ours_rtf = best["stream"][low]["rtf_median"]
+        rtf_gain = alone["rtf"] / ours_rtf
+        aggregate = best["stream"][high]["audio_s_per_s"] / batched["audio_s_per_s"]
+        print(
+            f"reference: RTF {alone['rtf']:.3f} alone, {batched['audio_s_per_s']:.2f} audio s/s "
+            f"batched 16; ours: RTF {rtf_gain:.2f}x better at c={low} (target >= 3), "
+            f"{aggregate:.2f}x its aggregate at c={high} (target >= 10)"
+        )
+        summary |= {
+            "reference_rtf_c1": round(alone["rtf"], 4),
+            "reference_batch16_audio_s_per_s": round(batched["audio_s_per_s"], 4),
+            "ratio_rtf_vs_reference_c1": round(rtf_gain, 3),
+            "ratio_aggregate_vs_reference_c16": round(aggregate, 3),
+            "target_rtf_met": rtf_gain >= 3,
+            "target_aggregate_met": aggregate >= 10,
+        }
+    else:
+        print(f"reference: skipped ({args.reference_python} not found)")
+    print(json.dumps(summary))
+    return 0
+
+
+def _cpu_flags() -> str:
+    try:
+        flags = next(
+            line.split(":", 1)[1].split()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        )
+    except (OSError, StopIteration):
+        return "unknown"
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
+    return ",".join(f for f in wanted if f in flags) or "none of avx2/avx512"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_arguments(parser)
+    raise SystemExit(main(parser.parse_args()))
