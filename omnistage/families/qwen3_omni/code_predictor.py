@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistage.layers.linear import Embedding, Linear
+from omnistage.layers.linear import Embedding, Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
 from omnistage.sample import Sampler, SamplingMetadata
@@ -35,6 +35,17 @@ NUM_SUPPRESSED = 1024
 """The top ids of the talker vocabulary `generate` never samples (but `codec_eos`)."""
 
 _GREEDY = SamplingParams(temperature=0.0)
+FUSED = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+"""Checkpoint projection -> (our fused projection, its index among the parts)."""
+_PARTS: dict[str, list[str]] = {}
+for _part, (_fused, _) in FUSED.items():
+    _PARTS.setdefault(_fused, []).append(_part)
 _SEED_SALT = 0x636F64655F707265  # separates the code predictor's draws from the talker's
 
 
@@ -50,15 +61,16 @@ class CodePredictorLayer(nn.Module):
         bias = getattr(config, "attention_bias", False)
         self.self_attn = nn.Module()
         attn = self.self_attn
-        attn.q_proj = Linear(hidden, self.num_heads * self.head_dim, bias, dtype=dtype)
-        attn.k_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias, dtype=dtype)
-        attn.v_proj = Linear(hidden, self.num_kv_heads * self.head_dim, bias, dtype=dtype)
-        attn.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias, dtype=dtype)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        # q/k/v and gate/up are fused (one GEMM each; `FUSED` maps the checkpoint's names).
+        attn.qkv_proj = Linear(hidden, q_size + 2 * kv_size, bias, dtype=dtype)
+        attn.o_proj = Linear(q_size, hidden, bias, dtype=dtype)
         attn.q_norm = RMSNorm(self.head_dim, eps, dtype)
         attn.k_norm = RMSNorm(self.head_dim, eps, dtype)
         self.mlp = nn.Module()
-        self.mlp.gate_proj = Linear(hidden, config.intermediate_size, False, dtype=dtype)
-        self.mlp.up_proj = Linear(hidden, config.intermediate_size, False, dtype=dtype)
+        self.mlp_size = config.intermediate_size
+        self.mlp.gate_up_proj = Linear(hidden, 2 * config.intermediate_size, False, dtype=dtype)
         self.mlp.down_proj = Linear(config.intermediate_size, hidden, False, dtype=dtype)
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
@@ -74,10 +86,10 @@ class CodePredictorLayer(nn.Module):
         is extended in place."""
         b, t, _ = x.shape
         attn = self.self_attn
-        h = self.input_layernorm(x)
-        q = attn.q_norm(attn.q_proj(h).view(b, t, self.num_heads, self.head_dim))
-        k = attn.k_norm(attn.k_proj(h).view(b, t, self.num_kv_heads, self.head_dim))
-        v = attn.v_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
+        q, k, v = attn.qkv_proj(self.input_layernorm(x)).split(self.split, -1)
+        q = attn.q_norm(q.reshape(b, t, self.num_heads, self.head_dim))
+        k = attn.k_norm(k.reshape(b, t, self.num_kv_heads, self.head_dim))
+        v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
         cos, sin = cos[None, :, None], sin[None, :, None]
         q, k = rotate(q, cos, sin).transpose(1, 2), rotate(k, cos, sin).transpose(1, 2)
         v = v.transpose(1, 2)
@@ -86,9 +98,8 @@ class CodePredictorLayer(nn.Module):
         cache[:] = [k, v]
         out = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1, enable_gqa=True)
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, t, -1))
-        h = self.post_attention_layernorm(x)
-        mlp = self.mlp
-        return x + mlp.down_proj(F.silu(mlp.gate_proj(h)) * mlp.up_proj(h))
+        gate, up = self.mlp.gate_up_proj(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return x + self.mlp.down_proj(F.silu(gate) * up)
 
 
 class CodePredictor(nn.Module):
@@ -125,6 +136,36 @@ class CodePredictor(nn.Module):
         )
         self.rotary = RotaryEmbedding(rotary, groups + 1, dtype)
         self.requires_grad_(False)
+
+    def _target(self, name: str) -> tuple[str, int | None]:
+        """A checkpoint name -> (our parameter, row offset in a fused one, or None)."""
+        for part, (fused, index) in FUSED.items():
+            if f".{part}." in name:
+                layer = self.model.layers[0]
+                sizes = layer.split if fused.endswith("qkv_proj") else (layer.mlp_size,) * 2
+                return name.replace(part, fused), sum(sizes[:index])
+        return name, None
+
+    def load(self, name: str, tensor: torch.Tensor) -> None:
+        """Load one tensor under its checkpoint name (`model.layers.0.self_attn.q_proj…`)."""
+        target, offset = self._target(name)
+        state = self.state_dict()
+        if target not in state:
+            raise ValueError(f"checkpoint tensor talker.code_predictor.{name} has no parameter")
+        if offset is None:
+            if state[target].shape != tensor.shape:
+                raise ValueError(f"checkpoint tensor talker.code_predictor.{name} does not fit")
+            state[target].copy_(tensor)
+        else:
+            load_shard(state[target], tensor, offset)
+
+    def checkpoint_names(self) -> set[str]:
+        """The checkpoint's names of every parameter (the fused ones by their parts)."""
+        names = set()
+        for name in self.state_dict():
+            fused = next((f for f in _PARTS if f".{f}." in name), None)
+            names |= {name.replace(fused, p) for p in _PARTS[fused]} if fused else {name}
+        return names
 
     def embed(self, codes: torch.Tensor) -> torch.Tensor:
         """[n, G-1] codes 1..G-1 -> the sum of their embeddings [n, H]."""
@@ -216,17 +257,14 @@ class CodePredictingTalker:
                     yield name, tensor
 
         loaded = super().load_weights(decoder(weights))  # type: ignore[misc]
-        state = self.code_predictor.state_dict()
         for name, tensor in own.items():
-            if name not in state or state[name].shape != tensor.shape:
-                raise ValueError(f"checkpoint tensor talker.code_predictor.{name} does not fit")
-            state[name].copy_(tensor.to(self.dtype))  # type: ignore[attr-defined]
+            self.code_predictor.load(name, tensor.to(self.dtype))  # type: ignore[attr-defined]
             loaded.add(f"code_predictor.{name}")
         return loaded
 
     def expected_weight_names(self) -> set[str]:
         names = {n for n in super().expected_weight_names() if "code_predictor." not in n}  # type: ignore[misc]
-        return names | {f"code_predictor.{n}" for n in self.code_predictor.state_dict()}
+        return names | {f"code_predictor.{n}" for n in self.code_predictor.checkpoint_names()}
 
 
 def code_predictor_metadata(
