@@ -1,7 +1,8 @@
 """Qwen3-TTS (talker -> code2wav, the packaged demo-qwen3-tts deploy) on tiny checkpoints.
 
 - Parity: greedy, every case of `fixtures/qwen3_tts/talker_codes.json` (CustomVoice with
-  named speakers, a dialect speaker, an instruction, streamed text; VoiceDesign) gives
+  named speakers, a dialect speaker, an instruction, streamed text; VoiceDesign; Base
+  speaking in a voice cloned from an uploaded clip, x-vector mode) gives
   the official reference's waveform (qwen-tts 0.1.1, float32) within 1e-5: the talker's
   codes are the reference's, frame for frame (a differing code changes the waveform by
   far more), and code2wav decodes them as it does.
@@ -15,17 +16,21 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import io
 import json
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+import soundfile
 
 from omnistage import SamplingParams
 from omnistage.families.qwen3_tts.prompt import Qwen3TTSPrompter
 from omnistage.families.qwen3_tts.tiny import make_tiny_qwen3_tts
 from omnistage.pipeline.omni import AsyncOmni, Omni
+from omnistage.pipeline.voices import voice_store
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "qwen3_tts" / "talker_codes.json"
@@ -54,13 +59,27 @@ def _stream_text(monkeypatch) -> None:
     monkeypatch.setattr(Qwen3TTSPrompter, "build", streamed)
 
 
-def test_greedy_audio_equals_the_reference(checkpoints, reference, monkeypatch):
+def _uploaded_reference_clip(spec) -> str:
+    """The Base case's voice: the fixture script's clip, uploaded to the voice store."""
+    script = FIXTURE.with_name("make_talker_fixture.py")
+    loader = importlib.util.spec_from_file_location("make_talker_fixture", script)
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, module.reference_clip(), 24000, format="WAV", subtype="FLOAT")
+    return voice_store(spec).add(buffer.getvalue())["id"]
+
+
+def test_greedy_audio_equals_the_reference(checkpoints, reference, monkeypatch, tmp_path):
     frames = reference["max_new_tokens"] - 1  # the reference completes one frame less
+    monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path))
     for case in reference["cases"]:
         with monkeypatch.context() as patch:
             if not case["non_streaming_mode"]:
                 _stream_text(patch)
             spec = tiny_speech_deploy("demo-qwen3-tts", checkpoints[case["kind"]], dtype="float32")
+            if case["kind"] == "base":  # cloned from an uploaded clip (x-vector)
+                case["speaker"] = _uploaded_reference_clip(spec)
             params = {
                 "talker": SamplingParams(
                     temperature=0.0, repetition_penalty=1.05, min_tokens=2, max_tokens=frames
