@@ -174,19 +174,21 @@ def test_a_stream_finishes_once_and_bad_requests_name_their_field(checkpoints):
                 if out.new_data is not None:
                     audio.append(out.new_data.numpy())
             errors = {}
-            bad = {
-                "voice": dict(voice="nobody"),
-                "language": dict(language="klingon"),
-                "input": dict(prompt="   "),
-            }
-            for field, kwargs in bad.items():
+            bad = [
+                ("voice", dict(voice="nobody")),
+                ("language", dict(language="klingon")),
+                ("instructions", dict(instructions=7)),
+                ("input", dict(prompt="   ")),
+                ("input", dict(prompt="word " * 1000)),  # 5000 tokens: over the limit
+            ]
+            for i, (field, kwargs) in enumerate(bad):
                 prompt = kwargs.pop("prompt", "Fine text.")
                 try:
                     async for out in omni.generate(prompt, {"talker": SAMPLED}, **kwargs):
                         if out.finished:
-                            errors[field] = out.error
+                            errors[(i, field)] = out.error
                 except ValueError as e:
-                    errors[field] = str(e)
+                    errors[(i, field)] = str(e)
             after = None
             async for out in omni.generate("Still serving.", {"talker": SAMPLED}):
                 if out.finished:
@@ -195,7 +197,8 @@ def test_a_stream_finishes_once_and_bad_requests_name_their_field(checkpoints):
 
     finished, audio, errors, after = asyncio.run(main())
     assert finished == 1 and len(audio) > 1
-    for field, error in errors.items():
+    assert len(errors) == 5
+    for (_, field), error in errors.items():
         # Refused up front (the frontend) or by the talker's prompter (the server answers
         # "stage talker: field: why" from the entry stage as a 400).
         assert error is not None and re.match(rf"(stage talker: )?{field}: ", error), error
