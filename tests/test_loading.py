@@ -555,7 +555,10 @@ def test_write_safetensors_shards(tmp_path, monkeypatch):
 def test_unknown_name_and_missing_path(tmp_path):
     with pytest.raises(
         ValueError,
-        match=r"model: 'foo' is neither a built-in model \(demo-image, demo-omni, smollm2\) nor an existing path",
+        match=(
+            r"model: 'foo' is neither a built-in model "
+            r"\(demo-image, demo-omni, demo-qwen3-tts, smollm2\) nor an existing path"
+        ),
     ):
         resolve_model("foo")
     missing = str(tmp_path / "nope")

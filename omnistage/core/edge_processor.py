@@ -27,6 +27,9 @@ from omnistage.core.stage_input import StageInput
 
 CODES_KEY = "codes.output"
 IMAGE_GRID_KEY = "mm.image_grid_thw"
+CONTEXT_CODES_KEY = "codes.context"
+"""Codec frames a vocoder decodes only as left context before the request's first frame
+(a cloned voice's reference codes), never as output."""
 """The `[images, 3]` patch grids of a prompt with images (set by the stage that encoded it)."""
 
 

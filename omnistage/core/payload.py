@@ -108,6 +108,9 @@ PAYLOAD_SCHEMA: dict[str, KeySpec] = {
     "codes.output": _t(
         "int", None, "[frames, 1 + codes] each output token, then the codes sampled with it"
     ),
+    "codes.context": _t(
+        "int", 2, "[frames, codes] frames a vocoder decodes as left context only (not output)"
+    ),
     "audio.waveform": _t("float", 1, "[samples] mono waveform"),
     "mm.image_grid_thw": _t(
         "int", 2, "[images, 3] (t, h, w) patch grids of the prompt's images, in prompt order"

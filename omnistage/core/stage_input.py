@@ -29,3 +29,6 @@ class StageInput:
     image_grid_thw: torch.Tensor | None = None
     """`[images, 3]` patch grids of the prompt's images (an entry stage's encoded media);
     the stage hands them on to edges that collect `IMAGE_GRID_KEY`."""
+    output_context: torch.Tensor | None = None
+    """`[frames, codes]` codec frames the consumer of this stage's frames decodes as left
+    context before the first (a cloned voice's reference codes: `CONTEXT_CODES_KEY`)."""

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from omnistage.config import EngineConfig
+from omnistage.core.edge_processor import CONTEXT_CODES_KEY
 from omnistage.core.payload import Payload
 from omnistage.core.tensor_blob import tensor_to_blob
 from omnistage.models.generation import GenerationItem, load_generation_model
@@ -115,7 +116,7 @@ class GenerationStageCore(StageCore):
                 if seed is None:
                     seed = derived_seed(self.engine_seed, rows)
             speaker = entry.submit.voice if self.model.takes_seeds_and_speakers else None
-            stream = _Stream(seed, rows[:0], rows[:0], speaker=speaker)
+            stream = _Stream(seed, self._prefix(payload, rows), rows[:0], speaker=speaker)
         rows = torch.cat([stream.held, rows])
         held = 0 if msg.last else min(self.edge.right_context, rows.shape[0])
         own = rows.shape[0] - held
@@ -139,6 +140,18 @@ class GenerationStageCore(StageCore):
         stream.held, stream.position = rows[own:], stream.position + own
         self.streams[rid] = stream
         return []
+
+    def _prefix(self, payload: Payload, rows: torch.Tensor) -> torch.Tensor:
+        """The left context of a request's first rows: the frames its producer sent as
+        context only (`CONTEXT_CODES_KEY`), the last `left_context` of them when the edge
+        streams with a left context; none by default."""
+        prefix = payload.get(CONTEXT_CODES_KEY)
+        if prefix is None:
+            return rows[:0]
+        prefix = prefix.to(rows.dtype)
+        if self.edge.transfer == "stream" and self.edge.left_context:
+            prefix = prefix[-self.edge.left_context :]
+        return prefix
 
     def step(self) -> list[FromStage]:
         items = [self.queue.popleft() for _ in range(min(self.max_batch, len(self.queue)))]

@@ -12,6 +12,7 @@ import torch
 
 from omnistage.core.edge_processor import (
     CODES_KEY,
+    CONTEXT_CODES_KEY,
     HIDDEN_STATES_ACCUMULATE,
     Accumulate,
     EdgeProcessor,
@@ -83,11 +84,13 @@ class HiddenToEmbeds(EdgeProcessor):
 
 class CodecFrames(EdgeProcessor):
     """The producer's frames of codec codes (each output token and the codes sampled with
-    it, `[frames, 1 + num_token_codes]`) are what a generation stage (vocoder) decodes."""
+    it, `[frames, 1 + num_token_codes]`) are what a generation stage (vocoder) decodes;
+    frames the producer's request brings as context (`CONTEXT_CODES_KEY`: a cloned voice's
+    reference codes) are decoded before them, as left context only."""
 
     name = "codec_frames"
 
-    accumulate = {CODES_KEY: Accumulate.CONCAT}
+    accumulate = {CODES_KEY: Accumulate.CONCAT, CONTEXT_CODES_KEY: Accumulate.REPLACE}
     stream_key = CODES_KEY
     input_key = CODES_KEY
 

@@ -36,6 +36,8 @@ from omnistage.voice_store import VoiceStore
 
 ASSISTANT = "<|im_start|>assistant\n{}<|im_end|>\n<|im_start|>assistant\n"
 INSTRUCTION = "<|im_start|>user\n{}<|im_end|>\n"
+REFERENCE = "<|im_start|>assistant\n{}<|im_end|>\n"
+"""A cloned voice's transcript (its ids are those between the role and `<|im_end|>\\n`)."""
 _ROLE, _TAIL = 3, 5
 """Tokens of `<|im_start|>assistant\\n` before the text and of the template after it."""
 MAX_TEXT_TOKENS = 4096
@@ -50,6 +52,9 @@ class Qwen3TTSPrompter:
         self.config = config
         self.path = path
         self.speaker_encoder: Any = None
+        self.codec_encoder: Any = None
+        self._references: dict[str, tuple[list[int], torch.Tensor]] = {}
+        """Voice id -> its transcript's ids and its clip's codec codes (in-context cloning)."""
         self._clones: dict[str, torch.Tensor] = {}
         """Voice id -> its x-vector (voices are immutable: an id is never reused)."""
         self.talker = config.talker_config
@@ -73,10 +78,7 @@ class Qwen3TTSPrompter:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: cannot load Qwen3-TTS's config and tokenizer ({e})") from e
-        talker = config.talker_config
-        side = TalkerTextSide(
-            path, talker.text_hidden_size, talker.hidden_size, talker.vocab_size, dtype
-        )
+        side = TalkerTextSide(path, config.talker_config, dtype)
         return cls(config, tokenizer, side, path)
 
     # -- the request ----------------------------------------------------------------------
@@ -89,7 +91,9 @@ class Qwen3TTSPrompter:
         speaker = self._speaker(msg.voice)
         instructions = self._instructions(msg.instructions)
         language = self._language(msg.language, speaker)
-        return self.build(text, speaker, language, instructions), None
+        # The reference's generate_voice_clone streams the text in; the others do not.
+        stream_text = self.kind == "base"
+        return self.build(text, speaker, language, instructions, stream_text), None
 
     def _speaker(self, voice: str | None) -> str | None:
         speakers = {k.lower(): k for k in self.talker.spk_id}
@@ -194,7 +198,11 @@ class Qwen3TTSPrompter:
         parts = [side.text(ids[:_ROLE]), torch.cat([pads, self.tts_bos]) + codec[:-1]]
         if instructions is not None:
             parts.insert(0, side.text(self._tokens(INSTRUCTION, instructions)))
-        if stream_text:
+        reference = self._reference(speaker)
+        if reference is not None:
+            tail, rows = self._in_context(body, *reference, stream_text)
+            parts.append(tail)
+        elif stream_text:
             parts.append(side.text(body[:1]) + codec[-1:])
             rows = torch.cat([side.text(body[1:]), self.tts_eos])
         else:
@@ -207,4 +215,42 @@ class Qwen3TTSPrompter:
             prompt_embeds=embeds,
             conditioning=rows,
             conditioning_fill=self.tts_pad[0],
+            output_context=None if reference is None else reference[1],
         )
+
+    def _reference(self, voice: str | None) -> tuple[list[int], torch.Tensor] | None:
+        """An uploaded voice with a transcript: (its transcript's ids, its clip's codec
+        codes), for in-context cloning; None otherwise (x-vector only, or no clone)."""
+        if not VoiceStore.is_voice_id(voice):
+            return None
+        store = VoiceStore.for_model(self.path)
+        record = store.get(voice)
+        if record is None:
+            raise ValueError(f"voice: no uploaded voice {voice!r}")
+        if not record.get("text"):
+            return None
+        if voice not in self._references:
+            if self.codec_encoder is None:
+                from omnistage.families.qwen3_tts.reference_codes import ReferenceAudioEncoder
+
+                self.codec_encoder = ReferenceAudioEncoder.from_checkpoint(self.path)
+            ids = self._tokens(REFERENCE, record["text"])[_ROLE:-2]
+            self._references[voice] = (ids, self.codec_encoder.encode(store.audio(voice)))
+        return self._references[voice]
+
+    def _in_context(
+        self, body: list[int], ref_ids: list[int], ref_codes: torch.Tensor, stream_text: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The in-context part of a cloned voice's prompt (`generate_icl_prompt`): the
+        reference transcript and the text, then `tts_eos`, beside `bos` and the reference
+        clip's frames; and the conditioning rows of the generated frames."""
+        t, side = self.talker, self.side
+        text = torch.cat([side.text(ref_ids + body), self.tts_eos])
+        codec = torch.cat([side.codec([t.codec_bos_id]), side.frames(ref_codes)])
+        if not stream_text:
+            pads = side.codec([t.codec_pad_id] * text.shape[0])
+            return torch.cat([text + pads, codec + self.tts_pad]), self.tts_pad
+        if text.shape[0] > codec.shape[0]:
+            return text[: codec.shape[0]] + codec, text[codec.shape[0] :]
+        padded = torch.cat([text, self.tts_pad.expand(codec.shape[0] - text.shape[0], -1)])
+        return padded + codec, self.tts_pad

@@ -4,12 +4,14 @@ Qwen3-TTS feeds its talker text as `text_projection(text_embedding(ids))`: the
 embedding is the full Qwen vocabulary at the text model's width (151936 x 2048,
 1.2 GB in float32), of which a request uses a few dozen rows, so the table stays
 in the safetensors file and only the rows asked for are read; the projection (a
-two-layer SiLU MLP with biases) and the codec embedding are small and loaded.
+two-layer SiLU MLP with biases) and the codec embeddings (code 0's and the code
+predictor's, to embed a cloned voice's reference frames) are small and loaded.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +22,7 @@ from omnistage.layers.linear import Embedding, Linear
 TEXT_EMBEDDING = "talker.model.text_embedding.weight"
 _PROJECTION = "talker.text_projection."
 _CODEC_EMBEDDING = "talker.model.codec_embedding.weight"
+_PREDICTOR_EMBEDDING = "talker.code_predictor.model.codec_embedding."
 
 
 class TextProjection(nn.Module):
@@ -37,11 +40,18 @@ class TextProjection(nn.Module):
 class TalkerTextSide(nn.Module):
     """Projected text rows and codec embeddings for building talker prompts."""
 
-    def __init__(self, path: Path, text_hidden: int, hidden: int, codec_vocab: int, dtype) -> None:
+    def __init__(self, path: Path, talker: Any, dtype: torch.dtype) -> None:
         super().__init__()
         self.dtype = dtype
-        self.text_projection = TextProjection(text_hidden, hidden, dtype)
-        self.codec_embedding = Embedding(codec_vocab, hidden, dtype=dtype)
+        hidden = talker.hidden_size
+        self.text_projection = TextProjection(talker.text_hidden_size, hidden, dtype)
+        self.codec_embedding = Embedding(talker.vocab_size, hidden, dtype=dtype)
+        predictor = talker.code_predictor_config
+        self.predictor_embedding = nn.ModuleList(
+            Embedding(predictor.vocab_size, hidden, dtype=dtype)
+            for _ in range(talker.num_code_groups - 1)
+        )
+        """Codes 1..G-1 (the code predictor's tables): a whole frame's embedding."""
         self.requires_grad_(False)
         self._file, self._table = self._load(Path(path))
 
@@ -92,10 +102,21 @@ class TalkerTextSide(nn.Module):
         """[len(ids), hidden]: the codec embedding of each id."""
         return self.codec_embedding(torch.tensor(ids, dtype=torch.long))
 
+    @torch.inference_mode()
+    def frames(self, codes: torch.Tensor) -> torch.Tensor:
+        """[frames, G] codes -> [frames, hidden]: each frame's codes' embeddings summed, as
+        the talker embeds a frame it wrote."""
+        out = self.codec_embedding(codes[:, 0])
+        for j, table in enumerate(self.predictor_embedding):
+            out = out + table(codes[:, j + 1])
+        return out
+
 
 def _ours(key: str) -> str | None:
     if key.startswith(_PROJECTION):
         return "text_projection." + key[len(_PROJECTION) :]
+    if key.startswith(_PREDICTOR_EMBEDDING):
+        return "predictor_embedding." + key[len(_PREDICTOR_EMBEDDING) :]
     if key == _CODEC_EMBEDDING:
         return "codec_embedding.weight"
     return None
