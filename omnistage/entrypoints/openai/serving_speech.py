@@ -18,7 +18,8 @@ would); `instructions` and `language` are a 400 there.
 Qwen3-TTS CustomVoice its `spk_id` names, the first the default), or left out for the
 default; any other is a 400 naming `voice` with the choices. `response_format`: wav,
 pcm (raw 16-bit little-endian mono samples at the model's rate), flac, mp3 or opus;
-aac is a 400. `speed` other than 1 is a 400 (not honoured).
+aac is a 400. `speed` (0.25-4) changes the tempo, not the pitch
+(`multimodal.time_stretch`, WSOLA); streamed audio is served at speed 1 only.
 `stream: true` (wav or pcm) sends the audio as the pipeline produces it: pcm chunks as
 they arrive, for wav first a WAV header whose lengths say "unknown" (0xFFFFFFFF, as
 streaming TTS servers send). A client that disconnects aborts the request in every
@@ -97,8 +98,10 @@ class SpeechServing(OpenAIServing):
                 f"{', '.join(MEDIA_TYPES)}",
                 param="response_format",
             )
-        if body.speed is not None and body.speed != 1.0:
-            raise OpenAIError("speed: only 1.0 is supported", param="speed")
+        if body.speed is not None and not 0.25 <= body.speed <= 4.0:
+            raise OpenAIError("speed: must be between 0.25 and 4", param="speed")
+        if body.stream and body.speed not in (None, 1.0):
+            raise OpenAIError("speed: streamed audio is served at speed 1 only", param="speed")
         if not self.client.entry_builds_its_prompt:
             for field in ("instructions", "language"):
                 if getattr(body, field) is not None:
@@ -133,6 +136,10 @@ class SpeechServing(OpenAIServing):
             return AudioStream(self.stream(body, stage.name, first, updates, arrival), media)
         audio = await until_disconnect(raw, self.collect(stage.name, first, updates, arrival))
         samples, rate = audio
+        if body.speed not in (None, 1.0):
+            from omnistage.multimodal.time_stretch import time_stretch
+
+            samples = await asyncio.to_thread(time_stretch, samples, rate, body.speed)
         data = await asyncio.to_thread(encode, samples, rate, body.response_format)
         return Response(data, media_type=MEDIA_TYPES[body.response_format])
 
