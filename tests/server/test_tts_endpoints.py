@@ -116,8 +116,20 @@ def test_voices_upload_list_speak_delete(base_server: PipelineServer) -> None:
         voice = created.json()
         assert voice["object"] == "voice" and voice["id"].startswith("voice-")
         assert voice["seconds"] == 2.0 and voice["text"] == "A hum."
+        import base64
+
+        form = http.post(
+            "/v1/audio/voices",
+            files={"audio": ("me.wav", base64.b64decode(_wav(1.5)), "audio/wav")},
+            data={"text": "Another hum.", "name": "form upload"},
+        )
+        assert form.status_code == 201, form.text
+        assert form.json()["name"] == "form upload" and form.json()["seconds"] == 1.5
         listed = http.get("/v1/audio/voices").json()["data"]
-        assert [v["id"] for v in listed] == [voice["id"]]
+        assert [v["id"] for v in listed] == [voice["id"], form.json()["id"]]
+        assert http.delete(f"/v1/audio/voices/{form.json()['id']}").status_code == 200
+        missing = http.post("/v1/audio/voices", files={"other": ("x.wav", b"x")})
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "audio"
         speech = http.post(
             "/v1/audio/speech",
             json={"model": base_server.name, "input": "Hi.", "voice": voice["id"]},

@@ -1,7 +1,8 @@
 """/v1/audio/voices: the uploaded voices a TTS model clones (Qwen3-TTS Base).
 
-    POST   /v1/audio/voices         {"audio": "<base64 wav/flac>", "text": "its transcript",
-                                     "name": "my voice"} -> 201 the voice's record
+    POST   /v1/audio/voices         multipart form: `audio` (the file), `text` (its
+                                     transcript), `name`; or JSON {"audio": "<base64>",
+                                     "text": ..., "name": ...} -> 201 the voice's record
     GET    /v1/audio/voices         -> {"object": "list", "data": [records]}
     DELETE /v1/audio/voices/{id}    -> {"id": ..., "object": "voice", "deleted": true}
 
@@ -21,12 +22,15 @@ import binascii
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.protocol import VoiceUploadRequest
 from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, OpenAIServing, ServingContext
+from omnistage.voice_store import MAX_UPLOAD_BYTES
 
 
 class VoicesServing(OpenAIServing):
@@ -54,16 +58,36 @@ class VoicesServing(OpenAIServing):
             responses=ERROR_RESPONSES,
         )
 
-    async def upload(self, body: VoiceUploadRequest) -> JSONResponse:
+    async def upload(self, raw: Request) -> JSONResponse:
+        data, text, name = await self._read_upload(raw)
         try:
-            data = base64.b64decode(body.audio, validate=True)
-        except (binascii.Error, ValueError):
-            raise OpenAIError("audio: not base64", param="audio") from None
-        try:
-            record = await asyncio.to_thread(self.store.add, data, body.text, body.name)
+            record = await asyncio.to_thread(self.store.add, data, text, name)
         except ValueError as e:
             raise OpenAIError.from_value_error(e) from None
         return JSONResponse(_public(record), status_code=HTTPStatus.CREATED)
+
+    async def _read_upload(self, raw: Request) -> tuple[bytes, str | None, str | None]:
+        """(audio bytes, transcript, name) of a multipart form or a JSON body."""
+        if raw.headers.get("content-type", "").startswith("multipart/form-data"):
+            form = await raw.form(max_part_size=MAX_UPLOAD_BYTES + 1)
+            audio = form.get("audio")
+            if not isinstance(audio, UploadFile):
+                raise OpenAIError("audio: a file part named 'audio' is required", param="audio")
+            fields = {k: form.get(k) for k in ("text", "name")}
+            for key, value in fields.items():
+                if value is not None and not isinstance(value, str):
+                    raise OpenAIError(f"{key}: expected a text field", param=key)
+            return await audio.read(MAX_UPLOAD_BYTES + 1), fields["text"], fields["name"]
+        try:
+            body = VoiceUploadRequest.model_validate_json(await raw.body())
+        except ValidationError as e:
+            first = e.errors()[0]
+            param = ".".join(str(x) for x in first["loc"]) or "body"
+            raise OpenAIError(f"{param}: {first['msg']}", param=param) from None
+        try:
+            return base64.b64decode(body.audio, validate=True), body.text, body.name
+        except (binascii.Error, ValueError):
+            raise OpenAIError("audio: not base64", param="audio") from None
 
     async def list(self) -> dict[str, Any]:
         records = await asyncio.to_thread(self.store.list)
