@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import platform
@@ -43,6 +42,7 @@ from typing import Any
 import torch
 
 from omnistage.benchmarks.pipeline import make_prompts
+from omnistage.benchmarks.speech_runs import best_by_first_audio, flat_fields, speech_deploy
 
 LAST_STAGE = "code2wav"
 SAMPLE_RATE = 24000
@@ -58,16 +58,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _chat(words: str) -> str:
     return f"<|im_start|>user\n{words}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def _deploy(transfer: str) -> Any:
-    from omnistage.pipeline.deploy import deploy_for_model
-
-    spec = deploy_for_model("demo-omni")
-    if transfer == "payload":
-        edges = tuple(dataclasses.replace(e, transfer="payload") for e in spec.edges)
-        spec = dataclasses.replace(spec, edges=edges)
-    return spec
 
 
 def _params(args: argparse.Namespace) -> dict[str, Any]:
@@ -116,7 +106,7 @@ def run_mode(args: argparse.Namespace, transfer: str, levels: list[int], tag: st
 
     params = _params(args)
     out = {}
-    with AsyncOmni(_deploy(transfer)) as omni:
+    with AsyncOmni(speech_deploy("demo-omni", transfer)) as omni:
         asyncio.run(_serve(omni, [_chat("warm up")], params))
         for level in levels:
             prompts = [_chat(f"{tag} {p}") for p in make_prompts(level, args.seed + level)]
@@ -161,14 +151,7 @@ def main(args: argparse.Namespace) -> int:
     for name in ("thinker_tokens", "talker_frames", "repeat"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be at least 1")
-    best: dict[str, dict[int, dict[str, float]]] = {}
-    for i in range(args.repeat):
-        for transfer in ("stream", "payload")[:: -1 if i % 2 else 1]:
-            run = run_mode(args, transfer, levels, f"{transfer[:3]}{i}")
-            for level, r in run.items():
-                kept = best.setdefault(transfer, {}).get(level)
-                if kept is None or r["ttfa_median_s"] < kept["ttfa_median_s"]:
-                    best[transfer][level] = r
+    best = best_by_first_audio(run_mode, args, levels)
     hf = run_transformers(args, n=2)
     workload = (
         f"best of {args.repeat} (lowest median TTFA): demo-omni (tiny random-weight Qwen3-Omni, "
@@ -199,10 +182,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"stream / payload median TTFA at concurrency {low}: {ratio_ttfa:.3f} (target <= 0.2)")
     print(f"audio s/s vs transformers at concurrency {low}: {ratio_hf:.2f}x")
     summary: dict[str, Any] = {"benchmark": "omni", "workload": workload, "machine": machine}
-    for transfer in ("stream", "payload"):
-        for level in levels:
-            for key, value in best[transfer][level].items():
-                summary[f"{transfer}_c{level}_{key}"] = round(value, 4)
+    summary |= flat_fields(best, levels)
     summary |= {
         "transformers_audio_s_per_s": round(hf["audio_s_per_s"], 4),
         "transformers_text_tokens_per_s": round(hf["text_tokens_per_s"], 2),

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import platform
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from omnistage.benchmarks.pipeline import make_prompts
+from omnistage.benchmarks.speech_runs import best_by_first_audio, flat_fields, speech_deploy
+from omnistage.benchmarks.startup import cpu_flags
 
 DEMO = "demo-qwen3-tts"
 LAST_STAGE = "code2wav"
@@ -54,16 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=str(DEFAULT_REFERENCE),
         help="python of a venv with qwen-tts 0.1.1 (the peer); skipped if absent",
     )
-
-
-def _deploy(transfer: str) -> Any:
-    from omnistage.pipeline.deploy import deploy_for_model
-
-    spec = deploy_for_model(DEMO)
-    if transfer == "payload":
-        edges = tuple(dataclasses.replace(e, transfer="payload") for e in spec.edges)
-        spec = dataclasses.replace(spec, edges=edges)
-    return spec
 
 
 async def _serve(omni: Any, texts: list[str], frames: int) -> dict[str, float]:
@@ -98,7 +89,7 @@ def run_mode(args: argparse.Namespace, transfer: str, levels: list[int], tag: st
     from omnistage.pipeline.omni import AsyncOmni
 
     out = {}
-    with AsyncOmni(_deploy(transfer)) as omni:
+    with AsyncOmni(speech_deploy(DEMO, transfer)) as omni:
         asyncio.run(_serve(omni, ["warm up"], args.frames))
         for level in levels:
             texts = [f"{tag} {p}" for p in make_prompts(level, args.seed + level)]
@@ -129,17 +120,6 @@ def run_reference(args: argparse.Namespace, n: int, batch: int) -> dict[str, flo
     return result
 
 
-def _best(args: argparse.Namespace, levels: list[int]) -> dict[str, dict[int, dict]]:
-    best: dict[str, dict[int, dict[str, float]]] = {}
-    for i in range(args.repeat):
-        for transfer in ("stream", "payload")[:: -1 if i % 2 else 1]:
-            for level, r in run_mode(args, transfer, levels, f"{transfer[:3]}{i}").items():
-                kept = best.setdefault(transfer, {}).get(level)
-                if kept is None or r["ttfa_median_s"] < kept["ttfa_median_s"]:
-                    best[transfer][level] = r
-    return best
-
-
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -149,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
     for name in ("frames", "repeat"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name}: must be at least 1")
-    best = _best(args, levels)
+    best = best_by_first_audio(run_mode, args, levels)
     alone = run_reference(args, n=2, batch=1)
     batched = run_reference(args, n=16, batch=16) if alone is not None else None
     workload = (
@@ -161,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
         "left context; payload: the whole utterance; reference: qwen-tts 0.1.1 generate + "
         "decode, one request at a time and one batch of 16"
     )
-    flags = _cpu_flags()
+    flags = ",".join(cpu_flags()) or "none of avx2/avx512"
     machine = (
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"flags {flags}, torch {torch.__version__}"
@@ -176,10 +156,7 @@ def main(args: argparse.Namespace) -> int:
                 f"{r['audio_s_per_s']:>11.2f}"
             )
     summary: dict[str, Any] = {"benchmark": "tts", "workload": workload, "machine": machine}
-    for transfer in ("stream", "payload"):
-        for level in levels:
-            for key, value in best[transfer][level].items():
-                summary[f"{transfer}_c{level}_{key}"] = round(value, 4)
+    summary |= flat_fields(best, levels)
     low, high = min(levels), max(levels)
     ratio_first = best["stream"][low]["ttfa_median_s"] / best["payload"][low]["ttfa_median_s"]
     summary["ratio_ttfa_stream_vs_whole"] = round(ratio_first, 4)
@@ -206,19 +183,6 @@ def main(args: argparse.Namespace) -> int:
         print(f"reference: skipped ({args.reference_python} not found)")
     print(json.dumps(summary))
     return 0
-
-
-def _cpu_flags() -> str:
-    try:
-        flags = next(
-            line.split(":", 1)[1].split()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("flags")
-        )
-    except (OSError, StopIteration):
-        return "unknown"
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")
-    return ",".join(f for f in wanted if f in flags) or "none of avx2/avx512"
 
 
 if __name__ == "__main__":

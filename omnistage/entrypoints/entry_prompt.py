@@ -14,14 +14,8 @@ from typing import Any
 def entry_builds_its_prompt(spec: Any) -> bool:
     """Whether the entry stage of the deploy `spec` (a `DeploySpec`) renders its prompt
     itself (GLM-Image's prior): the text then goes to it as it is, not as a chat."""
-    import json
-
     from omnistage.models import registry
-    from omnistage.models.loader import resolve_model
+    from omnistage.pipeline.deploy import model_type_of
 
     (entry,) = spec.entry_stages
-    config = resolve_model(entry.with_part_directory().model).path / "config.json"
-    if not config.is_file():
-        return False
-    model_type = json.loads(config.read_text()).get("model_type")
-    return registry.renders_own_prompt(model_type)
+    return registry.renders_own_prompt(model_type_of(entry.with_part_directory().model))

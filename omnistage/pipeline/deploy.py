@@ -43,6 +43,7 @@ re-exported from `deploy_spec`); the checks themselves are in `deploy_parse`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -128,6 +129,16 @@ def deploy_for_model(model: str, engine_args: Mapping[str, Any] | None = None) -
     return spec.with_engine_args(engine_args) if engine_args else spec
 
 
+@functools.lru_cache(maxsize=32)
+def model_type_of(model: str) -> str | None:
+    """The `model_type` of a stage's model (a checkpoint directory's config.json, a
+    built-in name, a GGUF file): None where it has no config.json."""
+    from omnistage.models.loader import resolve_model
+
+    config = resolve_model(model).path / "config.json"
+    return json.loads(config.read_text()).get("model_type") if config.is_file() else None
+
+
 def check_stage_models(spec: DeploySpec) -> None:
     """Each stage's model has what the stage asks of it: the `model_part` exists in the
     checkpoint (an `ar` part for `ar` stages, a generation part for `generation` ones),
@@ -145,8 +156,7 @@ def check_stage_models(spec: DeploySpec) -> None:
             except ValueError as exc:
                 raise ValueError(f"{spec.source}: stages[{stage.name}].model: {exc}") from None
             continue
-        config = resolve_model(stage.model).path / "config.json"
-        model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+        model_type = model_type_of(stage.model)
         ar_parts = registry.part_names(model_type)
         gen_parts = registry.generation_part_names(model_type)
         where = f"{spec.source}: stages[{stage.name}]"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from omnistage.models import registry
+from omnistage.pipeline.deploy import model_type_of
 from omnistage.voice_store import VoiceStore
 
 
@@ -26,23 +27,12 @@ def _talker_edge(deploy: Any) -> tuple[Any, str] | None:
         if registry.edge_voices(edge.processor) is not None:
             return deploy.stage(edge.dst).with_part_directory(), edge.processor
     entries = deploy.entry_stages
-    if len(entries) == 1:
-        model_type = _model_type(entries[0].with_part_directory().model)
+    entry = entries[0].with_part_directory() if len(entries) == 1 else None
+    if entry is not None and entry.model is not None:
+        model_type = model_type_of(entry.model)
         if model_type is not None and registry.edge_voices(model_type) is not None:
-            return entries[0].with_part_directory(), model_type
+            return entry, model_type
     return None
-
-
-@functools.lru_cache(maxsize=16)
-def _model_type(model: str | None) -> str | None:
-    import json
-
-    from omnistage.models.loader import resolve_model
-
-    if model is None:
-        return None
-    config = Path(resolve_model(model).path) / "config.json"
-    return json.loads(config.read_text()).get("model_type") if config.is_file() else None
 
 
 @functools.lru_cache(maxsize=16)

@@ -18,11 +18,7 @@ import soundfile
 import torch
 from safetensors.torch import save_file
 
-from omnistage.families.qwen3_tts.reference_codes import (
-    SAMPLE_RATE,
-    ReferenceAudioEncoder,
-    load_reference_audio,
-)
+from omnistage.families.qwen3_tts.reference_codes import ReferenceAudioEncoder
 from omnistage.families.qwen3_tts.speaker_encoder import (
     MEL_PARAMS,
     SpeakerEncoder,
@@ -33,6 +29,7 @@ from omnistage.families.qwen3_tts.tiny_speaker import (
     random_speaker_encoder_state,
     tiny_speaker_encoder_config,
 )
+from omnistage.voice_store import SAMPLE_RATE, load_reference_audio
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "qwen3_tts" / "speaker_encoder.npz"
 # Same torch ops as the reference's, in float32: measured max |diff| 0.0 for the mel and the

@@ -35,17 +35,13 @@ NUM_SUPPRESSED = 1024
 """The top ids of the talker vocabulary `generate` never samples (but `codec_eos`)."""
 
 _GREEDY = SamplingParams(temperature=0.0)
-FUSED = {
-    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
-    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+_PARTS = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
+"""Our fused projection -> the checkpoint's projections it holds, in row order."""
+FUSED = {part: (fused, i) for fused, parts in _PARTS.items() for i, part in enumerate(parts)}
 """Checkpoint projection -> (our fused projection, its index among the parts)."""
-_PARTS: dict[str, list[str]] = {}
-for _part, (_fused, _) in FUSED.items():
-    _PARTS.setdefault(_fused, []).append(_part)
 _SEED_SALT = 0x636F64655F707265  # separates the code predictor's draws from the talker's
 
 
@@ -62,14 +58,17 @@ class CodePredictorLayer(nn.Module):
         self.self_attn = nn.Module()
         attn = self.self_attn
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split = (q_size, kv_size, kv_size)
+        self.part_rows = {
+            "self_attn.qkv_proj": (q_size, kv_size, kv_size),
+            "mlp.gate_up_proj": (config.intermediate_size,) * 2,
+        }
+        """Rows of each checkpoint projection inside our fused ones (`_PARTS` order)."""
         # q/k/v and gate/up are fused (one GEMM each; `FUSED` maps the checkpoint's names).
         attn.qkv_proj = Linear(hidden, q_size + 2 * kv_size, bias, dtype=dtype)
         attn.o_proj = Linear(q_size, hidden, bias, dtype=dtype)
         attn.q_norm = RMSNorm(self.head_dim, eps, dtype)
         attn.k_norm = RMSNorm(self.head_dim, eps, dtype)
         self.mlp = nn.Module()
-        self.mlp_size = config.intermediate_size
         self.mlp.gate_up_proj = Linear(hidden, 2 * config.intermediate_size, False, dtype=dtype)
         self.mlp.down_proj = Linear(config.intermediate_size, hidden, False, dtype=dtype)
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
@@ -86,7 +85,9 @@ class CodePredictorLayer(nn.Module):
         is extended in place."""
         b, t, _ = x.shape
         attn = self.self_attn
-        q, k, v = attn.qkv_proj(self.input_layernorm(x)).split(self.split, -1)
+        q, k, v = attn.qkv_proj(self.input_layernorm(x)).split(
+            self.part_rows["self_attn.qkv_proj"], -1
+        )
         q = attn.q_norm(q.reshape(b, t, self.num_heads, self.head_dim))
         k = attn.k_norm(k.reshape(b, t, self.num_kv_heads, self.head_dim))
         v = v.reshape(b, t, self.num_kv_heads, self.head_dim)
@@ -141,9 +142,8 @@ class CodePredictor(nn.Module):
         """A checkpoint name -> (our parameter, row offset in a fused one, or None)."""
         for part, (fused, index) in FUSED.items():
             if f".{part}." in name:
-                layer = self.model.layers[0]
-                sizes = layer.split if fused.endswith("qkv_proj") else (layer.mlp_size,) * 2
-                return name.replace(part, fused), sum(sizes[:index])
+                rows = self.model.layers[0].part_rows[fused]
+                return name.replace(part, fused), sum(rows[:index])
         return name, None
 
     def load(self, name: str, tensor: torch.Tensor) -> None:

@@ -153,16 +153,7 @@ class Qwen3OmniTalkerPrompter(nn.Module):
         n = rows.shape[0]
         seq = torch.tensor((prompt_ids + output_ids)[:n], dtype=torch.long)
         prompt = torch.tensor(prompt_ids, dtype=torch.long)
-        # User part: every prompt position whose latest <|im_start|> opens a user turn.
-        positions = torch.arange(len(prompt_ids))
-        starts = torch.where(prompt == cfg.im_start_token_id, positions, -1)
-        previous = torch.cummax(starts, dim=0).values.clamp_min(0)
-        role = prompt[(previous + 1).clamp_max(len(prompt_ids) - 1)]
-        user = (role == cfg.user_token_id).nonzero().flatten()
-        multimodal = torch.isin(seq[user], self.multimodal_ids)
-        user_rows = self.text_projection(embeds[user])
-        if multimodal.any():
-            user_rows[multimodal] = self.hidden_projection(hidden[user[multimodal]])
+        user, user_rows = self._user_rows(prompt, seq, embeds, hidden)
         # Assistant part, from the last <|im_start|>assistant of the prompt.
         opens = (prompt[:-1] == cfg.im_start_token_id) & (prompt[1:] == cfg.assistant_token_id)
         if not opens.any():
@@ -199,6 +190,23 @@ class Qwen3OmniTalkerPrompter(nn.Module):
             fill=fill,
             mm_decoder_inputs=self._positions(prompt, user, text_side.shape[0], image_grid_thw),
         )
+
+    def _user_rows(
+        self, prompt: torch.Tensor, seq: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The user part: every prompt position whose latest <|im_start|> opens a user turn,
+        and its rows (text projected; audio / image positions from the hidden states)."""
+        cfg = self.config
+        positions = torch.arange(prompt.shape[0])
+        starts = torch.where(prompt == cfg.im_start_token_id, positions, -1)
+        previous = torch.cummax(starts, dim=0).values.clamp_min(0)
+        role = prompt[(previous + 1).clamp_max(prompt.shape[0] - 1)]
+        user = (role == cfg.user_token_id).nonzero().flatten()
+        multimodal = torch.isin(seq[user], self.multimodal_ids)
+        user_rows = self.text_projection(embeds[user])
+        if multimodal.any():
+            user_rows[multimodal] = self.hidden_projection(hidden[user[multimodal]])
+        return user, user_rows
 
     def _positions(
         self,

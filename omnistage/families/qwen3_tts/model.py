@@ -44,10 +44,6 @@ class Qwen3TTSTalker(CodePredictingTalker, Qwen3ForCausalLM):
         )
         self.init_talker(predictor, config.vocab_size, config.codec_eos_token_id)
 
-    @classmethod
-    def reads_plain_config(cls, hf_config: Any) -> bool:
-        return False  # a part of a checkpoint with sub-configs
-
     def weight_target(self, hf_name: str) -> tuple[str, int | None] | None:
         if hf_name.startswith(_TEXT_SIDE):
             return None

@@ -1,7 +1,4 @@
-"""Qwen3-TTS voice-clone reference audio: loading and checking the clip, and its codec codes.
-
-`load_reference_audio` (`omnistage.voice_store`) turns the user's `ref_audio` into a
-mono float32 clip at 24 kHz and refuses clips a model cannot clone from.
+"""Qwen3-TTS voice-clone reference audio: its codec codes, for in-context cloning.
 
 `ReferenceAudioEncoder` computes the clip's codes for in-context cloning, as the
 official `qwen-tts` 0.1.1 does (`Qwen3TTSTokenizer.encode` -> `Qwen3TTSTokenizerV2Model
@@ -22,12 +19,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from transformers import MimiConfig, MimiModel
-
-from omnistage.voice_store import SAMPLE_RATE, load_reference_audio
-
-__all__ = ["SAMPLE_RATE", "ReferenceAudioEncoder", "load_reference_audio"]
 
 # Mimi's flat checkpoint layout -> transformers 5's `MimiModel` (encoder half) layout;
 # a rename is used only where the model has no parameter of the original name.
@@ -47,15 +39,6 @@ def _mimi_encoder(encoder_config: dict[str, Any]) -> MimiModel:
     model = MimiModel(config)  # transformers 4: flat, as the reference deletes them
     model.upsample = model.decoder_transformer = model.decoder = None
     return model
-
-
-def _read_encoder_tensors(file: Path) -> dict[str, torch.Tensor]:
-    with safe_open(str(file), framework="pt") as handle:
-        return {
-            key[len("encoder.") :]: handle.get_tensor(key)
-            for key in handle.keys()  # noqa: SIM118 - safe_open is not a mapping
-            if key.startswith("encoder.")
-        }
 
 
 def _to_model_names(state: dict[str, torch.Tensor], names: set[str]) -> dict[str, torch.Tensor]:
@@ -91,7 +74,10 @@ class ReferenceAudioEncoder:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         model = _mimi_encoder(dict(config["encoder_config"]))
         names = set(model.state_dict())
-        state = _to_model_names(_read_encoder_tensors(folder / "model.safetensors"), names)
+        from omnistage.models.loader import iter_weights
+
+        encoder = {k[len("encoder.") :]: t for k, t in iter_weights(folder, ["encoder."])}
+        state = _to_model_names(encoder, names)
         missing, unexpected = sorted(names - set(state)), sorted(set(state) - names)
         if missing or unexpected:
             raise ValueError(

@@ -15,14 +15,12 @@ reference clip. This module owns how it is computed, following the official `qwe
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from torch import nn
 from torch.nn import functional as F
 
@@ -278,8 +276,10 @@ class SpeakerEncoder(nn.Module):
     ) -> SpeakerEncoder:
         """Built from `config` (`speaker_encoder_config`), weights = the `speaker_encoder.*`
         tensors of `path/model.safetensors` (or of the shards an index names), strictly."""
+        from omnistage.models.loader import iter_weights
+
         model = cls(config)
-        state = read_prefixed_tensors(Path(path), PREFIX)
+        state = {k[len(PREFIX) :]: t for k, t in iter_weights(Path(path), [PREFIX])}
         expected = set(model.state_dict())
         missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
         if missing or unexpected:
@@ -289,22 +289,3 @@ class SpeakerEncoder(nn.Module):
             )
         model.load_state_dict(state, strict=True)
         return model.to(dtype).eval()
-
-
-def read_prefixed_tensors(path: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """The tensors under `prefix` (prefix removed) of a checkpoint directory's safetensors."""
-    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        files = sorted({path / f for k, f in weight_map.items() if k.startswith(prefix)})
-    else:
-        raise FileNotFoundError(f"no model.safetensors (or index) in {path}")
-    out: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
-                if key.startswith(prefix):
-                    out[key[len(prefix) :]] = handle.get_tensor(key)
-    return out
