@@ -32,3 +32,15 @@ class StageInput:
     output_context: torch.Tensor | None = None
     """`[frames, codes]` codec frames the consumer of this stage's frames decodes as left
     context before the first (a cloned voice's reference codes: `CONTEXT_CODES_KEY`)."""
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """What a model that renders its own prompt says about how much a request writes
+    (replacing the stage's defaults and the request's own)."""
+
+    max_tokens: int
+    min_tokens: int = 0
+    """Stop ids and EOS are masked until this many tokens are written."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Ids that end the request, besides the model's EOS."""

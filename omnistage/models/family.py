@@ -95,3 +95,7 @@ class Family:
     """model_index.json `_class_name` -> the packaged deploy serving it."""
     demos: Mapping[str, Demo] = field(default_factory=dict)
     """Built-in demo name -> how to make it."""
+    layouts: Mapping[str, str] = field(default_factory=dict)
+    """A file naming a checkpoint folder in a family's own layout (not HF's: no
+    config.json) -> "module:function" `(folder, out)` writing its HF view into `out`
+    (converted once, kept in the cache directory; `models/layout_cache.py`)."""

@@ -52,6 +52,10 @@ class GenerationItem:
     speaker: str | None = None
     """For models with voices (`takes_seeds_and_speakers`); None: the model's default."""
 
+    last: bool = True
+    """Whether no rows of the request come after these (a whole payload, or a stream's
+    last chunk): models that treat a stream's end apart (a vocoder's final flush) read it."""
+
     @property
     def own_end(self) -> int:
         """Where the own rows end in `rows`."""

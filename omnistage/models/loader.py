@@ -83,6 +83,14 @@ def resolve_model(model: str) -> ModelFiles:
         return ModelFiles(model, path, source, gguf=gguf_path.resolve())
     given = Path(model).expanduser()
     if given.is_dir():
+        from omnistage.models import registry
+
+        converter = registry.layout_converter(given)
+        if converter is not None:
+            from omnistage.models.layout_cache import cached_layout_view
+
+            path = cached_layout_view(given, converter)
+            return ModelFiles(model, path, f"checkpoint {given.absolute()}, HF view at {path}")
         _check_checkpoint_dir(given)
         path = given.absolute()
         return ModelFiles(model, path, f"HF checkpoint directory {path}")

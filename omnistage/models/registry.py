@@ -171,6 +171,15 @@ def stage_prompter_class(model_type: str | None) -> type | None:
 # --- generation, encoders, diffusion --------------------------------------------------------
 
 
+def layout_converter(path: Path) -> Any:
+    """The converter of a checkpoint folder in a family's own layout (`Family.layouts`),
+    or None for an HF-layout folder."""
+    if (path / "config.json").is_file():
+        return None
+    marker = next((m for m in sorted(_merged("layouts")) if (path / m).is_file()), None)
+    return None if marker is None else _resolved("layouts", marker)
+
+
 def generation_model_class(architectures: list[str]) -> type | None:
     models = _merged("generation_models")
     return next((resolve(models[a]) for a in architectures if a in models), None)

@@ -173,7 +173,13 @@ class ARStageCore(StageCore):
         inputs, budget = self.prompter.request_input(self.name, msg)
         if budget is None:
             return inputs, params
-        return inputs, dataclasses.replace(params, max_tokens=budget)
+        stops = [*(params.stop_token_ids or ()), *budget.stop_token_ids]
+        return inputs, dataclasses.replace(
+            params,
+            max_tokens=budget.max_tokens,
+            min_tokens=min(max(params.min_tokens, budget.min_tokens), budget.max_tokens),
+            stop_token_ids=stops or None,
+        )
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
         entry = self.coordinator.arrived(msg.request_id, msg.edge, payload, msg.last)

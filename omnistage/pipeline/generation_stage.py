@@ -129,6 +129,7 @@ class GenerationStageCore(StageCore):
                 offset=stream.position - before.shape[0],
                 seed=stream.seed,
                 speaker=stream.speaker,
+                last=msg.last,
             )
             self.queue.append(_WorkItem(rid, msg.chunk_index, item, msg.last))
         if msg.last:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
-from omnistage.core.stage_input import StageInput
+from omnistage.core.stage_input import StageInput, TokenBudget
 
 GRID_FACTOR = 32
 """Pixels per cell of the large grid (`GlmImageProcessor._get_target_shape`)."""
@@ -107,7 +107,7 @@ class GlmImagePriorPrompter:
             )
         return cls(processor, config)
 
-    def request_input(self, stage: str, msg: Any) -> tuple[StageInput, int]:
+    def request_input(self, stage: str, msg: Any) -> tuple[StageInput, TokenBudget]:
         """An entry stage's input for a request (`SubmitRequest`): the prompt with the
         target grids of its `image_size` and the 3-D positions of what the prior writes,
         and how many tokens it writes (exactly the grids' cells plus the end, whatever
@@ -126,7 +126,7 @@ class GlmImagePriorPrompter:
                 f"image to draw as [height, width], got {image_size!r}"
             )
         height, width = image_size
-        return self.build(prompt, height, width), self.max_new_tokens(height, width)
+        return self.build(prompt, height, width), TokenBudget(self.max_new_tokens(height, width))
 
     def max_new_tokens(self, height: int, width: int) -> int:
         """Tokens the prior writes for a `height x width` image: every cell, then the end."""

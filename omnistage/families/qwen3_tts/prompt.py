@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from omnistage.core.stage_input import StageInput
+from omnistage.core.stage_input import StageInput, TokenBudget
 from omnistage.families.qwen3_tts.text_rows import TalkerTextSide
 from omnistage.voice_store import VoiceStore
 
@@ -82,7 +82,7 @@ class Qwen3TTSPrompter:
         return cls(config, tokenizer, side, path)
 
     # -- the request ----------------------------------------------------------------------
-    def request_input(self, stage: str, msg: Any) -> tuple[StageInput, int | None]:
+    def request_input(self, stage: str, msg: Any) -> tuple[StageInput, TokenBudget | None]:
         """The talker's input for a request (`SubmitRequest`: prompt = the text, voice,
         instructions, language), and no token budget of its own."""
         text = msg.prompt
