@@ -54,6 +54,9 @@ class Voices:
     """"module:function" taking the talker checkpoint directory, returning speaker names."""
     default: str | None
     """None: the checkpoint's first speaker (none for a model without named speakers)."""
+    clones_uploads: bool = True
+    """Whether the talker speaks in voices uploaded to `/v1/audio/voices` (an entry-stage
+    TTS talker); False where cloning needs a part the checkpoint lacks."""
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,12 @@ def edge_voices(name: str) -> tuple[Callable[[Path], list[str]], str | None] | N
     return None if voices is None else (resolve(voices.reader), voices.default)
 
 
+def clones_uploaded_voices(name: str) -> bool:
+    """Whether the talker declared under `name` speaks in uploaded voices."""
+    voices: Voices | None = _merged("voices").get(name)
+    return voices is not None and voices.clones_uploads
+
+
 # --- deploys and demos ---------------------------------------------------------------------
 
 

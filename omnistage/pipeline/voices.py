@@ -89,6 +89,8 @@ def voice_store(deploy: Any) -> VoiceStore | None:
     found = _talker_edge(deploy)
     if found is None or found[1] in {e.processor for e in deploy.edges}:
         return None  # no talker, or one an edge feeds (an omni model's): nothing cloned
+    if not registry.clones_uploaded_voices(found[1]):
+        return None
     from omnistage.models.loader import resolve_model
 
     return VoiceStore.for_model(resolve_model(found[0].model).path)

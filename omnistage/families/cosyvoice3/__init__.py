@@ -24,14 +24,16 @@ FAMILY = Family(
     generation_parts={(MODEL_TYPE, "token2wav"): f"{_PKG}.token2wav:CosyVoice3Token2Wav"},
     configs={MODEL_TYPE: f"{_PKG}.config:CosyVoice3Config"},
     stage_prompters={MODEL_TYPE: f"{_PKG}.prompt:CosyVoice3Prompter"},
-    voices={MODEL_TYPE: Voices(f"{_PKG}.voices:speakers", None)},
+    # Cloning an uploaded clip needs the speech tokenizer and CAM++ (ONNX files), not
+    # run here yet: voices come from the checkpoint's spk2info.pt.
+    voices={MODEL_TYPE: Voices(f"{_PKG}.voices:speakers", None, clones_uploads=False)},
     deploys_by_model_type={MODEL_TYPE: "cosyvoice3"},
     layouts={"cosyvoice3.yaml": f"{_PKG}.layout:convert"},
     demos={
         "demo-cosyvoice3": Demo(
             description=(
-                "a tiny random-weight CosyVoice3 checkpoint (LM -> flow -> HiFT) with one "
-                "voice: the pipeline runs end to end, but its speech is noise. For real "
+                "a tiny random-weight CosyVoice3 checkpoint (LM -> flow -> HiFT) with two "
+                "voices: the pipeline runs end to end, but its speech is noise. For real "
                 "speech pass a downloaded Fun-CosyVoice3 checkpoint folder as --model"
             ),
             maker=f"{_PKG}.tiny:make_tiny_cosyvoice3",
