@@ -158,6 +158,17 @@ def auto_config(path: Path) -> Any:
     return AutoConfig.from_pretrained(path, local_files_only=True)
 
 
+def auto_config_and_tokenizer(path: Path, what: str) -> tuple[Any, Any]:
+    """The checkpoint's config (`auto_config`) and tokenizer, offline; ValueError naming
+    `what` (a family's name) when either does not load."""
+    from transformers import AutoTokenizer
+
+    try:
+        return auto_config(path), AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: cannot load {what}'s config and tokenizer ({e})") from e
+
+
 def renders_own_prompt(model_type: str | None) -> bool:
     """Whether a `model_type` model renders its own prompt from a request (no import)."""
     return model_type in _merged("stage_prompters")

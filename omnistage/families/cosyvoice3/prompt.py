@@ -69,16 +69,10 @@ class CosyVoice3Prompter:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> Any:
-        from transformers import AutoTokenizer
-
-        from omnistage.models.registry import auto_config
+        from omnistage.models.registry import auto_config_and_tokenizer
 
         path = Path(path)
-        try:
-            config = auto_config(path)
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: cannot load CosyVoice3's config and tokenizer ({e})") from e
+        config, tokenizer = auto_config_and_tokenizer(path, "CosyVoice3")
         return cls(config, tokenizer, path, dtype)
 
     def tokens(self, text: str) -> list[int]:

@@ -68,16 +68,10 @@ class Qwen3TTSPrompter:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> Any:
-        from transformers import AutoTokenizer
-
-        from omnistage.models.registry import auto_config
+        from omnistage.models.registry import auto_config_and_tokenizer
 
         path = Path(path)
-        try:
-            config = auto_config(path)
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: cannot load Qwen3-TTS's config and tokenizer ({e})") from e
+        config, tokenizer = auto_config_and_tokenizer(path, "Qwen3-TTS")
         side = TalkerTextSide(path, config.talker_config, dtype)
         return cls(config, tokenizer, side, path)
 
