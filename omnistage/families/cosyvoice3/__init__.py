@@ -13,10 +13,11 @@ MODEL_TYPE = "cosyvoice3"
 
 FAMILY = Family(
     name="cosyvoice3",
+    models={"OmnistageCosyVoice3LM": f"{_PKG}.model:CosyVoice3LM"},
     parts={
         (MODEL_TYPE, "llm"): PartSpec(
             ("llm_config",),
-            "Qwen2ForCausalLM",
+            "OmnistageCosyVoice3LM",
             (("model.", "model."), ("lm_head.", "lm_head.")),
             eos_token_id=("eos_token_id_speech",),
         ),
