@@ -16,11 +16,10 @@ import importlib.metadata
 import json
 import logging
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
-from omnistage.cache import cache_root
+from omnistage.cache import build_into_place, cache_root
 
 _CONVERTER_SOURCES = tuple(Path(__file__).with_name(n) for n in ("gguf_loader.py", "gguf_names.py"))
 """The converter (imported only to convert: checking a cache must not import transformers)."""
@@ -108,34 +107,17 @@ def cached_gguf_checkpoint(gguf_path: Path) -> Path:
     final = gguf_cache_dir(gguf_path)
     if _is_complete(final):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():
-        _discard(final)
     logger.info(
         "converting %s to an HF checkpoint in %s (once; later starts reuse it)", gguf_path, final
     )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
+
+    def build(tmp: Path) -> None:
         from omnistage.models import gguf_loader
 
         gguf_loader.convert_gguf(gguf_path, tmp)
         files = {p.name: p.stat().st_size for p in tmp.iterdir()}
         marker = {"converter": converter_fingerprint(), **_identity(gguf_path), "files": files}
         (tmp / _MARKER).write_text(json.dumps(marker, indent=2))
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process renamed its copy into place first; use that one.
-            if not _is_complete(final):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    build_into_place(final, build, _is_complete)
     return final
-
-
-def _discard(path: Path) -> None:
-    """Remove a stale cache directory; renamed aside first so its removal is atomic."""
-    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.stale-", dir=path.parent))
-    with contextlib.suppress(FileNotFoundError):  # someone else removed it already
-        os.replace(path, aside / path.name)
-    shutil.rmtree(aside, ignore_errors=True)

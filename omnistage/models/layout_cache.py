@@ -15,13 +15,10 @@ import hashlib
 import inspect
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from omnistage.cache import cache_root
+from omnistage.cache import build_into_place, cache_root
 
 logger = logging.getLogger("omnistage")
 
@@ -52,20 +49,12 @@ def cached_layout_view(folder: Path, converter: Callable[[Path, Path], None]) ->
     final = cache_root() / "layouts" / f"{folder.name}-{_fingerprint(folder, converter)}"
     if _is_complete(final):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():
-        shutil.rmtree(final, ignore_errors=True)
     logger.info("converting %s to an HF view in %s (once; later starts reuse it)", folder, final)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
+
+    def build(tmp: Path) -> None:
         converter(folder, tmp)
         files = {str(p.relative_to(tmp)): p.stat().st_size for p in tmp.rglob("*") if p.is_file()}
         (tmp / _MARKER).write_text(json.dumps({"source": str(folder), "files": files}, indent=2))
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            if not _is_complete(final):  # another process renamed its copy into place first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    build_into_place(final, build, _is_complete)
     return final
