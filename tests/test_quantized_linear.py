@@ -175,8 +175,9 @@ def test_subnormal_f16_scales(isa):
 @needs_kernels
 @pytest.mark.parametrize("torch_threads", [1, 2])
 def test_threads_share_the_rows(monkeypatch, torch_threads):
-    """Units of rows taken from one counter by several threads (helper threads, or
-    torch's OpenMP team): each output computed once, bit for bit as on one thread."""
+    """Units of rows taken from one counter by several threads (the C pool's, as many as
+    torch computes on, or `work_sharing.num_threads()`): each output computed once, bit
+    for bit as on one thread."""
     layer, _, _ = make_layer(T.Q4_1, 300, 256, bias=True)
     x = torch.randn(5, 256)
     alone = layer.silu(x)

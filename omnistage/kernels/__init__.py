@@ -7,7 +7,8 @@ called through ctypes. Where no compiler is found or the build fails, the
 loaders return None (logged once) and callers use their pure-torch path.
 
 Two libraries:
-- `load()`: attention, rotary and RMSNorm kernels, `cc -O3 -march=native -fopenmp` and
+- `load()`: attention, rotary and RMSNorm kernels and the decode program that runs a
+  step's layers in one call (`decode_program.c`), `cc -O3 -march=native -fopenmp` and
   -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
   whose start-up code would flush subnormals for the whole process;
 - `load_quant()`: matrix products on GGUF-quantized weights (`quant_*.c`, one
@@ -36,7 +37,8 @@ from omnistage.cache import cache_root
 logger = logging.getLogger("omnistage")
 
 _SOURCES = [
-    Path(__file__).with_name(n) for n in ("paged_attention.c", "rope_cache.c", "rms_norm.c")
+    Path(__file__).with_name(n)
+    for n in ("paged_attention.c", "rope_cache.c", "rms_norm.c", "decode_program.c")
 ]
 _QUANT_SOURCES = [
     Path(__file__).with_name(n)
@@ -62,7 +64,7 @@ _FAST_MATH = (
 )
 """What -ffast-math turns on, spelled out: given whole, GCC 12 links crtfastmath.o into the
 library, which sets flush-to-zero / denormals-are-zero for the whole process on load."""
-_NATIVE_FLAGS = ("-O3", "-march=native", "-fopenmp", *_FAST_MATH)
+_NATIVE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-pthread", *_FAST_MATH)
 _PORTABLE_FLAGS = (
     "-O3",
     "-fopenmp",
@@ -121,6 +123,18 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     norm = lib.rms_norm_f32
     norm.restype = None
     norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+    program = lib.decode_program_run
+    program.restype = None
+    # ops, n_ops, buffers, rows, positions, slots, block_table, seq_lens, max_blocks, threads
+    program.argtypes = (
+        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        + [ctypes.c_void_p] * 4
+        + [ctypes.c_int64, ctypes.c_int]
+    )
+    pool_matmul = lib.pool_matmul
+    pool_matmul.restype = None
+    # kernel, x, w, bias, other, y, M, N, K, type, op, isa, threads
+    pool_matmul.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 4
     lib.paged_decode_limits_ok.restype = ctypes.c_int
     lib.paged_decode_limits_ok.argtypes = [ctypes.c_int64] * 3
     return lib

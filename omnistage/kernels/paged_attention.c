@@ -19,6 +19,8 @@
  * team: nothing spins after the call (a spinning team would take the core
  * the engine process needs under asynchronous scheduling).
  */
+#include "kernel_rows.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -124,10 +126,12 @@ static inline void prefetch_block(const float *k, const float *v, int64_t floats
     }
 }
 
-void paged_decode_attention_f32(
-    const float *q, const float *kv, const int64_t *block_table, const int64_t *seq_lens,
-    float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
-    int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale, int64_t *next_unit)
+/* `q` rows `q_stride` floats apart (the decode program reads q inside the qkv rows). */
+__attribute__((noinline)) void paged_decode_attention_strided_f32(
+    const float *q, int64_t q_stride, const float *kv, const int64_t *block_table,
+    const int64_t *seq_lens, float *out, int64_t batch, int64_t heads, int64_t kv_heads,
+    int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale,
+    int64_t *next_unit)
 {
     const int64_t group = heads / kv_heads;
     const int64_t plane = num_blocks * block_size * head_dim; /* one kv head's pool */
@@ -143,7 +147,7 @@ void paged_decode_attention_f32(
         const int64_t last = first + UNITS_PER_TAKE < units ? first + UNITS_PER_TAKE : units;
         for (int64_t u = first; u < last; u++) {
             const int64_t b = u / kv_heads, h = u % kv_heads;
-            const float *qg = q + (b * heads + h * group) * head_dim;
+            const float *qg = q + b * q_stride + h * group * head_dim;
             float *og = out + (b * heads + h * group) * head_dim;
             const float *kh = keys + h * plane, *vh = values + h * plane;
             const int64_t *table = block_table + b * max_blocks;
@@ -213,6 +217,16 @@ void paged_decode_attention_f32(
             }
         }
     }
+}
+
+void paged_decode_attention_f32(
+    const float *q, const float *kv, const int64_t *block_table, const int64_t *seq_lens,
+    float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+    int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale, int64_t *next_unit)
+{
+    paged_decode_attention_strided_f32(q, heads * head_dim, kv, block_table, seq_lens, out, batch,
+                                       heads, kv_heads, head_dim, num_blocks, block_size,
+                                       max_blocks, scale, next_unit);
 }
 
 /* The same on an OpenMP team of `num_threads` (the pool torch computes on, when it has

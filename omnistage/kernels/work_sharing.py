@@ -54,6 +54,13 @@ def num_threads() -> int:
     return _num_threads if _num_threads is not None else available_cores()
 
 
+def kernel_threads() -> int:
+    """Threads a parallel kernel call runs on: torch's when it computes on several (they
+    are awake between ops anyway), else `num_threads()`."""
+    torch_threads = torch.get_num_threads()
+    return torch_threads if torch_threads > 1 else num_threads()
+
+
 def run(
     kernel: Callable[..., Any], team: Callable[..., Any], *args: Any, parallel: bool = True
 ) -> None:

@@ -30,7 +30,10 @@ read when a layer is built, and tests run every path on one machine with them.
 
 from __future__ import annotations
 
+import ctypes
 import os
+from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -79,7 +82,8 @@ on Zen 4 (2 cores, batch 1, Q4_1): SmolLM2's 576->1536 (553 KB) runs 1.5x faster
 threads; 576->576 (207 KB, ~35 us) gains nothing, 576->192 (69 KB) loses."""
 
 
-_OPS = {"none": 0, "silu": 1, "mul": 2, "add": 3}
+EPILOGUE_OPS = {"none": 0, "silu": 1, "mul": 2, "add": 3}
+"""The kernels' epilogue ops by name (`op` of `quant_matmul_f32`)."""
 
 
 def row_bytes(ggml_type: GGMLType, in_features: int) -> int:
@@ -134,6 +138,34 @@ _KERNELS = {
 
 def _kernel_library(ggml_type: GGMLType) -> Any:
     return kernels.load_quant() if ggml_type in KERNEL_TYPES else None
+
+
+@cache
+def _kernel_address(lib: Any, name: str) -> int:
+    """The address of `lib`'s function `name` (what the C pool calls)."""
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+_path_generation = 0
+"""Bumped whenever a layer's `activations` is reassigned (a decode program built before
+then runs the old path's kernel: `path_generation()` tells it to rebuild)."""
+
+
+def path_generation() -> int:
+    return _path_generation
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """A product as a C work-sharing kernel runs it: the kernel's address (`quant_matmul_f32`
+    or `quant_matmul_q8` of `kernels.load_quant()`), the weight's blocks, the float32 bias
+    (or None), the ggml type id and the instruction-set level."""
+
+    kernel: int
+    weight: int
+    bias: int | None
+    type_id: int
+    isa: int
 
 
 class _QuantizedMatrix(nn.Module):
@@ -251,6 +283,25 @@ class QuantizedLinear(_QuantizedMatrix):
             raise ValueError(f"activations: expected one of {list(ACTIVATIONS)}, got {value!r}")
         self._activations = value
         self._kernel_names = _KERNELS[value]
+        global _path_generation
+        _path_generation += 1
+
+    def kernel_call(self) -> KernelCall | None:
+        """What a decode program (`layers/decode_program.py`) needs to run this product in
+        C on float32 rows, or None where the fallback would run it."""
+        lib = _kernel_library(self.ggml_type)
+        if lib is None:
+            return None
+        kernel = _kernel_address(lib, self._kernel_names[0])
+        buffers = self._buffers
+        bias = buffers["bias"]
+        return KernelCall(
+            kernel=kernel,
+            weight=buffers["blocks"].data_ptr(),
+            bias=None if bias is None else bias.data_ptr(),
+            type_id=self._type_id,
+            isa=self.isa,
+        )
 
     def extra_repr(self) -> str:
         return (
@@ -294,10 +345,7 @@ class QuantizedLinear(_QuantizedMatrix):
             blocks, bias = buffers["blocks"], buffers["bias"]
             if other is not None:
                 other = (other if other.dim() == 2 else other.reshape(y.shape)).contiguous()
-            kernel, team = self._kernel_names
-            work_sharing.run(
-                getattr(lib, kernel),
-                getattr(lib, team),
+            args = (
                 x2.data_ptr(),
                 blocks.data_ptr(),
                 None if bias is None else bias.data_ptr(),
@@ -307,10 +355,17 @@ class QuantizedLinear(_QuantizedMatrix):
                 self.out_features,
                 self.in_features,
                 self._type_id,
-                _OPS[op],
+                EPILOGUE_OPS[op],
                 self.isa,
-                parallel=blocks.numel() * m >= PARALLEL_WEIGHT_BYTES,
             )
+            parallel = blocks.numel() * m >= PARALLEL_WEIGHT_BYTES
+            pool = kernels.load()
+            kernel, team = self._kernel_names
+            if pool is not None:  # the threads the decode program runs on
+                threads = work_sharing.kernel_threads() if parallel else 1
+                pool.pool_matmul(_kernel_address(lib, kernel), *args, threads)
+            else:
+                work_sharing.run(getattr(lib, kernel), getattr(lib, team), *args, parallel=parallel)
         return y if x.dim() == 2 else y.reshape(out_shape)
 
     def _fallback(self, x: torch.Tensor, op: str, other: torch.Tensor | None) -> torch.Tensor:

@@ -8,6 +8,7 @@ which is faster on CPU than three (or two) smaller ones.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -15,11 +16,20 @@ import torch
 from torch import nn
 
 from omnistage.layers.attention import attend, rope_and_write_kv, write_kv
+from omnistage.layers.decode_program import (
+    AttentionShape,
+    DecodeProgram,
+    DecodeProgramBuilder,
+    NotProgrammable,
+    Value,
+)
 from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Embedding, Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import DefaultRope, RotaryEmbedding
 from omnistage.models.base import CausalLM
+
+logger = logging.getLogger("omnistage")
 
 
 class DecoderAttention(nn.Module):
@@ -74,6 +84,16 @@ class DecoderAttention(nn.Module):
         out = attend(q, k, v, self.kv_cache, meta, self.scale)
         return self.o_proj.add(out.reshape(-1, self.q_size), residual)
 
+    def add_to_program(self, b: DecodeProgramBuilder, x: Value, residual: Value) -> Value:
+        """`forward` of a decode step as ops of a decode program."""
+        if self.q_norm is not None:
+            raise NotProgrammable("attention: RMSNorm on q and k")
+        shape = AttentionShape(self.num_heads, self.num_kv_heads, self.head_dim)
+        qkv = b.linear(x, self.qkv_proj)
+        b.rope_and_write_kv(qkv, shape, self.rotary.cos, self.rotary.sin, self.kv_cache)
+        out = b.attention(qkv, shape, self.kv_cache, self.scale)
+        return b.linear(out, self.o_proj, "add", residual)
+
 
 class DecoderMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)) + residual, each element-wise step fused into a GEMM."""
@@ -95,6 +115,10 @@ class DecoderMLP(nn.Module):
         gate = self.gate_proj.silu(x)
         return self.down_proj.add(self.up_proj.mul(x, gate), residual)
 
+    def add_to_program(self, b: DecodeProgramBuilder, x: Value, residual: Value) -> Value:
+        gate = b.linear(x, self.gate_proj, "silu")
+        return b.linear(b.linear(x, self.up_proj, "mul", gate), self.down_proj, "add", residual)
+
 
 class DecoderLayer(nn.Module):
     def __init__(
@@ -115,6 +139,12 @@ class DecoderLayer(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = self.self_attn(positions, self.input_layernorm(x), residual=x)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
+
+    def add_to_program(self, b: DecodeProgramBuilder, x: Value) -> Value:
+        if type(self.mlp) is not DecoderMLP:
+            raise NotProgrammable(f"feed-forward: {type(self.mlp).__name__}")
+        x = self.self_attn.add_to_program(b, b.rms_norm(x, self.input_layernorm), x)
+        return self.mlp.add_to_program(b, b.rms_norm(x, self.post_attention_layernorm), x)
 
 
 class LlamaForCausalLM(CausalLM):
@@ -147,6 +177,8 @@ class LlamaForCausalLM(CausalLM):
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = attn.num_kv_heads
         self.head_dim = attn.head_dim
+        self._program: DecodeProgram | None = None
+        self._program_key: tuple[int, ...] | None = None
 
     def make_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module | None:
         """The feed-forward block of layer `layer_idx` (None: the dense SwiGLU)."""
@@ -184,9 +216,35 @@ class LlamaForCausalLM(CausalLM):
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if self.hidden_output_layers:
             return self._forward_capturing(positions, x)
+        if positions.ndim == 1 and x.dtype == torch.float32 and x.is_contiguous():
+            meta = get_forward_context()
+            if meta.all_decode and meta.backend.name == "cpu":
+                program = self._decode_program()
+                if program is not None:
+                    return program.run(x, positions, meta)
         for layer in self.layers:
             x = layer(positions, x)
         return self.norm(x)
+
+    def _decode_program(self) -> DecodeProgram | None:
+        """The layers as one C call for steps of decodes (`layers/decode_program.py`: the
+        same arithmetic as the layers' forward, bit for bit), built on the first such step
+        and again when the KV cache or a product's kernel path changed; None where a
+        module has no C path here."""
+        cache = self.layers[0].self_attn.kv_cache
+        key = (0 if cache is None else cache.data_ptr(),)
+        if key == self._program_key and (self._program is None or self._program.current):
+            return self._program
+        self._program_key, self._program = key, None
+        try:
+            b = DecodeProgramBuilder(self.config.hidden_size)
+            x = b.input
+            for layer in self.layers:
+                x = layer.add_to_program(b, x)
+            self._program = b.build(b.rms_norm(x, self.norm))
+        except NotProgrammable as exc:
+            logger.debug("%s: decode steps run layer by layer (%s)", type(self).__name__, exc)
+        return self._program
 
     def _forward_capturing(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """`forward`, keeping the hidden states `hidden_output_layers` names for the stage."""

@@ -1,0 +1,24 @@
+/* Per-row (per-token) pieces of the kernels that the decode program (decode_program.c)
+ * calls one row at a time: the same functions the whole-tensor kernels call, never
+ * inlined, so a row computed by either is bit-identical. */
+#ifndef OMNISTAGE_KERNEL_ROWS_H
+#define OMNISTAGE_KERNEL_ROWS_H
+
+#include <stdint.h>
+
+/* rms_norm.c: o = weight * x / sqrt(mean(x^2) + eps) over `dim` values. */
+void rms_norm_row_f32(const float *x, const float *weight, float *o, int64_t dim, float eps);
+
+/* rope_cache.c: rotate one token's q and k heads in place, copy its k, v to `slot`. */
+void rope_write_kv_token_f32(float *x, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                             int64_t position, const float *cos_table, const float *sin_table,
+                             float *kv_cache, int64_t num_slots, int64_t slot);
+
+/* paged_attention.c: decode attention with q rows `q_stride` floats apart. */
+void paged_decode_attention_strided_f32(const float *q, int64_t q_stride, const float *kv,
+                                        const int64_t *block_table, const int64_t *seq_lens,
+                                        float *out, int64_t batch, int64_t heads, int64_t kv_heads,
+                                        int64_t head_dim, int64_t num_blocks, int64_t block_size,
+                                        int64_t max_blocks, float scale, int64_t *next_unit);
+
+#endif
