@@ -19,7 +19,8 @@ from omnistage.kernels import work_sharing
 from omnistage.layers.decode_program import DISABLE_ENV, DecodeProgramBuilder
 from omnistage.layers.ggml_types import GGMLType
 from omnistage.layers.norm import RMSNorm
-from omnistage.layers.quantized_linear import ACTIVATIONS_ENV, QuantizedLinear
+from omnistage.layers.quant_paths import ACTIVATIONS_ENV
+from omnistage.layers.quantized_linear import QuantizedLinear
 from omnistage.models.loader import resolve_model
 from tests.test_loading import tiny_model, write_gguf
 

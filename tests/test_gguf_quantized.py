@@ -9,11 +9,8 @@ from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM
 
 from omnistage import LLM, SamplingParams, kernels
-from omnistage.layers.quantized_linear import (
-    ACTIVATIONS_ENV,
-    QuantizedEmbedding,
-    QuantizedLinear,
-)
+from omnistage.layers.quant_paths import ACTIVATIONS_ENV
+from omnistage.layers.quantized_linear import QuantizedEmbedding, QuantizedLinear
 from omnistage.models.gguf_index import read_gguf_index
 from omnistage.models.loader import resolve_model
 from tests.test_loading import tiny_model, write_gguf

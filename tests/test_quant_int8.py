@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 
 from omnistage import kernels
 from omnistage.kernels import work_sharing
+from omnistage.layers import quant_paths
 from omnistage.layers import quantized_linear as QL
 from tests.test_quantized_linear import assert_close_to_scale, make_layer
 
@@ -59,7 +60,7 @@ def test_int8_matches_the_dequantized_product(ggml_type):
         for m in (1, 37, 64):
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m + k))
             ref = x.double() @ weight.T + bias.double()
-            assert_close_to_scale(layer(x), ref, QL.INT8_TOLERANCE)
+            assert_close_to_scale(layer(x), ref, quant_paths.INT8_TOLERANCE)
 
 
 @needs_kernels
@@ -120,7 +121,7 @@ def test_large_inputs_take_the_heap():
     layer, weight, _ = int8_layer(T.Q8_0, 40, 2048)
     x = torch.randn(40, 2048, generator=torch.Generator().manual_seed(3))
     out = layer(x)
-    assert_close_to_scale(out, x.double() @ weight.T, QL.INT8_TOLERANCE)
+    assert_close_to_scale(out, x.double() @ weight.T, quant_paths.INT8_TOLERANCE)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -131,18 +132,18 @@ def test_large_inputs_take_the_heap():
 
 @needs_kernels
 def test_the_path_is_chosen_by_argument_environment_or_type(monkeypatch):
-    monkeypatch.delenv(QL.ACTIVATIONS_ENV, raising=False)
+    monkeypatch.delenv(quant_paths.ACTIVATIONS_ENV, raising=False)
     layer, weight, _ = make_layer(T.Q4_1, 16, 64)
     assert layer.activations == "float32"  # the default
     x = torch.randn(3, 64)
     assert_close_to_scale(layer(x), x.double() @ weight.T)  # the float path's 2e-5
-    monkeypatch.setenv(QL.ACTIVATIONS_ENV, "int8")
+    monkeypatch.setenv(quant_paths.ACTIVATIONS_ENV, "int8")
     assert make_layer(T.Q4_1, 16, 64)[0].activations == "int8"  # T.Q4_1 is in INT8_TYPES
-    monkeypatch.setenv(QL.ACTIVATIONS_ENV, "float32")
+    monkeypatch.setenv(quant_paths.ACTIVATIONS_ENV, "float32")
     blocks = layer.blocks
     assert QL.QuantizedLinear(blocks, T.Q4_1, 64, 16, activations="int8").activations == "int8"
-    monkeypatch.setenv(QL.ACTIVATIONS_ENV, "int4")
-    with pytest.raises(ValueError, match=QL.ACTIVATIONS_ENV):
+    monkeypatch.setenv(quant_paths.ACTIVATIONS_ENV, "int4")
+    with pytest.raises(ValueError, match=quant_paths.ACTIVATIONS_ENV):
         make_layer(T.Q4_1, 16, 64)
     with pytest.raises(ValueError, match="activations"):
         QL.QuantizedLinear(blocks, T.Q4_1, 64, 16, activations="bf16")
@@ -164,7 +165,7 @@ def test_the_engine_argument_picks_the_path_of_every_quantized_layer(monkeypatch
     from omnistage import LLM
     from omnistage.config import EngineConfig
 
-    monkeypatch.delenv(QL.ACTIVATIONS_ENV, raising=False)
+    monkeypatch.delenv(quant_paths.ACTIVATIONS_ENV, raising=False)
     with pytest.raises(ValueError, match="quant_activations"):
         EngineConfig(quant_activations="int4")
     for asked, expected in ((None, "float32"), ("int8", "int8"), ("float32", "float32")):

@@ -24,6 +24,7 @@ from gguf import quants
 
 from omnistage import kernels
 from omnistage.kernels import work_sharing
+from omnistage.layers import quant_paths
 from omnistage.layers import quantized_linear as QL
 from omnistage.layers.quantized_linear import QuantizedEmbedding, QuantizedLinear
 
@@ -40,7 +41,7 @@ needs_kernels = pytest.mark.skipif(lib is None, reason="no C compiler on this ma
 @pytest.fixture(autouse=True)
 def float_path(monkeypatch):
     """Layers built in these tests take the float32 path."""
-    monkeypatch.setenv(QL.ACTIVATIONS_ENV, "float32")
+    monkeypatch.setenv(quant_paths.ACTIVATIONS_ENV, "float32")
 
 
 def isa_param(name):
@@ -149,13 +150,13 @@ def test_bias_and_fused_forms(ggml_type, isa, m):
 @needs_kernels
 def test_isa_from_environment(monkeypatch):
     """`OMNISTAGE_QUANT_ISA`, read when a layer is built, caps its instruction set."""
-    monkeypatch.setenv(QL.ISA_ENV, "scalar")
+    monkeypatch.setenv(quant_paths.ISA_ENV, "scalar")
     layer, weight, _ = make_layer(T.Q4_K, 40, 256)
     assert layer.isa == kernels.ISA_SCALAR
     x = torch.randn(3, 256)
     assert_close_to_scale(layer(x), x.double() @ weight.T)
-    monkeypatch.setenv(QL.ISA_ENV, "sse9")
-    with pytest.raises(ValueError, match=QL.ISA_ENV):
+    monkeypatch.setenv(quant_paths.ISA_ENV, "sse9")
+    with pytest.raises(ValueError, match=quant_paths.ISA_ENV):
         make_layer(T.Q4_K, 40, 256)
 
 
@@ -198,7 +199,7 @@ def test_fallback_without_the_library(monkeypatch, ggml_type):
     """No C library: dequantize with gguf's numpy code, then F.linear."""
     n, k = shape_for(ggml_type)
     layer, weight, bias = make_layer(ggml_type, n, k, bias=True)
-    monkeypatch.setattr(QL, "_kernel_library", lambda ggml_type: None)
+    monkeypatch.setattr(QL, "kernel_library", lambda ggml_type: None)
     x, other = torch.randn(7, k), torch.randn(7, n)
     ref = x.double() @ weight.T + bias.double()
     assert_close_to_scale(layer(x), ref)

@@ -34,7 +34,8 @@ from gguf import GGMLQuantizationType, quants
 
 from omnistage.kernels import work_sharing
 from omnistage.layers import quantized_linear
-from omnistage.layers.quantized_linear import ISA_NAMES, QuantizedLinear
+from omnistage.layers.quant_paths import ISA_NAMES
+from omnistage.layers.quantized_linear import QuantizedLinear
 
 SHAPES = [(576, 1536), (1536, 576), (576, 576), (576, 192), (576, 49152)]
 """(in_features, out_features) of SmolLM2-135M's linears and tied LM head."""

@@ -20,6 +20,9 @@ class AttentionBackend:
     """Portable attention: the KV cache from `torch.zeros`, every path in torch."""
 
     name = "torch"
+    runs_decode_programs = False
+    """Whether a step of decodes may run as a decode program (`layers/decode_program.py`):
+    its ops are this backend's kernels on this backend's KV cache."""
 
     def allocate_kv_cache(
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device

@@ -22,6 +22,7 @@ several threads (below, waking a helper costs more than it saves)."""
 
 class CpuKernelAttention(AttentionBackend):
     name = "cpu"
+    runs_decode_programs = True
 
     def allocate_kv_cache(
         self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device

@@ -35,7 +35,8 @@ import torch
 from omnistage import kernels
 from omnistage.kernels import work_sharing
 from omnistage.layers.norm import RMSNorm
-from omnistage.layers.quantized_linear import EPILOGUE_OPS, QuantizedLinear, path_generation
+from omnistage.layers.quant_paths import path_generation
+from omnistage.layers.quantized_linear import EPILOGUE_OPS, QuantizedLinear
 
 _OP_RMS_NORM, _OP_MATMUL, _OP_ROPE_KV, _OP_ATTENTION = 1, 2, 3, 4
 

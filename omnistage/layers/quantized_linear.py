@@ -10,10 +10,10 @@ Products run in the C kernels, on one of two paths (`activations`):
 - "float32" (the default): W dequantized to float32 in registers or L1 against float32
   activations (`kernels/quant_matmul.c`), the float32 product up to summation
   order (~1e-6 of the output scale);
-- "int8" (asked for; `INT8_TYPES`): each row of x is quantized to 8 bits per
+- "int8" (asked for; `quant_paths.INT8_TYPES`): each row of x is quantized to 8 bits per
   32-block and multiplied by integer dot products (`kernels/quant_matmul_q8.c`, as
   llama.cpp): up to ~1 % of the output scale from the float32 product with the
-  dequantized weight (`INT8_TOLERANCE`), bit for bit the same on every instruction
+  dequantized weight (`quant_paths.INT8_TOLERANCE`), bit for bit the same on every instruction
   set. ~10 % faster decode of SmolLM2 Q4_1 end to end on Zen 4, but its greedy text
   can differ from the float path's (docs/performance.md), so it is not the default.
 Both are batch-invariant: a row's output is the same alone or in any batch.
@@ -30,10 +30,6 @@ read when a layer is built, and tests run every path on one machine with them.
 
 from __future__ import annotations
 
-import ctypes
-import os
-from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
@@ -44,37 +40,16 @@ from torch import nn
 from omnistage import kernels
 from omnistage.kernels import work_sharing
 from omnistage.layers.ggml_types import BLOCK_SIZES, GGMLType
-
-KERNEL_TYPES = frozenset(
-    {
-        GGMLType.Q4_0,
-        GGMLType.Q4_1,
-        GGMLType.Q8_0,
-        GGMLType.Q4_K,
-        GGMLType.Q6_K,
-    }
+from omnistage.layers.quant_paths import (
+    ACTIVATIONS,
+    KERNEL_FUNCTIONS,
+    KernelCall,
+    activation_path,
+    bump_path_generation,
+    isa_level,
+    kernel_address,
+    kernel_library,
 )
-"""The ggml types the C kernels run; other quantized types take the fallback."""
-
-INT8_TYPES = KERNEL_TYPES
-"""The ggml types whose products take the int8 path when it is asked for (others keep the
-float path). Measured on
-Zen 4 (2026-11-25, one thread, batch 1, SmolLM2's shapes, weights streamed from memory):
-Q4_1 1.1-2.1x faster than the float path with the VNNI or the AVX2 kernels; Q8_0 the
-same speed from memory (both read ~9 GB/s there), 1.3-2x faster from cache. Q4_0, Q4_K
-and Q6_K share the kernels but were not timed; batches of 64 rows were not timed either
-(docs/performance.md)."""
-
-INT8_TOLERANCE = 1e-2
-"""How far the int8 path's outputs may be from the float32 product with the dequantized
-weight, as a fraction of the largest output (tests; at most 7.3e-3 measured on random
-inputs, 1-1.7e-2 on some of SmolLM2's MLP products; llama.cpp computes the same way)."""
-
-ACTIVATIONS_ENV = "OMNISTAGE_QUANT_ACTIVATIONS"
-ACTIVATIONS = ("int8", "float32")
-
-ISA_ENV = "OMNISTAGE_QUANT_ISA"
-ISA_NAMES = {"scalar": kernels.ISA_SCALAR, "avx2": kernels.ISA_AVX2, "avx512": kernels.ISA_AVX512}
 
 PARALLEL_WEIGHT_BYTES = 1 << 18
 """Weight bytes times rows of x from which a product is split between threads. Measured
@@ -105,69 +80,6 @@ def _as_uint8(data: Any) -> torch.Tensor:
     return torch.from_numpy(array.view(np.uint8).reshape(-1).copy())
 
 
-def _isa(override: int | None) -> int:
-    """`override`, else the level `OMNISTAGE_QUANT_ISA` names, else the best one."""
-    if override is not None:
-        return override
-    name = os.environ.get(ISA_ENV)
-    if name is None:
-        return kernels.ISA_AVX512  # the library caps it at what this CPU runs
-    if name not in ISA_NAMES:
-        raise ValueError(f"{ISA_ENV}: expected one of {sorted(ISA_NAMES)}, got {name!r}")
-    return ISA_NAMES[name]
-
-
-def _activations(override: str | None, ggml_type: GGMLType) -> str:
-    """`override`, else the path `OMNISTAGE_QUANT_ACTIVATIONS` names, else float32; int8
-    only for `INT8_TYPES`."""
-    name = override if override is not None else os.environ.get(ACTIVATIONS_ENV)
-    if name is None:
-        return "float32"
-    if name not in ACTIVATIONS:
-        source = "activations" if override is not None else ACTIVATIONS_ENV
-        raise ValueError(f"{source}: expected one of {list(ACTIVATIONS)}, got {name!r}")
-    return name if ggml_type in INT8_TYPES else "float32"
-
-
-_KERNELS = {
-    "int8": ("quant_matmul_q8", "quant_matmul_q8_team"),
-    "float32": ("quant_matmul_f32", "quant_matmul_f32_team"),
-}
-"""Each path's work-sharing kernel and its OpenMP-team twin in `kernels.load_quant()`."""
-
-
-def _kernel_library(ggml_type: GGMLType) -> Any:
-    return kernels.load_quant() if ggml_type in KERNEL_TYPES else None
-
-
-@cache
-def _kernel_address(lib: Any, name: str) -> int:
-    """The address of `lib`'s function `name` (what the C pool calls)."""
-    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
-
-
-_path_generation = 0
-"""Bumped whenever a layer's `activations` is reassigned (a decode program built before
-then runs the old path's kernel: `path_generation()` tells it to rebuild)."""
-
-
-def path_generation() -> int:
-    return _path_generation
-
-
-@dataclass(frozen=True)
-class KernelCall:
-    """A product as a C work-sharing kernel runs it: the kernel's address (`quant_matmul_f32`
-    or `quant_matmul_q8` of `kernels.load_quant()`), the weight's blocks, the float32 bias
-    (or None), the ggml type id and the instruction-set level."""
-
-    kernel: int
-    weight: int
-    bias: int | None
-    type_id: int
-    isa: int
-
-
 class _QuantizedMatrix(nn.Module):
     """A matrix [rows, cols] held as the uint8 buffer `blocks` [rows, row_bytes]."""
 
@@ -191,11 +103,11 @@ class _QuantizedMatrix(nn.Module):
             )
         self.register_buffer("blocks", blocks.reshape(expected).contiguous())
         self._type_id = int(self.ggml_type)
-        self.isa = _isa(isa)
+        self.isa = isa_level(isa)
 
     def _dequantize_rows(self, rows: torch.Tensor | None, cols: int) -> torch.Tensor:
         """float32 [len(rows), cols]: `rows` (int64, contiguous; None: all) dequantized."""
-        lib = _kernel_library(self.ggml_type)
+        lib = kernel_library(self.ggml_type)
         if lib is None or self.blocks.device.type != "cpu":
             if (
                 rows is not None
@@ -246,7 +158,7 @@ class QuantizedLinear(_QuantizedMatrix):
         activations: str | None = None,
     ) -> None:
         super().__init__(blocks, ggml_type, out_features, in_features, isa)
-        self.activations = _activations(activations, self.ggml_type)
+        self.activations = activation_path(activations, self.ggml_type)
         self.in_features = in_features
         self.out_features = out_features
         if bias is not None and bias.shape != (out_features,):
@@ -279,20 +191,19 @@ class QuantizedLinear(_QuantizedMatrix):
 
     @activations.setter
     def activations(self, value: str) -> None:
-        if value not in _KERNELS:
+        if value not in KERNEL_FUNCTIONS:
             raise ValueError(f"activations: expected one of {list(ACTIVATIONS)}, got {value!r}")
         self._activations = value
-        self._kernel_names = _KERNELS[value]
-        global _path_generation
-        _path_generation += 1
+        self._kernel_names = KERNEL_FUNCTIONS[value]
+        bump_path_generation()
 
     def kernel_call(self) -> KernelCall | None:
         """What a decode program (`layers/decode_program.py`) needs to run this product in
         C on float32 rows, or None where the fallback would run it."""
-        lib = _kernel_library(self.ggml_type)
+        lib = kernel_library(self.ggml_type)
         if lib is None:
             return None
-        kernel = _kernel_address(lib, self._kernel_names[0])
+        kernel = kernel_address(lib, self._kernel_names[0])
         buffers = self._buffers
         bias = buffers["bias"]
         return KernelCall(
@@ -325,7 +236,7 @@ class QuantizedLinear(_QuantizedMatrix):
     def _run(self, x: torch.Tensor, op: str, other: torch.Tensor | None) -> torch.Tensor:
         # Called ~200 times per decode step of a small model: attribute reads of the
         # buffers and reshapes of 2-D inputs are kept off this path.
-        lib = _kernel_library(self.ggml_type)
+        lib = kernel_library(self.ggml_type)
         if (
             lib is None
             or x.dtype != torch.float32
@@ -363,7 +274,7 @@ class QuantizedLinear(_QuantizedMatrix):
             kernel, team = self._kernel_names
             if pool is not None:  # the threads the decode program runs on
                 threads = work_sharing.kernel_threads() if parallel else 1
-                pool.pool_matmul(_kernel_address(lib, kernel), *args, threads)
+                pool.pool_matmul(kernel_address(lib, kernel), *args, threads)
             else:
                 work_sharing.run(getattr(lib, kernel), getattr(lib, team), *args, parallel=parallel)
         return y if x.dim() == 2 else y.reshape(out_shape)

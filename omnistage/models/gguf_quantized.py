@@ -24,11 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnistage.layers.quantized_linear import (
-    KERNEL_TYPES,
-    QuantizedEmbedding,
-    QuantizedLinear,
-)
+from omnistage.layers.quant_paths import KERNEL_TYPES
+from omnistage.layers.quantized_linear import QuantizedEmbedding, QuantizedLinear
 from omnistage.models.gguf_index import read_gguf_index
 from omnistage.models.gguf_names import (
     ROPE_PERMUTED_ARCHITECTURES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnistage.layers.quantized_linear import ACTIVATIONS_ENV
+from omnistage.layers.quant_paths import ACTIVATIONS_ENV
 from tests.server.conftest import TINY, LiveServer
 
 HELLO = [{"role": "user", "content": "hello there"}]

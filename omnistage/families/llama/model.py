@@ -218,7 +218,7 @@ class LlamaForCausalLM(CausalLM):
             return self._forward_capturing(positions, x)
         if positions.ndim == 1 and x.dtype == torch.float32 and x.is_contiguous():
             meta = get_forward_context()
-            if meta.all_decode and meta.backend.name == "cpu":
+            if meta.all_decode and meta.backend.runs_decode_programs:
                 program = self._decode_program()
                 if program is not None:
                     return program.run(x, positions, meta)
