@@ -1,5 +1,10 @@
 """Threads for the C kernels that share their work through a counter.
 
+Quantized products and decode programs run on the C pool of `decode_program.c`
+(`pool_matmul`, `decode_program_run`) with `kernel_threads()` threads; `run` below is
+the way of the other work-sharing kernels (decode attention outside a program) and of
+products where the pool's library is not built.
+
 A work-sharing kernel takes its last argument as a pointer to an int64
 counter (zero at the start) and processes units taken from it until none is
 left, so a descheduled thread delays nobody: the others take its share. Each
