@@ -111,7 +111,7 @@ class DecodeProgramBuilder:
             raise NotProgrammable("the C kernels are not built here")
         self._widths: list[int] = [width]
         self._ops: list[tuple[dict[str, Any], tuple[int, ...], int | None]] = []
-        """(fields, values read, value written) per op."""
+        """(fields, values read: src then `other`, value written) per op."""
         self._keep: list[torch.Tensor] = []
         """Tensors the ops point into (weights, tables, caches): kept alive with the program."""
 
@@ -169,8 +169,6 @@ class DecodeProgramBuilder:
         )
         reads = (x.id,) if other is None else (x.id, other.id)
         self._ops.append((fields, reads, out.id))
-        if other is not None:
-            self._ops[-1][0]["other_value"] = other.id
         return out
 
     def _cache_fields(self, shape: AttentionShape, kv_cache: torch.Tensor | None) -> dict[str, Any]:
@@ -207,7 +205,6 @@ class DecodeProgramBuilder:
             sin_table=self._float_tensor(sin, "sin table"),
         )
         self._ops.append((fields, (qkv.id,), None))
-        self._ops[-1][0]["src_value"] = qkv.id
 
     def attention(
         self, qkv: Value, shape: AttentionShape, kv_cache: torch.Tensor | None, scale: float
@@ -260,10 +257,8 @@ def _assign_buffers(
                 buffer_of[writes] = len(buffer_widths)
                 buffer_widths.append(widths[writes])
             fields["dst"] = buffer_of[writes]
-        fields.pop("src_value", None)
         fields["src"] = buffer_of[reads[0]]
-        other = fields.pop("other_value", None)
-        fields["other"] = -1 if other is None else buffer_of[other]
+        fields["other"] = buffer_of[reads[1]] if len(reads) > 1 else -1
         for v in set(reads):
             if last_read[v] == i and v not in (0, output):
                 free.setdefault(widths[v], []).append(buffer_of[v])

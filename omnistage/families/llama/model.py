@@ -178,7 +178,8 @@ class LlamaForCausalLM(CausalLM):
         self.num_kv_heads = attn.num_kv_heads
         self.head_dim = attn.head_dim
         self._program: DecodeProgram | None = None
-        self._program_key: tuple[int, ...] | None = None
+        self._program_cache: int | None = None
+        """The KV cache address the program was built for."""
 
     def make_mlp(self, config: Any, layer_idx: int, dtype: torch.dtype) -> nn.Module | None:
         """The feed-forward block of layer `layer_idx` (None: the dense SwiGLU)."""
@@ -232,10 +233,10 @@ class LlamaForCausalLM(CausalLM):
         and again when the KV cache or a product's kernel path changed; None where a
         module has no C path here."""
         cache = self.layers[0].self_attn.kv_cache
-        key = (0 if cache is None else cache.data_ptr(),)
-        if key == self._program_key and (self._program is None or self._program.current):
+        address = 0 if cache is None else cache.data_ptr()
+        if address == self._program_cache and (self._program is None or self._program.current):
             return self._program
-        self._program_key, self._program = key, None
+        self._program_cache, self._program = address, None
         try:
             b = DecodeProgramBuilder(self.config.hidden_size)
             x = b.input
