@@ -192,3 +192,39 @@ def test_the_platform_chooses_the_backend_models_attend_through(monkeypatch):
     portable = A.attend(q, q, q, cache, meta, 0.125)
     assert kernel_calls == [1]
     torch.testing.assert_close(on_cpu, portable, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "shape", [dict(heads=9, kv_heads=3, head_dim=64), dict(heads=4, kv_heads=1)]
+)
+def test_c_kernel_row_alone_equals_row_in_a_batch(monkeypatch, shape):
+    """The kernel's units change with the batch (one sequence of one KV head: a unit per
+    query head; few (sequence, KV head) pairs: taken one at a time; many: four at a time),
+    and a sequence's output does not: alone, shared by threads, or in a batch of 40, bit
+    for bit."""
+    lib = kernels.load()
+    if lib is None:
+        pytest.skip("no C compiler on this machine")
+    q, cache, meta = make_case(batch=40, seed=6, **shape)
+    batched = cpu_attention.decode_kernel(lib, q, cache, meta, 0.125)
+    monkeypatch.setattr(cpu_attention, "PARALLEL_DECODE_WORK", 0)  # threads share even one row
+    work_sharing.set_num_threads(3)
+    try:
+        for b in (0, 17, 39):
+            lens = meta.decode_seq_lens[b : b + 1]
+            table = meta.decode_block_table[b : b + 1]
+            one = A.AttentionMetadata(
+                num_tokens=1,
+                slot_mapping=torch.zeros(1, dtype=torch.long),
+                decode_token_idx=None,
+                decode_block_table=table,
+                decode_mask=meta.decode_mask[b : b + 1],
+                decode_seq_lens=lens,
+                prefills=[],
+                all_decode=True,
+                decode_context_tokens=int(lens.sum()),
+            )
+            alone = cpu_attention.decode_kernel(lib, q[b : b + 1], cache, one, 0.125)
+            assert torch.equal(alone[0], batched[b])
+    finally:
+        work_sharing.set_num_threads(work_sharing.available_cores())

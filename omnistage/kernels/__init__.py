@@ -54,6 +54,9 @@ _QUANT_SOURCES = [
 _HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 """Headers the sources include: part of the cache key, not of the command line."""
 _DISABLE_ENV = "OMNISTAGE_DISABLE_C_KERNELS"
+PROFILE_ENV = "OMNISTAGE_PROFILE_DECODE_PROGRAM"
+"""Set: `load()` builds the decode program with its per-op clock (`-DPROGRAM_PROFILE`;
+`decode_program_profile()` returns the totals; benchmarks/decode_profile.py reads them)."""
 _FAST_MATH = (
     "-fno-math-errno",
     "-fno-trapping-math",
@@ -96,7 +99,11 @@ def load() -> ctypes.CDLL | None:
     """The compiled kernel library, or None when it cannot be built here."""
     if os.environ.get(_DISABLE_ENV):
         return None
-    return load_variant()
+    lib = load_variant(("-DPROGRAM_PROFILE",) if os.environ.get(PROFILE_ENV) else ())
+    if lib is not None and os.environ.get(PROFILE_ENV):
+        lib.decode_program_profile.restype = ctypes.POINTER(ctypes.c_int64)
+        lib.decode_program_profile.argtypes = []
+    return lib
 
 
 def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:

@@ -137,11 +137,39 @@ static void run_op(const struct job *j, int64_t i)
     }
 }
 
-static void run_job(const struct job *j)
+#ifdef PROGRAM_PROFILE
+/* Built with -DPROGRAM_PROFILE (benchmarks/decode_profile.py): the caller's thread adds each
+ * op's time (its work, then its wait at the barrier) in ns to profile_ns[op][0..1], a
+ * worker its work to profile_ns[op][2]. */
+#include <time.h>
+static int64_t profile_ns[4096][3];
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+int64_t *decode_program_profile(void) { return &profile_ns[0][0]; }
+#endif
+
+static void run_job(const struct job *j, int caller)
 {
     for (int64_t i = 0; i < j->n_ops; i++) {
+#ifdef PROGRAM_PROFILE
+        const int64_t t0 = now_ns();
+        run_op(j, i);
+        const int64_t t1 = now_ns();
+        barrier(j->threads);
+        if (caller && i < 4096) {
+            profile_ns[i][0] += t1 - t0;
+            profile_ns[i][1] += now_ns() - t1;
+        } else if (i < 4096)
+            profile_ns[i][2] += t1 - t0;
+#else
+        (void)caller;
         run_op(j, i);
         barrier(j->threads);
+#endif
     }
 }
 
@@ -166,7 +194,7 @@ static void *worker_main(void *arg)
         seen = epoch;
         const struct job j = pool_job; /* a copy: the caller may post the next job as soon as
                                            this one's last barrier is passed */
-        if (id < j.threads) run_job(&j);
+        if (id < j.threads) run_job(&j, 0);
     }
     return NULL;
 }
@@ -224,7 +252,7 @@ void decode_program_run(const struct program_op *ops, int64_t n_ops, float *cons
     struct job j = {ops,      n_ops,    buffers,     rows, positions, slots, block_table,
                     seq_lens, max_blocks, counters, 1};
     if (num_threads <= 1) {
-        run_job(&j);
+        run_job(&j, 1);
         return;
     }
     pthread_mutex_lock(&run_lock);
@@ -236,7 +264,7 @@ void decode_program_run(const struct program_op *ops, int64_t n_ops, float *cons
         pthread_cond_broadcast(&pool_wake);
         pthread_mutex_unlock(&pool_lock);
     }
-    run_job(&j);
+    run_job(&j, 1);
     pthread_mutex_unlock(&run_lock);
 }
 

@@ -15,7 +15,14 @@
  *
  * Work sharing: callers on several threads pass the same counter (zero at the
  * start); each takes the next few units from it until none is left, so the
- * threads finish together even when one of them is descheduled. No OpenMP
+ * threads finish together even when one of them is descheduled. With few
+ * (sequence, kv head) pairs (a decode of one sequence: SmolLM2 has 3 KV heads)
+ * units are taken one at a time (taken four at a time, one thread took all three
+ * and the other waited), and a single pair is split into one unit per query head
+ * (each query head's arithmetic is the same whichever heads of its group are
+ * computed with it, so a split never changes a result; more pairs are not split:
+ * each thread reading a pair's keys and values would read them twice, and at
+ * decode the walk is bound by reading them). No OpenMP
  * team: nothing spins after the call (a spinning team would take the core
  * the engine process needs under asynchronous scheduling).
  */
@@ -28,7 +35,8 @@
 #define MAX_GROUP 16
 #define MAX_BLOCK 128
 #define MAX_DIM 256
-#define UNITS_PER_TAKE 4
+#define UNITS_PER_TAKE 4 /* with many units */
+#define FEW_PAIRS 16     /* fewer (sequence, kv head) pairs than this: taken one at a time */
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n)
 {
@@ -139,22 +147,26 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
     const float *keys = kv;
     const float *values = kv + kv_heads * plane;
     const int fast_scores = HAVE_SCORES16 && head_dim % 16 == 0 && block_size % 16 == 0;
-    const int64_t units = batch * kv_heads;
+    const int64_t pairs = batch * kv_heads;
+    const int64_t split = pairs == 1 ? group : 1; /* units per pair */
+    const int64_t units = pairs * split, per_take = pairs < FEW_PAIRS ? 1 : UNITS_PER_TAKE;
+    const int64_t heads_per_unit = group / split;
 
     for (;;) {
-        const int64_t first = __atomic_fetch_add(next_unit, UNITS_PER_TAKE, __ATOMIC_RELAXED);
+        const int64_t first = __atomic_fetch_add(next_unit, per_take, __ATOMIC_RELAXED);
         if (first >= units) break;
-        const int64_t last = first + UNITS_PER_TAKE < units ? first + UNITS_PER_TAKE : units;
+        const int64_t last = first + per_take < units ? first + per_take : units;
         for (int64_t u = first; u < last; u++) {
-            const int64_t b = u / kv_heads, h = u % kv_heads;
-            const float *qg = q + b * q_stride + h * group * head_dim;
-            float *og = out + (b * heads + h * group) * head_dim;
+            const int64_t pair = u / split, b = pair / kv_heads, h = pair % kv_heads;
+            const int64_t head0 = h * group + (u % split) * heads_per_unit; /* first q head */
+            const float *qg = q + b * q_stride + head0 * head_dim;
+            float *og = out + (b * heads + head0) * head_dim;
             const float *kh = keys + h * plane, *vh = values + h * plane;
             const int64_t *table = block_table + b * max_blocks;
             float m[MAX_GROUP], l[MAX_GROUP];
             float s[MAX_GROUP][MAX_BLOCK];
             float acc[MAX_GROUP][MAX_DIM];
-            for (int64_t g = 0; g < group; g++) {
+            for (int64_t g = 0; g < heads_per_unit; g++) {
                 m[g] = -FLT_MAX;
                 l[g] = 0.0f;
                 for (int64_t d = 0; d < head_dim; d++) acc[g][d] = 0.0f;
@@ -171,7 +183,7 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
                 const int64_t n = left < block_size ? left : block_size;
 #if HAVE_SCORES16
                 if (fast_scores) {
-                    for (int64_t g = 0; g < group; g++)
+                    for (int64_t g = 0; g < heads_per_unit; g++)
                         for (int64_t t0 = 0; t0 < n; t0 += 16)
                             scores16(qg + g * head_dim, kb + t0 * head_dim, n - t0, head_dim, scale,
                                      s[g] + t0);
@@ -179,11 +191,11 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
 #endif
                 {
                     for (int64_t t = 0; t < n; t++)
-                        for (int64_t g = 0; g < group; g++)
+                        for (int64_t g = 0; g < heads_per_unit; g++)
                             s[g][t] = dot(qg + g * head_dim, kb + t * head_dim, head_dim) * scale;
                 }
                 float corr[MAX_GROUP];
-                for (int64_t g = 0; g < group; g++) {
+                for (int64_t g = 0; g < heads_per_unit; g++) {
                     float bmax = m[g];
                     for (int64_t t = 0; t < n; t++) bmax = s[g][t] > bmax ? s[g][t] : bmax;
                     corr[g] = expf(m[g] - bmax);
@@ -197,11 +209,11 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
                 }
 #if HAVE_SCORES16
                 if (fast_scores) {
-                    weighted_values16(acc, s, corr, vb, n, group, head_dim);
+                    weighted_values16(acc, s, corr, vb, n, heads_per_unit, head_dim);
                     continue;
                 }
 #endif
-                for (int64_t g = 0; g < group; g++) {
+                for (int64_t g = 0; g < heads_per_unit; g++) {
                     float *ag = acc[g];
                     for (int64_t d = 0; d < head_dim; d++) ag[d] *= corr[g];
                     for (int64_t t = 0; t < n; t++) {
@@ -211,7 +223,7 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
                     }
                 }
             }
-            for (int64_t g = 0; g < group; g++) {
+            for (int64_t g = 0; g < heads_per_unit; g++) {
                 const float inv = 1.0f / l[g];
                 for (int64_t d = 0; d < head_dim; d++) og[g * head_dim + d] = acc[g][d] * inv;
             }

@@ -27,6 +27,7 @@ enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3 };
 
 #define UNIT_ROWS 16   /* rows of W per unit of work */
+#define GUIDED_TAKE 0
 #define BUF_FLOATS 4096 /* the dequantized tile: 16 KB */
 #define KC 256          /* values of K summed before a reduction (a multiple of every block) */
 #define TILE_ROWS (BUF_FLOATS / KC)
@@ -42,6 +43,29 @@ enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3 };
 #ifndef PREFETCH_ROWS
 #define PREFETCH_ROWS 16
 #endif
+
+/* Rows [*n0, *n0 + *nt) of W's N for the calling thread, taken from `next` (the rows
+ * handed out so far, zero at the start, shared by the threads of one product); 0 when none
+ * is left. Guided: a quarter of the rows left, in whole units of UNIT_ROWS (at least one),
+ * so each thread reads long runs of consecutive rows: the rows PREFETCH_ROWS ahead are its
+ * own (with units of 16 rows handed out one by one, they were mostly the other thread's,
+ * prefetched into the wrong core's caches), and the takes shrink towards the end, so the
+ * threads still finish together. Which thread computes a row never changes its result. */
+static inline int take_rows(int64_t *next, int64_t N, int64_t *n0, int64_t *nt)
+{
+    int64_t start = __atomic_load_n(next, __ATOMIC_RELAXED);
+    for (;;) {
+        if (start >= N) return 0;
+        int64_t chunk = (N - start) / 4 / UNIT_ROWS * UNIT_ROWS;
+        if (chunk < UNIT_ROWS) chunk = UNIT_ROWS;
+        if (__atomic_compare_exchange_n(next, &start, start + chunk, 1, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            *n0 = start;
+            *nt = N - start < chunk ? N - start : chunk;
+            return 1;
+        }
+    }
+}
 
 /* ---- block formats ------------------------------------------------------ */
 

@@ -148,10 +148,11 @@ AVX2 INLINE __m256i bytes8_simple(const uint8_t *row, int64_t j, const int type)
  * weights) as floats: [d0 m0 d1 m1 d2 m2 d3 m3] (vcvtph2ps: exact, as f16_soft). */
 AVX2 INLINE __m256 heads4_simple(const uint8_t *const rp[4], int64_t j, const int type)
 {
-    const int64_t bb = block_bytes(type);
-    int32_t h[4];
-    for (int r = 0; r < 4; r++) memcpy(&h[r], rp[r] + j * bb, 4);
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+    const int64_t o = j * block_bytes(type);
+    int32_t h[4]; /* four scalar loads into lanes (not a vector load of a stored array: a
+                     store-forwarding stall on every block) */
+    for (int r = 0; r < 4; r++) memcpy(&h[r], rp[r] + o, 4);
+    return _mm256_cvtph_ps(_mm_setr_epi32(h[0], h[1], h[2], h[3]));
 }
 
 /* The offset o added to make a type's weights unsigned, as a shift (o = 1 << shift); 0: none. */

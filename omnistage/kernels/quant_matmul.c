@@ -323,11 +323,7 @@ void quant_matmul_f32(const float *x, const uint8_t *w, const float *bias, const
      * it; KC is also the reduction chunk of the small-M kernels (batch invariance). */
     const int64_t rows_per_tile = TILE_ROWS, kc_max = KC;
     float buf[BUF_FLOATS] __attribute__((aligned(64)));
-    const int64_t units = (N + UNIT_ROWS - 1) / UNIT_ROWS;
-    for (;;) {
-        const int64_t u = __atomic_fetch_add(next_unit, 1, __ATOMIC_RELAXED);
-        if (u >= units) break;
-        const int64_t n0 = u * UNIT_ROWS, nt = N - n0 < UNIT_ROWS ? N - n0 : UNIT_ROWS;
+    for (int64_t n0, nt; take_rows(next_unit, N, &n0, &nt);) {
         if (M <= ops.small_m) {
             for (int64_t r0 = 0; r0 < nt; r0 += 4)
                 ops.small(x, M, K, w + (n0 + r0) * row_bytes, row_bytes, nt - r0 < 4 ? nt - r0 : 4,

@@ -67,19 +67,17 @@ static void units8(struct act8 a, const uint8_t *w, const float *bias, const flo
     const dot8_fn dot = dot8_for(isa);
     const epilogue_fn epilogue = epilogue_for(isa);
     const int64_t row_bytes = K / block_elems(type) * block_bytes(type);
-    const int64_t units = (N + UNIT_ROWS - 1) / UNIT_ROWS;
-    for (;;) {
-        const int64_t u = __atomic_fetch_add(next_unit, 1, __ATOMIC_RELAXED);
-        if (u >= units) break;
-        const int64_t n0 = u * UNIT_ROWS, nt = N - n0 < UNIT_ROWS ? N - n0 : UNIT_ROWS;
-        if (!a.q) {
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t j = 0; j < nt; j++) y[m * N + n0 + j] = NAN;
-            continue;
+    for (int64_t first, taken; take_rows(next_unit, N, &first, &taken);)
+        for (int64_t n0 = first; n0 < first + taken; n0 += UNIT_ROWS) { /* a unit stays in L1 */
+            const int64_t nt = first + taken - n0 < UNIT_ROWS ? first + taken - n0 : UNIT_ROWS;
+            if (!a.q) {
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t j = 0; j < nt; j++) y[m * N + n0 + j] = NAN;
+                continue;
+            }
+            dot(a, M, K, w + n0 * row_bytes, row_bytes, nt, y + n0, N, type);
+            epilogue(y, M, N, n0, nt, bias, op, other);
         }
-        dot(a, M, K, w + n0 * row_bytes, row_bytes, nt, y + n0, N, type);
-        epilogue(y, M, N, n0, nt, bias, op, other);
-    }
 }
 
 /* y[M,N] = op(x[M,K] . W[N,K]^T + bias) with x quantized to 8 bits per block; arguments
