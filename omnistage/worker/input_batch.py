@@ -125,6 +125,10 @@ class InputBatch:
         if not rows:
             return
         r = np.asarray(rows, dtype=np.int64)
+        if len(rows) == len(set(rows)):  # a token per row (every decode step): no grouping
+            self.token_ids[r, self.num_tokens[r]] = token_ids
+            self.num_tokens[r] += 1
+            return
         first = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])  # each row's first entry
         counts = np.diff(np.r_[first, len(r)])
         offsets = np.arange(len(r)) - np.repeat(first, counts)
