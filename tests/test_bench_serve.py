@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shlex
 import signal
 import sys
 import threading
@@ -252,3 +253,39 @@ def test_launch_refuses_a_port_already_in_use(fake_url, capsys):
 
     assert main(["bench", "serve", "--launch", "--base-url", fake_url]) == 2
     assert "already listens" in capsys.readouterr().err and Fake.seen == 0
+
+
+def test_peer_is_measured_first_under_the_same_load_and_compared(monkeypatch, capsys, tmp_path):
+    """`--peer command`: the peer (a fake) on its own port, then ours (a fake too); the
+    summary holds both servers' levels and ours / the peer's."""
+    fake = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "from test_bench_serve import serve_fake; "
+        "serve_fake(int(sys.argv[sys.argv.index('--port') + 1]))"
+    )
+    monkeypatch.setattr("omnistage.benchmarks.serve.SERVE_COMMAND", [sys.executable, "-c", fake])
+    port = free_port()
+    peer = f"{sys.executable} -c {shlex.quote(fake)} --host {{host}} --port {{port}}"
+    argv = ["--base-url", f"http://127.0.0.1:{port}/v1", "--launch", "--concurrency", "1"]
+    argv += ["--num-prompts", "2", "--launch-timeout", "20", "--peer", "command"]
+    argv += ["--peer-command", peer, "--peer-port", str(free_port())]
+    code, summary, out = _bench(capsys, *argv)
+    assert code == 0 and summary["levels"][0]["completed"] == 2
+    assert summary["peer"]["levels"][0]["completed"] == 2
+    assert summary["peer"]["levels"][0]["output_token_throughput"] > 0
+    compared = summary["peer"]["ratios"]  # ours / the peer's per level, then the targets
+    assert compared[0]["concurrency"] == 1 and compared[0]["tpot_p50_ms_ratio"] > 0
+    assert "c1_tpot_at_most_peer" in summary["peer"]["targets"] and "ours / python" in out
+
+
+def test_peer_flags_are_checked_before_anything_starts(capsys, tmp_path):
+    from omnistage.entrypoints.cli import main
+
+    assert main(["bench", "serve", "--peer", "llamacpp"]) == 2
+    assert "--peer: needs --launch" in capsys.readouterr().err
+    argv = ["bench", "serve", "--launch", "--peer", "llamacpp", "--llama-server", "/no/such"]
+    assert main(argv) == 2
+    assert "--llama-server" in capsys.readouterr().err
+    argv = ["bench", "serve", "--launch", "--peer", "command", "--peer-command", "x --port 1"]
+    assert main(argv) == 2
+    assert "--peer-command" in capsys.readouterr().err

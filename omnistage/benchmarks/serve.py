@@ -3,9 +3,10 @@
 It knows only the OpenAI HTTP API (`--base-url`, default `http://127.0.0.1:8000/v1`), so
 it measures `omnistage serve`, `vllm serve` or anything else that speaks it; `--launch`
 starts `omnistage serve` on the base URL's port first (waits for `/health`, stops it
-with SIGINT at the end). This module owns the command: its flags, the workload, the
-launched server and the run; `serve_requests` sends and times the requests,
-`serve_report` summarizes and prints them.
+with SIGINT at the end); `--peer llamacpp|command` measures a peer server first under the
+same load, in the same run, and prints ours / the peer's (`serve_peer`). This module owns
+the command: its flags, the workload, the launched servers and the run; `serve_requests`
+sends and times the requests, `serve_report` summarizes and prints them.
 
 Workload (seeded): per measurement `--num-prompts` distinct prompts of `--input-words`
 random English words in sentences (chat: after "Continue this story at length: "), each
@@ -49,9 +50,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from omnistage.benchmarks import serve_peer
 from omnistage.benchmarks.serve_report import describe_machine, print_table, summarize
 from omnistage.benchmarks.serve_requests import ENDPOINTS, run_level, send
 
@@ -92,6 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launch", action="store_true", help="start `omnistage serve` first")
     parser.add_argument("--serve-args", default="", help="--launch: more `serve` flags")
     parser.add_argument("--launch-timeout", type=float, default=600.0, help="for /health, s")
+    serve_peer.add_arguments(parser)
 
 
 def make_prompts(n: int, words: int, seed: str) -> list[str]:
@@ -175,18 +179,25 @@ def launched(args: argparse.Namespace) -> Iterator[None]:
     if not args.launch:
         yield
         return
-    url = urlsplit(args.base_url)
-    host, port = url.hostname or "127.0.0.1", url.port or 80
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
-        raise ValueError(f"--launch: something already listens on {host}:{port}")
+    host, port = _host_port(args.base_url)
     cmd = [*SERVE_COMMAND, "--host", host, "--port", str(port)]
     cmd += ["--model", args.model] if args.model else []
     cmd += ["--api-key", args.api_key] if args.api_key else []
     cmd += shlex.split(args.serve_args)
+    with running(cmd, args.base_url, args.launch_timeout):
+        yield
+
+
+@contextlib.contextmanager
+def running(cmd: list[str], base_url: str, launch_timeout: float) -> Iterator[None]:
+    """`cmd`, a server for `base_url`, from its `/health` answering to the block's end."""
+    host, port = _host_port(base_url)
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
+        raise ValueError(f"--launch: something already listens on {host}:{port}")
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _wait_healthy(proc, args, log)
+            _wait_healthy(proc, base_url, launch_timeout, log)
             yield
         finally:
             proc.send_signal(signal.SIGINT)
@@ -197,11 +208,16 @@ def launched(args: argparse.Namespace) -> Iterator[None]:
                 proc.wait()
 
 
-def _wait_healthy(proc: subprocess.Popen, args: argparse.Namespace, log: Any) -> None:
+def _host_port(base_url: str) -> tuple[str, int]:
+    url = urlsplit(base_url)
+    return url.hostname or "127.0.0.1", url.port or 80
+
+
+def _wait_healthy(proc: subprocess.Popen, base_url: str, launch_timeout: float, log: Any) -> None:
     import httpx
 
-    health = args.base_url.rstrip("/").removesuffix("/v1") + "/health"
-    deadline = time.monotonic() + args.launch_timeout
+    health = base_url.rstrip("/").removesuffix("/v1") + "/health"
+    deadline = time.monotonic() + launch_timeout
     while proc.poll() is None and time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(health, timeout=2.0, trust_env=False).status_code == 200:
@@ -214,7 +230,7 @@ def _wait_healthy(proc: subprocess.Popen, args: argparse.Namespace, log: Any) ->
     if "invalid choice: 'serve'" in tail:
         raise ValueError("--launch: this omnistage has no `serve` command (issue 7)")
     if proc.poll() is None:
-        raise ValueError(f"--launch: {health} did not answer within {args.launch_timeout:g} s")
+        raise ValueError(f"--launch: {health} did not answer within {launch_timeout:g} s")
     raise ValueError(
         f"--launch: `{shlex.join(proc.args)}` exited with {proc.returncode} before {health} "
         f"answered; its output ends:\n{tail}"
@@ -265,15 +281,46 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--extra-body: not JSON ({exc})") from None
     if not isinstance(extra, dict):
         raise ValueError("--extra-body: expected a JSON object")
-    with launched(args):
-        rows = asyncio.run(measure(args, levels, extra))
-    workload, machine = _workload(args, levels), describe_machine(args)
+    serve_peer.check(args)
+    peer = _measure_peer(args, levels, extra) if args.peer else None
+    ours_args = argparse.Namespace(**vars(args))  # `measure` names the model it found
+    with launched(ours_args):
+        rows = asyncio.run(measure(ours_args, levels, extra))
+    workload, machine = _workload(ours_args, levels), describe_machine(args)
     print(f"workload: {workload}\nmachine: {machine}")
+    summary: dict[str, Any] = {"benchmark": "serve", "workload": workload, "machine": machine}
+    if peer is not None:
+        name, peer_command, peer_rows = peer
+        print(f"-- {name}: {peer_command}")
+        print_table(peer_rows)
+        print("-- omnistage")
     print_table(rows)
+    summary["levels"] = rows
     failed = sum(row["failed"] for row in rows)
-    summary = {"benchmark": "serve", "workload": workload, "machine": machine, "levels": rows}
+    if peer is not None:
+        comparison = serve_peer.compare(rows, peer_rows)
+        serve_peer.print_comparison(name, comparison)
+        summary["peer"] = {"name": name, "command": peer_command, "levels": peer_rows}
+        summary["peer"] |= comparison
+        failed += sum(row["failed"] for row in peer_rows)
     print(json.dumps(summary | {"all_succeeded": failed == 0}))
     return 1 if failed else 0
+
+
+def _measure_peer(
+    args: argparse.Namespace, levels: list[int | None], extra: dict[str, Any]
+) -> tuple[str, str, list[dict[str, Any]]]:
+    """The peer server, started alone on its own port, under the same load as ours."""
+    host, port = _host_port(args.base_url)
+    port = args.peer_port or port + 1
+    peer_args = argparse.Namespace(**vars(args))
+    peer_args.base_url = f"http://{host}:{port}/v1"
+    peer_args.model = None  # the peer's own name for its model
+    cmd = serve_peer.command(args, host, port, levels)
+    with running(cmd, peer_args.base_url, args.launch_timeout):
+        rows = asyncio.run(measure(peer_args, levels, extra))
+    name = "llama-server" if args.peer == "llamacpp" else Path(cmd[0]).name
+    return name, shlex.join(cmd), rows
 
 
 if __name__ == "__main__":

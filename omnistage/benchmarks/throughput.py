@@ -1,4 +1,6 @@
-"""`omnistage bench throughput`: our engine against HF transformers, same model, same run.
+"""`omnistage bench throughput`: our engine against HF transformers and vLLM, same model,
+same run (`--peers omnistage,transformers,vllm`; vLLM runs in its own environment, see
+`vllm_peer`, on the same prompt token ids).
 
 With `--compare-scheduling`, the peers are our engine with synchronous and
 with asynchronous scheduling instead. With `--speculative-config JSON`, they
@@ -24,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -32,14 +33,21 @@ from typing import Any
 
 import torch
 
+from omnistage.benchmarks import vllm_peer
+from omnistage.benchmarks.throughput_report import (
+    SCHEDULING_PEERS,
+    print_table,
+    ratios,
+    workload_description,
+)
 from omnistage.benchmarks.throughput_workloads import (
     WORKLOADS,
     make_repetitive_workload,
     make_workload,
+    parse_input_len,
 )
 
-PEERS = ("omnistage", "transformers")
-SCHEDULING_PEERS = ("omnistage-sync", "omnistage-async")
+PEERS = ("omnistage", "transformers", "vllm")
 SPEC_PEERS = ("omnistage", "omnistage-spec")
 TINY_MODEL = "tiny-random"
 
@@ -83,7 +91,7 @@ def run_omnistage(args: argparse.Namespace, spawn_time: float) -> dict[str, Any]
     if args.workload == "repetitive":
         prompts = make_repetitive_workload(engine.tokenizer, args.num_prompts)
     else:
-        prompts = make_workload(args.num_prompts, args.input_len, vocab, args.seed)
+        prompts = make_workload(args.num_prompts, parse_input_len(args.input_len), vocab, args.seed)
     engine.add_tokenized_request(
         "warmup",
         None,
@@ -150,7 +158,8 @@ def run_transformers(args: argparse.Namespace, spawn_time: float) -> dict[str, A
         def end(self) -> None:
             pass
 
-    prompts = make_workload(args.num_prompts, args.input_len, model.config.vocab_size, args.seed)
+    lengths = parse_input_len(args.input_len)
+    prompts = make_workload(args.num_prompts, lengths, model.config.vocab_size, args.seed)
     streamer = FirstToken()
     with torch.inference_mode():
         model.generate(
@@ -161,11 +170,13 @@ def run_transformers(args: argparse.Namespace, spawn_time: float) -> dict[str, A
             streamer=streamer,
             pad_token_id=0,
         )
-        ids = torch.tensor(prompts)
+        width = max(map(len, prompts))  # prompts of several lengths: padded on the left
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         start = time.perf_counter()
         out = model.generate(
             ids,
-            attention_mask=torch.ones_like(ids),
+            attention_mask=mask,
             max_new_tokens=args.output_len,
             min_new_tokens=args.output_len,
             do_sample=False,
@@ -185,7 +196,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--num-prompts", type=int, default=64)
-    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--input-len", default="128", help="tokens: N, or LOW-HIGH per prompt")
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -193,8 +204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--threads", type=int, default=None, help="torch threads per peer (default: all cores)"
     )
     parser.add_argument(
-        "--peers", default=",".join(PEERS), help="comma-separated: omnistage,transformers"
+        "--peers", default="omnistage,transformers", help=f"comma-separated: {','.join(PEERS)}"
     )
+    parser.add_argument(
+        "--vllm-python", default=None, help="--peers vllm: its environment's python"
+    )
+    parser.add_argument("--vllm-model", default=None, help="--peers vllm: the model as an HF dir")
     parser.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
@@ -229,6 +244,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_peer_subprocess(args: argparse.Namespace, peer: str) -> dict[str, Any]:
+    if peer == "vllm":
+        return _run_vllm(args)
     cmd = [
         sys.executable,
         "-m",
@@ -262,6 +279,22 @@ def run_peer_subprocess(args: argparse.Namespace, peer: str) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _run_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    """vLLM on the prompts omnistage gets (same seed, lengths and vocabulary)."""
+    with open(os.path.join(args.vllm_model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    prompts = make_workload(args.num_prompts, parse_input_len(args.input_len), vocab, args.seed)
+    return vllm_peer.run(
+        args.vllm_python,
+        args.vllm_model,
+        args.dtype,
+        args.threads,
+        args.seed,
+        prompts,
+        args.output_len,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     if args._peer is not None:
         runner = run_transformers if args._peer == "transformers" else run_omnistage
@@ -270,13 +303,13 @@ def main(args: argparse.Namespace) -> int:
     peers = _peers(args)
     repeat = args.repeat or (3 if args.compare_scheduling else 1)
     results = _best_runs(args, peers, repeat)
-    workload = _workload_description(args, repeat)
-    _print_table(workload, results)
+    workload = workload_description(args, repeat)
+    print_table(workload, results)
     summary: dict[str, Any] = {"benchmark": "throughput", "model": args.model, "workload": workload}
     for peer, r in results.items():
         summary[f"{peer}_output_tok_s"] = round(r["output_tokens_per_s"], 2)
         summary[f"{peer}_startup_to_first_token_s"] = round(r["startup_to_first_token_s"], 2)
-    summary.update(_ratios(args, results))
+    summary.update(ratios(args, results))
     print(json.dumps(summary))
     return 0
 
@@ -295,6 +328,13 @@ def _peers(args: argparse.Namespace) -> list[str]:
     unknown = set(peers) - set(PEERS) - set(SCHEDULING_PEERS) - set(SPEC_PEERS)
     if unknown:
         raise ValueError(f"--peers: unknown peer(s) {sorted(unknown)}; known: {', '.join(PEERS)}")
+    parse_input_len(args.input_len)
+    if "vllm" in peers:
+        if args.workload != "random":
+            raise ValueError("--peers vllm: only with --workload random")
+        for flag, path in (("python", args.vllm_python), ("model", args.vllm_model)):
+            if not path or not os.path.exists(path):
+                raise ValueError(f"--vllm-{flag}: needed for --peers vllm, got {path!r}")
     return peers
 
 
@@ -311,69 +351,6 @@ def _best_runs(
     for r in results.values():
         r["output_tokens_per_s"] = r["output_tokens"] / r["elapsed_s"]
     return results
-
-
-def _workload_description(args: argparse.Namespace, repeat: int) -> str:
-    if args.workload == "repetitive":
-        workload = (
-            f"best of {repeat}: {args.num_prompts} chat prompts 'return this module with one edit' "
-            f"(a 26-line module), up to {args.output_len} output tokens, greedy, stop at EOS, "
-            f"dtype {args.dtype}"
-        )
-    else:
-        workload = (
-            f"best of {repeat}: {args.num_prompts} prompts x {args.input_len} random tokens, "
-            f"{args.output_len} output tokens each, greedy, ignore_eos, dtype {args.dtype}"
-        )
-    if not args.compare_scheduling:
-        mode = "async" if args.async_scheduling else "sync"
-        workload += f", {mode} scheduling"
-    return workload
-
-
-def _print_table(workload: str, results: dict[str, dict[str, Any]]) -> None:
-    print(f"workload: {workload}")
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
-    )
-    print(f"{'peer':<14}{'output tok/s':>14}{'elapsed s':>12}{'start->1st tok s':>18}")
-    for peer, r in results.items():
-        print(
-            f"{peer:<14}{r['output_tokens_per_s']:>14.1f}{r['elapsed_s']:>12.2f}{r['startup_to_first_token_s']:>18.2f}"
-        )
-
-
-def _ratios(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Print the comparisons the peers allow; return them for the JSON summary."""
-    summary: dict[str, Any] = {}
-    if "omnistage" in results and "transformers" in results:
-        ratio = (
-            results["omnistage"]["output_tokens_per_s"]
-            / results["transformers"]["output_tokens_per_s"]
-        )
-        print(f"omnistage / transformers: {ratio:.2f}x")
-        summary["ratio_vs_transformers"] = round(ratio, 3)
-    if set(SCHEDULING_PEERS) <= set(results):
-        ratio = (
-            results["omnistage-async"]["output_tokens_per_s"]
-            / results["omnistage-sync"]["output_tokens_per_s"]
-        )
-        print(f"async / sync: {ratio:.2f}x")
-        summary["ratio_async_vs_sync"] = round(ratio, 3)
-    if "omnistage-spec" in results:
-        plain, spec = results["omnistage"], results["omnistage-spec"]
-        if plain["outputs_digest"] != spec["outputs_digest"]:
-            raise RuntimeError("speculation changed the outputs: the benchmark is void")
-        ratio = spec["output_tokens_per_s"] / plain["output_tokens_per_s"]
-        print(
-            f"speculation: {args.speculative_config}; mean acceptance length "
-            f"{spec['mean_acceptance_length']:.2f}, accepted {spec['accepted_tokens']} of "
-            f"{spec['draft_tokens']} drafts; spec / no spec: {ratio:.2f}x"
-        )
-        summary["speculative_config"] = json.loads(args.speculative_config)
-        summary["mean_acceptance_length"] = round(spec["mean_acceptance_length"], 3)
-        summary["ratio_spec_vs_no_spec"] = round(ratio, 3)
-    return summary
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The seeded workloads of `omnistage bench throughput`.
 
-- `random`: N prompts of random token ids, L prompt tokens each;
+- `random`: N prompts of random token ids, L prompt tokens each (or a length drawn from
+  LOW-HIGH per prompt);
 - `repetitive`: N chat prompts asking to return `DOCUMENT` (a Python module)
   with one small edit from `EDITS` — outputs copy their input, so n-gram lookup
   finds drafts.
@@ -60,7 +61,27 @@ def make_repetitive_workload(tokenizer: Any, num_prompts: int) -> list[list[int]
     return prompts
 
 
-def make_workload(num_prompts: int, input_len: int, vocab_size: int, seed: int) -> list[list[int]]:
+def parse_input_len(text: str) -> tuple[int, int]:
+    """`--input-len`: "128" (every prompt that long) or "16-300" (lengths drawn uniformly)."""
+    parts = str(text).split("-")
+    try:
+        low, high = int(parts[0]), int(parts[-1])
+    except ValueError:
+        low = high = 0
+    if len(parts) > 2 or low < 1 or high < low:
+        raise ValueError(f"--input-len: expected N or LOW-HIGH (1 <= LOW <= HIGH), got {text!r}")
+    return low, high
+
+
+def make_workload(
+    num_prompts: int, input_len: tuple[int, int], vocab_size: int, seed: int
+) -> list[list[int]]:
+    """`num_prompts` prompts of random token ids, each of a length in `input_len` (a fixed
+    length draws no lengths, so a fixed-length workload is the same as it always was)."""
     rng = random.Random(seed)
     low, high = min(100, vocab_size // 4), vocab_size - 1
-    return [[rng.randrange(low, high) for _ in range(input_len)] for _ in range(num_prompts)]
+    lengths = [
+        input_len[0] if input_len[0] == input_len[1] else rng.randint(*input_len)
+        for _ in range(num_prompts)
+    ]
+    return [[rng.randrange(low, high) for _ in range(n)] for n in lengths]
