@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import stat
 
 import pytest
@@ -26,14 +27,11 @@ def test_prompts_of_a_range_have_lengths_in_it_and_fixed_ones_are_unchanged():
     assert ranged == make_workload(48, (16, 300), 1000, seed=0)
     fixed = make_workload(3, (5, 5), 1000, seed=1)
     # the fixed-length workload draws no lengths: the same token stream as before ranges
-    import random
-
     rng = random.Random(1)
     assert fixed == [[rng.randrange(100, 999) for _ in range(5)] for _ in range(3)]
 
 
 def test_vllm_peer_gets_the_same_prompts_and_is_compared(tmp_path, capsys):
-    from omnistage.benchmarks.throughput_workloads import make_workload as workload
     from omnistage.entrypoints.cli import main
 
     model = tmp_path / "model"
@@ -51,7 +49,7 @@ def test_vllm_peer_gets_the_same_prompts_and_is_compared(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["vllm_output_tok_s"] == 12.0 and summary["ratio_vs_vllm"] > 0
     spec = json.loads(seen.read_text())
-    assert spec["prompts"] == workload(3, (4, 9), 777, 0) and spec["output_len"] == 8
+    assert spec["prompts"] == make_workload(3, (4, 9), 777, 0) and spec["output_len"] == 8
     assert "4-9" in summary["workload"]
 
 

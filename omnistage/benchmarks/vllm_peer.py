@@ -54,6 +54,7 @@ def main() -> int:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     if spec.get("threads"):
         os.environ.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
+    import vllm
     from vllm import LLM, SamplingParams, TokensPrompt
 
     prompts = spec["prompts"]
@@ -76,7 +77,7 @@ def main() -> int:
         "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
         "startup_to_first_token_s": first - spawn_time,
         "model_path": spec["model"],
-        "version": __import__("vllm").__version__,
+        "version": vllm.__version__,
     }
     print(json.dumps(result), flush=True)
     return 0

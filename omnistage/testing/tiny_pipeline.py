@@ -55,45 +55,35 @@ def tiny_pipeline_deploy(
         "executor_backend": executor_backend,
         **(ar_engine_args or {}),
     }
-    stream = {
-        "chunk_size": chunk_size,
-        "first_chunk_size": first_chunk_size,
-        "left_context": left_context,
-    }
-
-    def stage(i: int, name: str, kind: str, engine_args: dict, **extra: Any) -> dict[str, Any]:
-        head = {"id": i, "name": name, "kind": kind, "model": str(model), "model_part": name}
-        return {**head, "engine_args": engine_args, **extra}
-
-    def edge(src: str, dst: str, processor: str, transfer: str) -> dict[str, Any]:
-        head = {"from": src, "to": dst, "processor": processor, "transfer": transfer}
-        return {**head, "connector": connector, **(stream if transfer == "stream" else {})}
-
-    def greedy(max_tokens: int) -> dict[str, Any]:
-        return {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
+    stream = dict(
+        chunk_size=chunk_size, first_chunk_size=first_chunk_size, left_context=left_context
+    )
 
     return {
         "name": "tiny-omni",
         "connectors": {} if connector in ("shm", "inproc") else {connector: {"kind": connector}},
         "stages": [
-            stage(
+            _stage(
+                model,
                 0,
                 "thinker",
                 "ar",
                 ar_args,
-                default_sampling=greedy(thinker_tokens),
+                default_sampling=_greedy(thinker_tokens),
                 final_output=True,
                 final_output_type="text",
             ),
-            stage(
+            _stage(
+                model,
                 1,
                 "talker",
                 "ar",
                 ar_args,
-                default_sampling=greedy(talker_tokens),
+                default_sampling=_greedy(talker_tokens),
                 input_timeout_s=input_timeout_s,
             ),
-            stage(
+            _stage(
+                model,
                 2,
                 "vocoder",
                 "generation",
@@ -104,7 +94,27 @@ def tiny_pipeline_deploy(
             ),
         ],
         "edges": [
-            edge("thinker", "talker", "hidden_to_embeds", thinker_transfer),
-            edge("talker", "vocoder", "ids_to_codes", transfer),
+            _edge("thinker", "talker", "hidden_to_embeds", thinker_transfer, connector, stream),
+            _edge("talker", "vocoder", "ids_to_codes", transfer, connector, stream),
         ],
     }
+
+
+def _stage(
+    model: Path, i: int, name: str, kind: str, engine_args: dict, **extra: Any
+) -> dict[str, Any]:
+    """Stage `i` of the deploy: `name` is also the checkpoint part it runs."""
+    head = {"id": i, "name": name, "kind": kind, "model": str(model), "model_part": name}
+    return {**head, "engine_args": engine_args, **extra}
+
+
+def _edge(
+    src: str, dst: str, processor: str, transfer: str, connector: str, stream: dict[str, int]
+) -> dict[str, Any]:
+    """An edge; a streamed one carries the chunking (`stream`)."""
+    head = {"from": src, "to": dst, "processor": processor, "transfer": transfer}
+    return {**head, "connector": connector, **(stream if transfer == "stream" else {})}
+
+
+def _greedy(max_tokens: int) -> dict[str, Any]:
+    return {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True}
