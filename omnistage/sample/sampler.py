@@ -83,7 +83,14 @@ class Sampler:
 
     Stateless: every draw is reseeded from (seed, output position), so one
     instance may be shared, and a fresh one samples exactly like an old one.
+
+    `top_p_first` orders the two filters: False (vLLM's order) keeps the top-k, then the
+    top-p of what is left, renormalized; True (CosyVoice's `nucleus_sampling`) keeps the
+    top-p of the whole distribution, then at most top-k of those.
     """
+
+    def __init__(self, top_p_first: bool = False) -> None:
+        self.top_p_first = top_p_first
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Sample one token per row of `logits` [B, V]; returns [B] int64.
@@ -113,16 +120,16 @@ class Sampler:
         dtype = _work_dtype(logits)
         temperature = pick(md.temperature).to(device=logits.device, dtype=dtype)
         scaled = logits.to(dtype) / temperature.unsqueeze(1)
-        _apply_top_k_top_p(scaled, pick(md.top_k), pick(md.top_p))
+        _apply_top_k_top_p(scaled, pick(md.top_k), pick(md.top_p), self.top_p_first)
         if md.min_p is not None:
             _apply_min_p(scaled, pick(md.min_p))
         probs = torch.softmax(scaled, dim=-1)
         row_ids = range(md.num_rows) if rows is None else rows.tolist()
-        q = self._exponentials(probs, [(md.seeds[r], md.output_positions[r]) for r in row_ids])
+        q = self.exponentials(probs, [(md.seeds[r], md.output_positions[r]) for r in row_ids])
         return probs.div_(q).argmax(dim=-1)
 
     @staticmethod
-    def _exponentials(probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:
+    def exponentials(probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:
         """[R, V] Exp(1) draws, row i from a generator seeded by `row_seed(*keys[i])`."""
         # A generator per call (cheap) keeps the sampler free of shared state.
         generator = torch.Generator(device=probs.device)
@@ -136,12 +143,18 @@ class Sampler:
 
 
 def _apply_top_k_top_p(
-    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+    logits: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    top_p_first: bool = False,
 ) -> None:
-    """Set logits outside each row's top-k, then top-p, set to -inf, in place."""
+    """Set logits outside each row's top-k, then top-p (or top-p, then top-k), to -inf,
+    in place."""
+    if top_p_first and top_p is not None:
+        _apply_top_p(logits, top_p)
     if top_k is not None:
         _apply_top_k(logits, top_k)
-    if top_p is not None:
+    if top_p is not None and not top_p_first:
         _apply_top_p(logits, top_p)
 
 
