@@ -172,6 +172,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         deploy=args.deploy,
         in_process=args.in_process,
         launched=launched,
+        max_request_bytes=args.max_request_bytes,
     )
 
 
@@ -217,6 +218,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         default=None,
         help="name(s) requests give as `model` (default: the --model argument)",
+    )
+    srv.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help="larger request bodies get a 413 (default 64 MiB)",
     )
     srv.add_argument("--seed", type=int, default=None, help="engine seed (unseeded requests)")
     srv.add_argument("--log-level", default="info", help="uvicorn log level")

@@ -63,11 +63,20 @@ class _ThreadedServer:
 class LiveServer(_ThreadedServer):
     """`build_app` over a fresh engine."""
 
-    def __init__(self, model: str, name: str, api_key: str | None = None, **engine_args: Any):
+    def __init__(
+        self,
+        model: str,
+        name: str,
+        api_key: str | None = None,
+        max_request_bytes: int | None = None,
+        **engine_args: Any,
+    ):
         engine = LLMEngine(EngineConfig(model=model, **engine_args))
         client = AsyncEngineClient(engine)
         self.name = name
-        super().__init__(build_app(client, [name], model_path=model, api_key=api_key), client)
+        limit = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
+        app = build_app(client, [name], model_path=model, api_key=api_key, **limit)
+        super().__init__(app, client)
 
     def openai(self, **kwargs: Any) -> openai.OpenAI:
         return openai.OpenAI(

@@ -6,8 +6,9 @@
 Routes: the endpoints of each serving class (`DEFAULT_SERVINGS`: /v1/models,
 /v1/chat/completions, /v1/completions, and where the model draws or speaks
 /v1/images/generations and /v1/audio/speech), plus GET /health and GET /metrics.
-With an API key, every /v1 route wants `Authorization: Bearer <key>` (401
-otherwise); /health and /metrics stay open, as in vLLM.
+With an API key, every route but /health and /metrics (open, as in vLLM) wants
+`Authorization: Bearer <key>` (401 otherwise), /docs and /openapi.json included; a
+request body over `--max-request-bytes` is a 413 (`http_guards.py`).
 
 One serving path: a text model (`AsyncEngineClient`) and a model whose deploy has
 more than one stage, or `--deploy` (`PipelineClient`, an `AsyncOmni`) are both an
@@ -28,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import signal
 import socket
 from collections.abc import AsyncIterator, Sequence
@@ -38,13 +38,17 @@ from typing import Any
 import uvicorn
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from omnistage.config import DEFAULT_MODEL, EngineConfig
 from omnistage.engine.worker_launch import LaunchedWorker
 from omnistage.entrypoints.openai.client import EngineClient
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
 from omnistage.entrypoints.openai.errors import error_response, install_error_handlers
+from omnistage.entrypoints.openai.http_guards import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+)
 from omnistage.entrypoints.openai.metrics import HttpMetricsMiddleware, ServerMetrics
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient
 from omnistage.entrypoints.openai.pipeline_deploy import pipeline_deploy
@@ -77,6 +81,7 @@ def build_app(
     api_key: str | None = None,
     servings: Sequence[type[OpenAIServing]] | None = None,
     metrics: ServerMetrics | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """The app serving `client`'s model (a text model's engine, or a pipeline) under
     `served_model_names`. The app owns the client: its lifespan starts the engine thread
@@ -84,6 +89,8 @@ def build_app(
     `DEFAULT_SERVINGS`."""
     if not served_model_names:
         raise ValueError("served_model_names: give at least one name")
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes: must be at least 1, got {max_request_bytes}")
     servings = DEFAULT_SERVINGS if servings is None else servings
     metrics = metrics or ServerMetrics()
     client.observe(metrics)
@@ -105,9 +112,12 @@ def build_app(
         if serving_class.enabled(ctx):
             serving_class(ctx).register(router)
     app.include_router(router)
+    # Outermost last: metrics (count every answer), the API key (before any body is read),
+    # the body limit.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)  # outermost: counts 401s too
+    app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     app.state.serving = ctx
     return app
 
@@ -125,28 +135,6 @@ def _add_core_routes(router: APIRouter, ctx: ServingContext) -> None:
 
     router.add_api_route("/health", health, methods=["GET"])
     router.add_api_route("/metrics", metrics, methods=["GET"])
-
-
-class ApiKeyMiddleware:
-    """401 in OpenAI's shape for /v1 requests without `Authorization: Bearer <key>`."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
-                response = error_response(
-                    "invalid or missing API key: send the header Authorization: Bearer <key>",
-                    HTTPStatus.UNAUTHORIZED,
-                    code="invalid_api_key",
-                )
-                response.headers["WWW-Authenticate"] = "Bearer"
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class Server(uvicorn.Server):
@@ -172,6 +160,7 @@ def serve(
     deploy: str | None = None,
     in_process: bool = False,
     launched: LaunchedWorker | None = None,
+    max_request_bytes: int | None = None,
 ) -> int:
     """Load `model` and serve it until SIGINT / SIGTERM (what `omnistage serve` runs).
     A multi-stage deploy (`deploy`, or the packaged one of a demo / pipeline checkpoint
@@ -198,7 +187,13 @@ def serve(
             signal.signal(signal.SIGINT, previous)
         client = AsyncEngineClient(engine, stage="llm")
     app = build_app(
-        client, list(served_model_names or [default_name]), model_path=model, api_key=api_key
+        client,
+        list(served_model_names or [default_name]),
+        model_path=model,
+        api_key=api_key,
+        max_request_bytes=DEFAULT_MAX_REQUEST_BYTES
+        if max_request_bytes is None
+        else max_request_bytes,
     )
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
     # uvicorn re-raises the signal that stopped it once it is done; by then the shutdown was
