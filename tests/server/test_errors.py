@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 
@@ -180,3 +182,26 @@ def test_integral_floats_are_integers_but_strings_are_not(http):
     assert len(http.post(COMPLETIONS, json=body).json()["choices"]) == 2
     _error(http.post(COMPLETIONS, json=body | {"n": "2"}), 400, "n", "valid integer")
     _error(http.post(COMPLETIONS, json=body | {"n": 2.5}), 400, "n", "valid integer")
+
+
+def test_an_error_inside_a_stream_carries_type_param_and_code():
+    """The stream's 200 is already sent: the event says what the status would have been."""
+    from omnistage.entrypoints.openai.errors import OpenAIError
+    from omnistage.entrypoints.openai.serving import stream_error
+
+    def event(exc: Exception) -> dict:
+        line = stream_error(exc).strip()
+        assert line.startswith("data: ")
+        return json.loads(line.removeprefix("data: "))["error"]
+
+    bad = event(OpenAIError("messages: empty", 400, param="messages"))
+    assert bad == {
+        "message": "messages: empty",
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": 400,
+    }
+    named = event(OpenAIError("no key", 401, code="invalid_api_key"))
+    assert named["code"] == "invalid_api_key"
+    ours = event(RuntimeError("the engine stopped"))
+    assert ours["type"] == "server_error" and ours["code"] == 503 and ours["param"] is None

@@ -78,13 +78,24 @@ def error_response(
     type: str | None = None,
     code: str | None = None,
 ) -> JSONResponse:
-    info = ErrorInfo(
+    info = error_info(message, status, param, type, code)
+    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status)
+
+
+def error_info(
+    message: str,
+    status: int,
+    param: str | None = None,
+    type: str | None = None,
+    code: str | int | None = None,
+) -> ErrorInfo:
+    """The `error` object of OpenAI's shape; `type` follows `status` unless given."""
+    return ErrorInfo(
         message=_printable(message),
         type=type or ("invalid_request_error" if status < 500 else "server_error"),
         param=_printable(param) if param is not None else None,
         code=code,
     )
-    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status)
 
 
 def _printable(text: str) -> str:

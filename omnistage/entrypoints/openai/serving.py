@@ -38,9 +38,9 @@ from omnistage.entrypoints.openai.client import (
     EngineDeadError,
 )
 from omnistage.entrypoints.openai.deltas import RequestDelta
-from omnistage.entrypoints.openai.errors import OpenAIError
+from omnistage.entrypoints.openai.errors import OpenAIError, error_info
 from omnistage.entrypoints.openai.metrics import ServerMetrics
-from omnistage.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields, Usage
+from omnistage.entrypoints.openai.protocol import ErrorResponse, SamplingFields, Usage
 from omnistage.entrypoints.openai.sse import sse
 from omnistage.sampling_params import SamplingParams
 
@@ -206,10 +206,13 @@ def check_not_aborted(delta: RequestDelta) -> None:
 
 
 def stream_error(exc: Exception) -> str:
-    """An error in the middle of a stream, as an event of OpenAI's error shape."""
-    status = exc.status if isinstance(exc, OpenAIError) else HTTPStatus.SERVICE_UNAVAILABLE
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return sse(ErrorResponse(error=ErrorInfo(message=str(exc), type=kind)))
+    """An error in the middle of a stream, as an event of OpenAI's error shape: the
+    error's own type, param and code, the code being the HTTP status it would have had
+    (the stream's 200 is already sent) unless it names one."""
+    if not isinstance(exc, OpenAIError):
+        exc = OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+    info = error_info(exc.message, exc.status, exc.param, exc.type, exc.code or exc.status)
+    return sse(ErrorResponse(error=info).model_dump_json())  # nulls kept: every field is there
 
 
 async def merge_streams(streams: list[DeltaStream]) -> AsyncIterator[tuple[int, RequestDelta]]:
