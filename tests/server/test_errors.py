@@ -67,6 +67,9 @@ def test_wrong_types(http, field, value, says):
         ("top_logprobs", 21),
         ("logit_bias", {"5": 101}),
         ("min_p", 2),
+        ("stop", ["x"] * 65),  # at most 64 stop strings
+        ("stop", "x" * 1025),  # of at most 1024 characters each
+        ("stop", ["ok", "y" * 1025]),
     ],
 )
 def test_out_of_range(http, field, value):
@@ -91,6 +94,8 @@ def test_values_the_engine_refuses_name_their_field(http):
     _error(http.post(COMPLETIONS, json=prompt), 400, "prompt", "empty")
     _error(http.post(COMPLETIONS, json=prompt | {"prompt": [999999]}), 400, "prompt")
     _error(http.post(COMPLETIONS, json=prompt | {"prompt": [[1], [5000]]}), 400, "prompt", "5000")
+    many = prompt | {"prompt": ["a"] * 513, "n": 2}  # at most 1024 sequences a request
+    _error(http.post(COMPLETIONS, json=many), 400, "prompt", "1026 sequences")
 
 
 def test_unknown_fields_are_refused_by_name(http):

@@ -21,6 +21,12 @@ INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_N = 128
 MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+"""Bounds on `stop`: each stop string is searched for in every new piece of text."""
+MAX_CHOICES = 1024
+"""At most this many sequences in one completion request (prompts × n)."""
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
 def _integral(value: Any) -> Any:
@@ -101,7 +107,7 @@ class SamplingFields(RequestModel):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: Int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)

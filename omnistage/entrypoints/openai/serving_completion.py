@@ -27,6 +27,7 @@ from omnistage.entrypoints.openai.client import DeltaStream, EngineDeadError
 from omnistage.entrypoints.openai.deltas import SequenceDelta, TokenLogprob
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.protocol import (
+    MAX_CHOICES,
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
@@ -95,6 +96,13 @@ class CompletionServing(OpenAIServing):
         if body.logprobs is not None and not client.reports_logprobs:
             raise OpenAIError(
                 "logprobs: a multi-stage pipeline does not report logprobs", param="logprobs"
+            )
+        prompts = len(_prompts(body.prompt))
+        if prompts * body.n > MAX_CHOICES:
+            raise OpenAIError(
+                f"prompt: {prompts} prompts x n {body.n} = {prompts * body.n} sequences, over "
+                f"the limit of {MAX_CHOICES} in one request",
+                param="prompt",
             )
         if body.suffix is not None:
             raise OpenAIError("suffix: insertion is not supported", param="suffix")
