@@ -12,7 +12,12 @@ a decoded PIL image in its own mode: colour conversion (e.g. RGBA -> RGB over
 white) is left to the model's image processor, which does it exactly as
 transformers does.
 
-Everything a user can get wrong raises `ValueError` naming the problem.
+Everything a user can get wrong raises `ValueError` naming the problem, including media
+over the bounds: audio longer than `max_audio_seconds()` (checked from the file's header,
+before decoding) or at a rate outside `MIN_SAMPLE_RATE`..`MAX_SAMPLE_RATE`, images of
+more than `max_image_pixels()` (checked from the header, so a decompression bomb is
+refused before it is decoded). The two limits are read from the environment
+(`OMNISTAGE_MAX_AUDIO_SECONDS`, `OMNISTAGE_MAX_IMAGE_PIXELS`) when set.
 """
 
 from __future__ import annotations
@@ -28,6 +33,41 @@ from typing import Any
 import numpy as np
 
 AUDIO_FORMATS_HINT = "WAV, FLAC, OGG/Vorbis, MP3 and the other formats libsndfile decodes"
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000.0, 384000.0
+DEFAULT_MAX_AUDIO_SECONDS = 300.0
+DEFAULT_MAX_IMAGE_PIXELS = 64 * 1024 * 1024
+
+
+class MediaTooLarge(ValueError):
+    """Media over a bound (duration, pixels): the user's error, like any ValueError here."""
+
+
+def max_audio_seconds() -> float:
+    """The longest audio input accepted: `OMNISTAGE_MAX_AUDIO_SECONDS`, else 5 minutes."""
+    return float(os.environ.get("OMNISTAGE_MAX_AUDIO_SECONDS", DEFAULT_MAX_AUDIO_SECONDS))
+
+
+def max_image_pixels() -> int:
+    """The largest image input accepted, in pixels: `OMNISTAGE_MAX_IMAGE_PIXELS`, else 64 Mi."""
+    return int(os.environ.get("OMNISTAGE_MAX_IMAGE_PIXELS", DEFAULT_MAX_IMAGE_PIXELS))
+
+
+def _check_duration(frames: int, rate: float, what: str) -> None:
+    seconds, limit = frames / rate, max_audio_seconds()
+    if seconds > limit:
+        raise MediaTooLarge(
+            f"audio: {what} lasts {seconds:.1f} s, over the limit of {limit:g} s "
+            "(OMNISTAGE_MAX_AUDIO_SECONDS)"
+        )
+
+
+def _check_pixels(width: int, height: int, what: str) -> None:
+    limit = max_image_pixels()
+    if width * height > limit:
+        raise MediaTooLarge(
+            f"image: {what} is {width}x{height} = {width * height} pixels, over the limit of "
+            f"{limit} (OMNISTAGE_MAX_IMAGE_PIXELS)"
+        )
 
 
 def _describe(source: Any) -> str:
@@ -76,6 +116,10 @@ def _check_rate(rate: Any, what: str) -> float:
     rate = float(rate)
     if not math.isfinite(rate) or rate <= 0:
         raise ValueError(f"{what}: must be a positive number of samples per second, got {rate}")
+    if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
+        raise ValueError(
+            f"{what}: {rate:g} Hz is outside {MIN_SAMPLE_RATE:g}..{MAX_SAMPLE_RATE:g} Hz"
+        )
     return rate
 
 
@@ -105,6 +149,10 @@ def _read_audio_file(source: str | os.PathLike | bytes) -> tuple[np.ndarray, flo
             raise ValueError(f"audio: no such file {what}")
         handle = str(path)
     try:
+        info = soundfile.info(handle)
+        _check_duration(info.frames, float(info.samplerate), what)
+        if not isinstance(handle, str):
+            handle.seek(0)
         data, rate = soundfile.read(handle, dtype="float64", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
         raise ValueError(
@@ -187,6 +235,7 @@ def load_audio(
             raise ValueError("audio: an array of samples needs its sampling_rate")
         rate = _check_rate(sampling_rate, "sampling_rate")
         data = _as_samples(source)
+        _check_duration(data.shape[0], rate, _describe(source))
     if data.shape[0] == 0 or data.shape[1] == 0:
         raise ValueError(f"audio: {_describe(source)} has no samples")
     if not np.isfinite(data).all():
@@ -222,13 +271,19 @@ def load_image(source: Any):
                 raise ValueError(f"image: no such file {what}")
             handle = path
         try:
-            image = Image.open(handle)
+            image = Image.open(handle)  # reads the header only
+            _check_pixels(*image.size, what)
             image.load()
+        except MediaTooLarge:
+            raise
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
             raise ValueError(f"image: cannot decode {what} ({e})") from e
+        except Image.DecompressionBombError as e:  # over Pillow's own limit too
+            raise MediaTooLarge(f"image: {what} is too large to decode ({e})") from e
     else:
         image = Image.fromarray(_image_array(source))
     width, height = image.size
+    _check_pixels(width, height, _describe(source))
     if width == 0 or height == 0:
         raise ValueError(f"image: empty image ({width}x{height})")
     return image

@@ -155,3 +155,52 @@ def test_urls_resolve_locally_or_are_refused(tmp_path):
         decode_data_url("data:text/plain,hello")
     with pytest.raises(ValueError, match="invalid base64"):
         decode_data_url("data:audio/wav;base64,@@@")
+
+
+def _wav(seconds: float, rate: int = 8000) -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.zeros(int(seconds * rate), np.int16), rate, format="WAV")
+    return buffer.getvalue()
+
+
+def test_audio_over_the_duration_limit_is_refused_before_it_is_decoded(monkeypatch):
+    read = []
+    monkeypatch.setattr(soundfile, "read", lambda *a, **k: read.append(1) or (None, 0))
+    with pytest.raises(ValueError, match=r"lasts 601.0 s, over the limit of 300 s"):
+        load_audio(_wav(601))  # a 10-minute WAV: its header says so, nothing is decoded
+    assert not read
+    with pytest.raises(ValueError, match="over the limit"):
+        load_audio(np.zeros(301 * 16000, np.float32), 16000)
+    monkeypatch.setenv("OMNISTAGE_MAX_AUDIO_SECONDS", "2")
+    with pytest.raises(ValueError, match="over the limit of 2 s"):
+        load_audio(np.zeros(3 * 16000, np.float32), 16000)
+
+
+def test_sample_rates_outside_the_bounds_are_refused():
+    for rate in (10, 500, 400_000):
+        with pytest.raises(ValueError, match="sampling_rate: .* Hz is outside"):
+            load_audio(np.zeros(1000, np.float32), rate)
+
+
+def test_an_image_over_the_pixel_limit_is_refused_before_it_is_decoded(monkeypatch):
+    monkeypatch.setenv("OMNISTAGE_MAX_IMAGE_PIXELS", str(100 * 100))
+    buffer = io.BytesIO()
+    Image.new("L", (101, 100)).save(buffer, format="PNG")
+    loads = []
+    monkeypatch.setattr(Image.Image, "load", lambda self: loads.append(1))
+    with pytest.raises(ValueError, match=r"101x100 = 10100 pixels, over the limit of 10000"):
+        load_image(buffer.getvalue())
+    assert not loads  # the header was enough
+    with pytest.raises(ValueError, match="over the limit"):
+        load_image(np.zeros((200, 200), np.uint8))
+
+
+def test_decompression_bombs_are_refused_by_name():
+    """PNGs of 9000 x 9000 (over our 64 Mi pixels) and 20000 x 20000 pixels (over Pillow's
+    own limit, which refuses it while reading the header) that compress to under 1 MB."""
+    for side, says in ((9000, "81000000 pixels, over the limit"), (20000, "too large")):
+        buffer = io.BytesIO()
+        Image.new("1", (side, side)).save(buffer, format="PNG")
+        assert len(buffer.getvalue()) < 1_000_000
+        with pytest.raises(ValueError, match=says):
+            load_image(buffer.getvalue())
