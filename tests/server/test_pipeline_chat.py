@@ -14,6 +14,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+from PIL import Image
 
 from tests.server.conftest import PipelineServer, record_aborts, record_voices
 
@@ -203,3 +204,35 @@ def test_stream_disconnect_aborts(
                     break  # the thinker is writing: hang up mid-request
     speech_server.wait_idle()
     assert any(rid.startswith("chatcmpl-") for rid in aborted)
+
+
+def test_media_over_their_bounds_are_400s_and_the_pipeline_goes_on(
+    speech_server: PipelineServer,
+) -> None:
+    """A 10-minute WAV and a decompression-bomb PNG (issue 22: both were 500s)."""
+    buffer = io.BytesIO()
+    Image.new("1", (9000, 9000)).save(buffer, format="PNG")
+    bomb = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    parts = [
+        (
+            {"type": "input_audio", "input_audio": {"data": _silent_wav(601), "format": "wav"}},
+            "601.0 s",
+        ),
+        ({"type": "image_url", "image_url": {"url": bomb}}, "pixels"),
+    ]
+    with httpx.Client(base_url=speech_server.url, timeout=30) as http:
+        for part, says in parts:
+            content = [part, {"type": "text", "text": "What is this?"}]
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+            answer = http.post("/v1/chat/completions", json=body)
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert "over the limit" in error["message"] and says in error["message"]
+    speech_server.wait_idle()
+    test_audio_input_part(speech_server)  # still serving
+
+
+def _silent_wav(seconds: float, rate: int = 8000) -> str:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.zeros(int(seconds * rate), np.int16), rate, format="WAV")
+    return base64.b64encode(buffer.getvalue()).decode()
