@@ -45,9 +45,13 @@ def _audio_source(part: Mapping[str, Any]) -> Any:
         spec = part["input_audio"]
         if not isinstance(spec, Mapping) or not isinstance(spec.get("data"), str):
             raise ValueError("input_audio: expected {'data': <base64>, 'format': ...}")
-        from omnistage.multimodal.media import decode_data_url
+        from omnistage.multimodal.media import check_media_type, decode_data_url
 
-        return decode_data_url("data:audio;base64," + spec["data"])
+        data = decode_data_url("data:audio;base64," + spec["data"])
+        declared = spec.get("format")
+        if isinstance(declared, str) and declared:
+            check_media_type(data, f"audio/{declared.lower()}", "input_audio.format")
+        return data
     if "audio_url" in part:
         return _url_of(part["audio_url"], "audio_url")
     if "audio" not in part:

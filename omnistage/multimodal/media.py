@@ -79,16 +79,55 @@ def _describe(source: Any) -> str:
 
 
 def decode_data_url(url: str) -> bytes:
-    """The payload of a `data:[<mime>][;base64],<data>` URL."""
+    """The payload of a `data:[<mime>][;base64],<data>` URL; a payload that is not what a
+    known `<mime>` says (`MEDIA_SIGNATURES`) is refused."""
     if not url.startswith("data:") or "," not in url:
         raise ValueError("data URL: expected 'data:<mime>;base64,<data>'")
     header, payload = url[5:].split(",", 1)
     if not header.endswith(";base64"):
         raise ValueError("data URL: only base64-encoded data URLs are supported")
     try:
-        return base64.b64decode(payload, validate=True)
+        data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as e:
         raise ValueError(f"data URL: invalid base64 payload ({e})") from e
+    check_media_type(data, header.removesuffix(";base64").lower(), "data URL")
+    return data
+
+
+def _is_mp3(data: bytes) -> bool:
+    return data[:3] == b"ID3" or (len(data) > 1 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0)
+
+
+MEDIA_SIGNATURES: dict[str, Any] = {
+    "image/png": lambda d: d[:8] == b"\x89PNG\r\n\x1a\n",
+    "image/jpeg": lambda d: d[:3] == b"\xff\xd8\xff",
+    "image/gif": lambda d: d[:6] in (b"GIF87a", b"GIF89a"),
+    "image/webp": lambda d: d[:4] == b"RIFF" and d[8:12] == b"WEBP",
+    "image/bmp": lambda d: d[:2] == b"BM",
+    "audio/wav": lambda d: d[:4] == b"RIFF" and d[8:12] == b"WAVE",
+    "audio/flac": lambda d: d[:4] == b"fLaC",
+    "audio/ogg": lambda d: d[:4] == b"OggS",
+    "audio/mpeg": _is_mp3,
+}
+"""How the bytes of each media type begin (the types whose declaration is checked)."""
+MEDIA_ALIASES = {
+    "image/jpg": "image/jpeg",
+    "audio/x-wav": "audio/wav",
+    "audio/wave": "audio/wav",
+    "audio/vnd.wave": "audio/wav",
+    "audio/mp3": "audio/mpeg",
+    "audio/x-flac": "audio/flac",
+}
+
+
+def check_media_type(data: bytes, declared: str, what: str) -> None:
+    """Refuse `data` whose declared media type (a known one) its bytes contradict."""
+    mime = MEDIA_ALIASES.get(declared, declared)
+    matches = MEDIA_SIGNATURES.get(mime)
+    if matches is not None and data and not matches(data):
+        found = next((m for m, sign in MEDIA_SIGNATURES.items() if sign(data)), None)
+        actually = f"the data is {found}" if found else f"the data does not begin as {mime} does"
+        raise ValueError(f"{what}: declared {declared}, but {actually}")
 
 
 def resolve_url(url: str) -> str | bytes:

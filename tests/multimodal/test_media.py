@@ -143,8 +143,8 @@ def test_missing_image_file_is_refused(tmp_path):
 
 
 def test_urls_resolve_locally_or_are_refused(tmp_path):
-    payload = b"\x00\x01payload"
-    url = "data:audio/wav;base64," + base64.b64encode(payload).decode()
+    payload = b"\x00\x01payload"  # of no type we check (see the test of declared types)
+    url = "data:application/octet-stream;base64," + base64.b64encode(payload).decode()
     assert decode_data_url(url) == payload
     assert resolve_url(url) == payload
     assert resolve_url(f"file://{tmp_path}/a.wav") == f"{tmp_path}/a.wav"
@@ -204,3 +204,33 @@ def test_decompression_bombs_are_refused_by_name():
         assert len(buffer.getvalue()) < 1_000_000
         with pytest.raises(ValueError, match=says):
             load_image(buffer.getvalue())
+
+
+def test_bytes_that_contradict_their_declared_type_are_refused():
+    png, jpeg, wav = io.BytesIO(), io.BytesIO(), _wav(0.1)
+    Image.new("RGB", (4, 4)).save(png, format="PNG")
+    Image.new("RGB", (4, 4)).save(jpeg, format="JPEG")
+
+    def url(mime: str, data: bytes) -> str:
+        return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+    assert decode_data_url(url("image/png", png.getvalue())) == png.getvalue()
+    assert decode_data_url(url("image/jpg", jpeg.getvalue())) == jpeg.getvalue()  # an alias
+    assert decode_data_url(url("audio/x-wav", wav)) == wav
+    assert decode_data_url(url("application/octet-stream", wav)) == wav  # unknown: not checked
+    with pytest.raises(ValueError, match="declared image/png, but the data is image/jpeg"):
+        decode_data_url(url("image/png", jpeg.getvalue()))
+    with pytest.raises(ValueError, match="declared audio/mpeg, but the data is audio/wav"):
+        decode_data_url(url("audio/mpeg", wav))
+    with pytest.raises(ValueError, match="declared image/gif, but the data does not begin"):
+        decode_data_url(url("image/gif", b"plain text"))
+
+
+def test_an_input_audio_part_whose_format_is_not_its_bytes_is_refused():
+    from omnistage.multimodal.chat import _audio_source
+
+    wav = base64.b64encode(_wav(0.1)).decode()
+    assert _audio_source({"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}})
+    part = {"type": "input_audio", "input_audio": {"data": wav, "format": "mp3"}}
+    with pytest.raises(ValueError, match="input_audio.format: declared audio/mp3, but the data is audio/wav"):
+        _audio_source(part)
