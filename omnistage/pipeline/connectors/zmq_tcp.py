@@ -14,11 +14,23 @@ Each reply carries the request's nonce, so a late reply to a request that timed
 out is never taken for the answer to a later one; after a timeout the DEALER
 is closed and rebuilt so nothing queued for a dead producer is replayed.
 ``cleanup`` drops buffers held by the producer in this process.
+
+Authentication: with a shared secret (option ``secret``, else the environment's
+``OMNISTAGE_CONNECTOR_SECRET``) every request and every reply carries an HMAC-SHA256 of
+its frames as a last frame; a producer answers a request whose MAC is wrong or missing
+with ``denied`` and nothing else, and a consumer refuses a reply whose MAC is wrong (a
+``ValueError`` naming the producer). A producer bound to anything but a loopback
+address needs a secret: a payload is a request's hidden states or audio, not for
+whoever reaches the port.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import ipaddress
 import itertools
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -36,8 +48,46 @@ from omnistage.pipeline.connectors.base import (
     parse_payload_key,
 )
 
-_OK, _MISSING, _GONE = b"ok", b"missing", b"gone"
+_OK, _MISSING, _GONE, _DENIED = b"ok", b"missing", b"gone", b"denied"
 _START_TIMEOUT_S = 10.0
+SECRET_ENV = "OMNISTAGE_CONNECTOR_SECRET"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Frames:
+    """Signs and checks message frames with a shared secret (no secret: plain frames)."""
+
+    def __init__(self, secret: bytes | None) -> None:
+        self.secret = secret
+
+    def _mac(self, kind: bytes, frames: list[Any]) -> bytes:
+        mac = hmac.new(self.secret or b"", kind, hashlib.sha256)
+        for frame in frames:
+            data = memoryview(frame.buffer if isinstance(frame, zmq.Frame) else frame)
+            mac.update(len(data).to_bytes(8, "little"))
+            mac.update(data)
+        return mac.digest()
+
+    def sign(self, kind: bytes, frames: list[Any]) -> list[Any]:
+        return frames if self.secret is None else [*frames, self._mac(kind, frames)]
+
+    def check(self, kind: bytes, frames: list[Any]) -> list[Any] | None:
+        """The frames without their MAC, or None when it is wrong or missing."""
+        if self.secret is None:
+            return frames
+        if not frames:
+            return None
+        *body, mac = frames
+        given = mac.bytes if isinstance(mac, zmq.Frame) else mac
+        return body if hmac.compare_digest(given, self._mac(kind, body)) else None
 
 
 class ZmqConnector(Connector):
@@ -49,7 +99,7 @@ class ZmqConnector(Connector):
     only once no ``get`` is running.
     """
 
-    OPTIONS = frozenset({"timeout_s", "host", "port", "advertise_host"})
+    OPTIONS = frozenset({"timeout_s", "host", "port", "advertise_host", "secret"})
 
     def __init__(self, name: str, options: Mapping[str, Any], *, namespace: str) -> None:
         super().__init__(name, options, namespace=namespace)
@@ -63,6 +113,15 @@ class ZmqConnector(Connector):
             raise ValueError(
                 f"connector {name!r}: option 'port' must be 0-65535, got {self._port!r}"
             )
+        secret = options.get("secret", os.environ.get(SECRET_ENV))
+        if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
+            raise ValueError(f"connector {name!r}: option 'secret' must be 16 characters or more")
+        if secret is None and not _is_loopback(self._host):
+            raise ValueError(
+                f"connector {name!r}: binding {self._host} (not loopback) needs a shared secret: "
+                f"option 'secret' or ${SECRET_ENV}, the same on every host of the pipeline"
+            )
+        self._frames = _Frames(secret.encode() if secret is not None else None)
         self._ctx = zmq.Context()
         self._lock = threading.Lock()  # guards _buffers, _dealers, server start
         self._buffers: dict[str, bytes] = {}
@@ -128,11 +187,13 @@ class ZmqConnector(Connector):
         poller.register(wake, zmq.POLLIN)
         try:
             while wake not in dict(poller.poll()):
-                frames = router.recv_multipart()
-                if len(frames) == 3:  # [identity, nonce, key]; anything else is not ours
-                    router.send_multipart(
-                        [frames[0], frames[1], *self._answer(frames[2])], copy=False
-                    )
+                identity, *frames = router.recv_multipart()
+                request = self._frames.check(b"request", frames)
+                if request is None or len(request) != 2:  # [nonce, key]; else not ours
+                    router.send_multipart([identity, frames[0] if frames else b"", _DENIED])
+                    continue
+                reply = self._frames.sign(b"reply", [request[0], *self._answer(request[1])])
+                router.send_multipart([identity, *reply], copy=False)
         finally:
             router.close()
             wake.close()
@@ -162,6 +223,11 @@ class ZmqConnector(Connector):
             if reply is not None:
                 answered = True
                 status = reply[0].bytes
+                if status == _DENIED:
+                    raise ValueError(
+                        f"connector {self.name!r}: producer {location} refused the fetch of "
+                        f"{key!r}: its shared secret is not ours (option 'secret', ${SECRET_ENV})"
+                    )
                 if status == _OK and len(reply) == 2:
                     where = f"connector {self.name!r} get {key!r}"
                     return unpack_payload(reply[1].buffer, where=where)
@@ -181,7 +247,7 @@ class ZmqConnector(Connector):
         """Send one fetch and wait for its reply; None (and a fresh socket next time) on timeout."""
         sock = self._dealer(location)
         nonce = next(self._nonces).to_bytes(8, "little")
-        sock.send_multipart([nonce, key.encode()])
+        sock.send_multipart(self._frames.sign(b"request", [nonce, key.encode()]))
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         while True:
@@ -190,8 +256,17 @@ class ZmqConnector(Connector):
                 self._drop_dealer(location)
                 return None
             frames = sock.recv_multipart(copy=False)
-            if frames[0].bytes == nonce:  # else: a late reply to a request that timed out
+            if frames[0].bytes != nonce:  # a late reply to a request that timed out
+                continue
+            if len(frames) == 2 and frames[1].bytes == _DENIED:
                 return frames[1:]
+            reply = self._frames.check(b"reply", frames)
+            if reply is None:
+                raise ValueError(
+                    f"connector {self.name!r}: the reply from {location} for {key!r} failed "
+                    f"authentication (a different shared secret, or not a producer of ours)"
+                )
+            return reply[1:]
 
     def _dealer(self, location: str) -> zmq.Socket:
         dealers = self._local.__dict__.setdefault("dealers", {})
