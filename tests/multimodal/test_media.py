@@ -232,5 +232,7 @@ def test_an_input_audio_part_whose_format_is_not_its_bytes_is_refused():
     wav = base64.b64encode(_wav(0.1)).decode()
     assert _audio_source({"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}})
     part = {"type": "input_audio", "input_audio": {"data": wav, "format": "mp3"}}
-    with pytest.raises(ValueError, match="input_audio.format: declared audio/mp3, but the data is audio/wav"):
+    with pytest.raises(
+        ValueError, match="input_audio.format: declared audio/mp3, but the data is audio/wav"
+    ):
         _audio_source(part)
