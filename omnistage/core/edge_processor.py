@@ -2,9 +2,10 @@
 
 A deploy file names a processor per edge (`processor: hidden_to_embeds`). A
 processor declares, for the producer, which payload keys to accumulate and
-how (`CONCAT` along dim 0, or `REPLACE` with the latest value), and, for the
-consumer, how a received payload (or, for `prompt` edges, the producer's
-final text and tokens) becomes the consumer's input:
+how (`CONCAT` along dim 0, or `REPLACE` with the latest value; one mode per key
+for all of a producer's edges, see `collected_modes`), and, for the consumer, how
+a received payload (or, for `prompt` edges, the producer's final text and
+tokens) becomes the consumer's input:
 
 - AR consumers get a `StageInput` (prompt ids, optional prompt embeddings).
 - Generation consumers get the payload's `input_key` tensor (e.g. codes).
@@ -16,7 +17,7 @@ own (a thinker feeding its talker) live in its folder and subclass these.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,10 +28,10 @@ from omnistage.core.stage_input import StageInput
 
 CODES_KEY = "codes.output"
 IMAGE_GRID_KEY = "mm.image_grid_thw"
+"""The `[images, 3]` patch grids of a prompt with images (set by the stage that encoded it)."""
 CONTEXT_CODES_KEY = "codes.context"
 """Codec frames a vocoder decodes only as left context before the request's first frame
 (a cloned voice's reference codes), never as output."""
-"""The `[images, 3]` patch grids of a prompt with images (set by the stage that encoded it)."""
 
 
 class Accumulate(enum.Enum):
@@ -40,6 +41,12 @@ class Accumulate(enum.Enum):
     """Keep only the latest value."""
 
 
+STEP_KEYS = frozenset({"ids.output", "hidden_states.output", CODES_KEY})
+"""The keys a producer collects from each step it runs (`RequestAccumulator.add_step`): they
+can only be CONCAT. Every other key is set once by the producing stage (the prompt ids, the
+image grids, context codes): REPLACE."""
+
+
 HIDDEN_STATES_ACCUMULATE: Mapping[str, Accumulate] = {
     "ids.prompt": Accumulate.REPLACE,
     "ids.output": Accumulate.CONCAT,
@@ -47,6 +54,36 @@ HIDDEN_STATES_ACCUMULATE: Mapping[str, Accumulate] = {
 }
 """What an edge that carries the producer's per-position hidden states collects: the prompt
 ids, the output ids and one hidden row per position fed to the model."""
+
+
+def collected_modes(edges: Iterable[tuple[str, Mapping[str, Accumulate]]]) -> dict[str, Accumulate]:
+    """The one mode of each key a producer collects for its outgoing edges, from each edge's
+    (name, processor's `accumulate`).
+
+    A producer keeps one copy of each key for all its edges, so two edges that collect one
+    key in different modes are a ValueError naming the key, both modes and both edges; so
+    is a key whose mode the producer cannot honour (see `STEP_KEYS`). Checked when the
+    deploy is loaded and again when an accumulator is made, never mid-request."""
+    modes: dict[str, tuple[Accumulate, str]] = {}
+    for edge, accumulate in edges:
+        for key, mode in accumulate.items():
+            first_mode, first_edge = modes.setdefault(key, (mode, edge))
+            if first_mode is not mode:
+                raise ValueError(
+                    f"payload key {key!r} is collected by {first_mode.value} on edge "
+                    f"{first_edge} but by {mode.value} on edge {edge}; a producer collects a "
+                    "key one way for all its edges"
+                )
+    for key, (mode, edge) in modes.items():
+        step_key = key in STEP_KEYS
+        if step_key != (mode is Accumulate.CONCAT):
+            how = "comes from every step" if step_key else "is set once by the producing stage"
+            need = Accumulate.CONCAT if step_key else Accumulate.REPLACE
+            raise ValueError(
+                f"payload key {key!r} on edge {edge}: collected by {mode.value}, but it {how}, "
+                f"so only {need.value} can collect it"
+            )
+    return {key: mode for key, (mode, _) in modes.items()}
 
 
 @dataclass

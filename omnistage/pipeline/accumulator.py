@@ -9,6 +9,11 @@ fact finished is dropped before it gets here.
 Hidden states are collected per position: a request preempted and recomputed
 reports positions it already reported, and those rows are not appended twice.
 
+Each key is collected one way for all the outgoing edges (`collected_modes`, checked when
+the deploy loads): the step keys (`STEP_KEYS`: ids, hidden states, codes) are CONCAT,
+appended row by row; the rest are REPLACE, set by the stage with `set_value` (the latest
+value wins) and sent whole with every chunk.
+
 Per outgoing edge the accumulator produces either one payload when the request
 finishes (`transfer: payload`) or chunks (`transfer: stream`): the first after
 `first_chunk_size` rows of the processor's stream key, then every
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omnistage.core.edge_processor import CODES_KEY, Accumulate, EdgeProcessor
+from omnistage.core.edge_processor import CODES_KEY, Accumulate, EdgeProcessor, collected_modes
 from omnistage.core.payload import Payload
 from omnistage.pipeline.deploy import EdgeSpec
 
@@ -50,9 +55,9 @@ class RequestAccumulator:
     ) -> None:
         self.request_id = request_id
         self.stage = stage
-        self.modes: dict[str, Accumulate] = {}
-        for _, processor in edges:
-            self.modes.update(processor.accumulate)
+        self.modes = collected_modes(
+            (f"{e.src}->{e.dst} ({e.processor})", p.accumulate) for e, p in edges
+        )
         self.rows: dict[str, list[torch.Tensor]] = {
             k: [] for k, m in self.modes.items() if m is Accumulate.CONCAT
         }
@@ -67,8 +72,9 @@ class RequestAccumulator:
         return HIDDEN_KEY in self.modes
 
     def set_value(self, key: str, value: torch.Tensor) -> bool:
-        """Set a REPLACE key that only the stage knows (e.g. the prompt's image grids); a key
-        no outgoing edge collects is ignored. Returns whether it was kept."""
+        """Set a REPLACE key that only the stage knows (e.g. the prompt's image grids); a later
+        set replaces it, and a key no outgoing edge collects is ignored. Returns whether it
+        was kept."""
         mode = self.modes.get(key)
         if mode is None:
             return False
@@ -108,11 +114,9 @@ class RequestAccumulator:
                 self._append(HIDDEN_KEY, fresh.detach().to("cpu").clone())
 
     def _append(self, key: str, rows: torch.Tensor) -> None:
-        if self.modes[key] is Accumulate.REPLACE:
-            self.latest[key] = rows
-        else:
-            self.rows[key].append(rows)
-            self.counts[key] += rows.shape[0]
+        # Only step keys get here, and those are CONCAT (`collected_modes` refuses others).
+        self.rows[key].append(rows)
+        self.counts[key] += rows.shape[0]
 
     # -- payloads ---------------------------------------------------------------------------------
     def ready_chunks(self) -> list[tuple[EdgeSpec, int, Payload, bool]]:

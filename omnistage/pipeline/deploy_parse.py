@@ -1,7 +1,8 @@
 """Checking a deploy mapping and building its `DeploySpec` (see `deploy.py` for the format).
 
 `parse_deploy` checks every stage, edge and connector of an already-parsed mapping
-and the graph they make (acyclic, one entry stage, at least one final stage); any
+and the graph they make (acyclic, one entry stage, at least one final stage, each
+payload key collected one way by the edges out of a stage); any
 problem raises `DeployError` naming the source, the key path
 (``stages[1].engine_args.max_num_seqs``) and what was expected versus what was
 found, with close matches for unknown names.
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from omnistage.config import EngineConfig
+from omnistage.core.edge_processor import collected_modes
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.pipeline.deploy_spec import (
     CONNECTOR_KINDS,
@@ -32,7 +34,7 @@ from omnistage.pipeline.deploy_spec import (
     EdgeSpec,
     StageSpec,
 )
-from omnistage.pipeline.processors import processor_names
+from omnistage.pipeline.processors import processor_class, processor_names
 from omnistage.sampling_params import SamplingParams
 
 _TOP_KEYS = ("name", "stages", "edges", "connectors")
@@ -264,6 +266,16 @@ def _check_graph(r: DeployReader, spec: DeploySpec) -> None:
     _ = spec.entry_stages  # raises unless exactly one; acyclic + one entry => all reachable
     if not spec.final_stages:
         r.fail("stages", "expected at least one stage with final_output: true, got none")
+    for stage in spec.stages:
+        declared = [
+            (f"{e.src}->{e.dst} ({e.processor})", processor_class(e.processor).accumulate)
+            for e in spec.edges_from(stage.name)
+            if e.transfer != "prompt"  # the orchestrator builds those; nothing is collected
+        ]
+        try:
+            collected_modes(declared)
+        except ValueError as exc:
+            r.fail("edges", str(exc))
 
 
 def _find_cycle(spec: DeploySpec) -> list[str] | None:

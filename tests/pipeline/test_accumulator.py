@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from omnistage.core.edge_processor import Accumulate, EdgeProcessor
 from omnistage.pipeline.accumulator import RequestAccumulator
 from omnistage.pipeline.coordinator import InputCoordinator, timeout_message
 from omnistage.pipeline.deploy import EdgeSpec
@@ -73,7 +74,8 @@ def test_a_stage_set_value_rides_every_chunk_of_the_edges_that_collect_it():
 
     grid = torch.tensor([[1, 4, 6]])
     acc = accumulator(edge("stream", "qwen3_omni_thinker_to_talker", chunk_size=1), edge("payload"))
-    assert acc.set_value(IMAGE_GRID_KEY, grid)
+    assert acc.set_value(IMAGE_GRID_KEY, torch.tensor([[1, 2, 2]]))
+    assert acc.set_value(IMAGE_GRID_KEY, grid)  # REPLACE: the latest value wins
     acc.add_step([], hidden(0, 3), 0)
     acc.add_step([11], hidden(3, 1), 3)
     acc.add_step([12], hidden(4, 1), 4)
@@ -85,10 +87,66 @@ def test_a_stage_set_value_rides_every_chunk_of_the_edges_that_collect_it():
         validate_payload(payload, where="test")
     (other,) = [p for e, _, p, _ in chunks if e.processor == "hidden_to_embeds"]
     assert IMAGE_GRID_KEY not in other
+    assert other["ids.output"].tolist() == [11, 12]  # while CONCAT keys concatenate
     # No edge collects it: ignored. A CONCAT key cannot be set.
     assert not accumulator(edge("payload")).set_value(IMAGE_GRID_KEY, grid)
     with pytest.raises(ValueError, match="collected by concat"):
         acc.set_value("ids.output", torch.tensor([1]))
+
+
+class PromptIdsByConcat(EdgeProcessor):
+    """Collects a REPLACE key of `hidden_to_embeds` (and of every thinker -> talker edge)
+    the other way."""
+
+    name = "test_prompt_ids_by_concat"
+    accumulate = {"ids.prompt": Accumulate.CONCAT}
+
+
+class OutputIdsByReplace(EdgeProcessor):
+    name = "test_output_ids_by_replace"
+    accumulate = {"ids.output": Accumulate.REPLACE}
+
+
+def test_two_edges_collecting_one_key_two_ways_fail_when_the_deploy_loads(monkeypatch):
+    """The producer keeps one copy of each key for all its edges: no edge may silently win."""
+    from omnistage.pipeline import processors
+    from omnistage.pipeline.deploy import DeployError, load_deploy
+
+    named = r"'ids\.prompt'.*replace on edge a->b \(hidden_to_embeds\).*concat on edge a->c"
+    edges = [(edge("payload"), get_processor("hidden_to_embeds"))]
+    conflicting = EdgeSpec(
+        src="a", dst="c", processor=PromptIdsByConcat.name, transfer="payload", connector="shm"
+    )
+    with pytest.raises(ValueError, match=named):
+        RequestAccumulator("r1", "a", [5], [*edges, (conflicting, PromptIdsByConcat())])
+    monkeypatch.setitem(processors._GENERIC, PromptIdsByConcat.name, PromptIdsByConcat)
+    stages = [{"id": i, "name": n, "kind": "ar"} for i, n in enumerate("abc")]
+    stages[2] |= {"final_output": True, "final_output_type": "text"}
+    deploy = {
+        "stages": stages,
+        "edges": [
+            {"from": "a", "to": "b", "processor": "hidden_to_embeds", "transfer": "payload"},
+            {"from": "a", "to": "c", "processor": PromptIdsByConcat.name, "transfer": "payload"},
+        ],
+    }
+    for e in deploy["edges"]:
+        e["connector"] = "shm"
+    with pytest.raises(DeployError, match="edges: payload key " + named):
+        load_deploy(deploy)
+    deploy["edges"][1]["transfer"] = "prompt"  # built by the orchestrator: nothing collected
+    del deploy["edges"][1]["connector"]
+    assert len(load_deploy(deploy).edges) == 2
+
+
+def test_a_key_collected_in_a_mode_the_producer_cannot_honour_is_refused():
+    """Step keys only concatenate (the accumulator has no REPLACE for them), and keys the
+    stage sets only replace: either slip would be a wrong or missing payload mid-request."""
+    wrong = edge("payload", OutputIdsByReplace.name)
+    with pytest.raises(ValueError, match=r"'ids\.output' on edge a->b .*comes from every step"):
+        RequestAccumulator("r1", "a", [5], [(wrong, OutputIdsByReplace())])
+    wrong = edge("payload", PromptIdsByConcat.name)
+    with pytest.raises(ValueError, match=r"'ids\.prompt' on edge .*set once by the producing"):
+        RequestAccumulator("r1", "a", [5], [(wrong, PromptIdsByConcat())])
 
 
 def test_coordinator_parks_until_the_last_chunk_and_times_out():
