@@ -28,6 +28,7 @@ def row(
     prompt: list[int] | None = None,
     output: list[int] | None = None,
     eos: int | None = None,
+    req_id: str = "",
     **params: object,
 ) -> RowSamplingState:
     return RowSamplingState(
@@ -37,6 +38,7 @@ def row(
         output_token_ids=output or [],
         eos_token_id=eos,
         output_position=position,
+        req_id=req_id,
     )
 
 
@@ -374,6 +376,17 @@ def test_from_requests_leaves_unused_features_off() -> None:
     assert md.repetition_penalties.tolist() == pytest.approx([1.0, 1.2])
     assert md.frequency_penalties.tolist() == [0.0, 0.0]
     assert md.seeds == [0, 9] and md.output_positions == [0, 2]
+
+
+def test_a_history_behind_the_step_positions_is_refused() -> None:
+    """The runner's count of outputs before each sampled token (from the step's positions)
+    must equal the history's length: one token behind, or ahead, raises (issue 26)."""
+    rows = [row(output=[4, 5], req_id="a"), row(output=[], req_id="b")]
+    assert metadata(*rows).output_positions == [2, 0]
+    assert SamplingMetadata.from_requests(rows, "cpu", [2, 0]).output_positions == [2, 0]
+    for wrong in ([3, 0], [2, 1], [1, 0]):
+        with pytest.raises(RuntimeError, match="history holds"):
+            SamplingMetadata.from_requests(rows, "cpu", wrong)
 
 
 def test_empty_batch() -> None:

@@ -114,13 +114,23 @@ class SamplingMetadata:
 
     @classmethod
     def from_requests(
-        cls, rows: Sequence[RowSamplingState], device: torch.device | str = "cpu"
+        cls,
+        rows: Sequence[RowSamplingState],
+        device: torch.device | str = "cpu",
+        outputs_before: Sequence[int] | None = None,
     ) -> SamplingMetadata:
         """Build the metadata of one step from per-row states (a convenience builder).
 
         Temperatures below `SAMPLING_EPS` become 0.0 (greedy). Greedy rows never
         turn on top-k/top-p/min-p, so a fully greedy batch carries no filter tensors.
+
+        `outputs_before` (the model runner gives it): per row, how many outputs come
+        before the token sampled now, counted from the positions the step computed,
+        not from the history. Each history must hold exactly that many tokens
+        (`check_histories_current`).
         """
+        if outputs_before is not None:
+            check_histories_current(rows, outputs_before)
         params = [row.sampling_params for row in rows]
         temps = [0.0 if p.temperature < SAMPLING_EPS else float(p.temperature) for p in params]
         random_rows = [t > 0.0 for t in temps]
@@ -172,6 +182,29 @@ class SamplingMetadata:
             min_tokens=[_min_tokens_entry(row) for row in rows],
             max_num_logprobs=max(asked) if asked else None,
         )
+
+
+def check_histories_current(
+    rows: Sequence[RowSamplingState], outputs_before: Sequence[int]
+) -> None:
+    """Raise unless each row's history holds exactly `outputs_before[row]` tokens.
+
+    The count comes from the step's positions (tokens computed plus tokens fed, less
+    drafts and prompt), an account kept apart from the history list: a history one
+    token behind (step N's token not yet written when step N+1 samples, seeds/000)
+    or one ahead of the positions is refused, instead of sampling position N+1 from
+    the history of position N (invariant 1).
+    """
+    if len(outputs_before) != len(rows):
+        raise RuntimeError(f"sampling: {len(outputs_before)} output counts for {len(rows)} rows")
+    for row, expected in zip(rows, outputs_before, strict=True):
+        held = len(row.output_token_ids)
+        if held != expected:
+            raise RuntimeError(
+                f"sampling: request {row.req_id!r} samples output {expected} but its token "
+                f"history holds {held} tokens; the history must hold every token sampled "
+                "before this step (DESIGN.md invariant 1)"
+            )
 
 
 def _min_tokens_entry(row: RowSamplingState) -> tuple[int, list[int]] | None:

@@ -237,7 +237,11 @@ class ModelRunner:
         if inputs.sample_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
             step = self.sampling.sample(
-                logits, self.batch.states, inputs.sample_rows, inputs.drafts
+                logits,
+                self.batch.states,
+                inputs.sample_rows,
+                inputs.drafts,
+                inputs.sample_outputs_before,
             )
             if step.accepted is not None:
                 self._commit_recurrent_states(inputs.sample_rows, inputs.drafts, step.accepted)

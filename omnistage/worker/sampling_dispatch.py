@@ -70,15 +70,18 @@ class SamplingDispatch:
         states: list[RequestState | None],
         rows: list[int],
         drafts: dict[int, list[int]] | None = None,
+        outputs_before: list[int] | None = None,
     ) -> SampledRows:
         """Sample the positions of batch rows `rows` (`states`: the batch's states by row)
         from their `logits` [S, V], one position per row, or `1 + len(drafts[row])` for a
-        row that verifies drafts.
+        row that verifies drafts. `outputs_before`: per row of `rows`, how many outputs
+        precede its first sampled token by the step's positions; each history must hold
+        that many (a history one token behind raises, sample/metadata.py).
 
         A model with `num_token_codes` samples in its own `sample()` and returns, per row,
         the token then its codes."""
         drafts = drafts or {}
-        md = self._metadata(states, rows, drafts)
+        md = self._metadata(states, rows, drafts, outputs_before)
         observers = self.observers
         raw = logits.clone() if observers else None  # processors change `logits` in place
         raw_logprobs = compute_logprobs(logits, md) if md.max_num_logprobs is not None else None
@@ -127,13 +130,18 @@ class SamplingDispatch:
         return SampledRows(sampled, codes, logprobs, accepted)
 
     def _metadata(
-        self, states: list[RequestState | None], rows: list[int], drafts: dict[int, list[int]]
+        self,
+        states: list[RequestState | None],
+        rows: list[int],
+        drafts: dict[int, list[int]],
+        outputs_before: list[int] | None,
     ) -> SamplingMetadata:
         """One sampling row per sampled position: a row verifying drafts samples after its
         newest token and after each draft, position `j` seeing the history plus the first
         `j` drafts (what it would be had they been sampled)."""
         entries = []
-        for r in rows:
+        counts: list[int] | None = None if outputs_before is None else []
+        for i, r in enumerate(rows):
             s = states[r]
             entries.append(s.sampling_row)
             for j in range(1, len(drafts.get(r, ())) + 1):
@@ -142,4 +150,6 @@ class SamplingDispatch:
                         s.sampling_row, output_token_ids=s.output_token_ids + drafts[r][:j]
                     )
                 )
-        return SamplingMetadata.from_requests(entries, self.device)
+            if counts is not None:
+                counts.extend(outputs_before[i] + j for j in range(len(drafts.get(r, ())) + 1))
+        return SamplingMetadata.from_requests(entries, self.device, counts)

@@ -40,6 +40,10 @@ class StepInputs:
     tokens when it verifies drafts)."""
     drafts: dict[int, list[int]]
     """Rows that verify drafts this step: the drafts, fed after their newest token."""
+    sample_outputs_before: list[int]
+    """Per sampling row: how many outputs precede the (first) token it samples, from the
+    step's positions (computed + fed - drafts - prompt), not from its history's length;
+    sampling checks the history against it (sample/metadata.py)."""
 
 
 class StepInputBuilder:
@@ -94,6 +98,10 @@ class StepInputBuilder:
             )
         sampling = start + n >= batch.num_tokens[rows]
         sample_rows = rows[sampling].tolist()
+        outputs_before = [
+            int(first) - len(drafts.get(r, ())) - len(batch.states[r].prompt_token_ids)
+            for r, first in zip(sample_rows, (start + n)[sampling].tolist(), strict=True)
+        ]
         ends = layout.ends[sampling]
         if drafts:
             widths = [1 + len(drafts.get(r, ())) for r in sample_rows]
@@ -114,6 +122,7 @@ class StepInputBuilder:
             sample_rows=sample_rows,
             logits_indices=torch.from_numpy(logits_indices).to(self.device),
             drafts=drafts,
+            sample_outputs_before=outputs_before,
         )
 
     def flat_layout(self, rows: np.ndarray, start: np.ndarray, n: np.ndarray) -> FlatLayout:
