@@ -70,6 +70,11 @@ class GenerationModel(nn.Module):
     """Whether the model reads `GenerationItem.seed` and `.speaker` (a vocoder that samples
     noise, with voices); the generation stage then gives every request a seed."""
 
+    def check_item(self, item: GenerationItem) -> None:
+        """Raise ValueError if `item` is no valid input (a code outside the model's table);
+        the generation stage asks as each item arrives, so that its request alone fails,
+        named, instead of the step that would run it. Accepts everything by default."""
+
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         """Per item: the output of its own rows (see `GenerationItem`)."""
         raise NotImplementedError

@@ -11,7 +11,9 @@ chunk with no more than R rows (with those held back before) makes no item.
 Every step runs up to `max_num_seqs` items, oldest first, through the model in
 one call (continuous batching: items of different requests share a step), and
 emits each item's output in chunk order; the item of the last chunk finishes
-the request.
+the request. The model checks each item as it arrives (`check_item`): a bad one
+(e.g. a code outside the vocoder's codebook) fails its request alone, naming
+the stage, instead of the step that would run it with others.
 
 Models that sample noise (`takes_seeds_and_speakers`, e.g. Qwen2.5-Omni's
 token2wav) get one seed per request, the same for all its chunks: the `seed`
@@ -131,6 +133,7 @@ class GenerationStageCore(StageCore):
                 speaker=stream.speaker,
                 last=msg.last,
             )
+            self.model.check_item(item)  # a ValueError fails this request (`handle`)
             self.queue.append(_WorkItem(rid, msg.chunk_index, item, msg.last))
         if msg.last:
             self.coordinator.release(rid)

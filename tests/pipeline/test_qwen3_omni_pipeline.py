@@ -13,6 +13,8 @@ the tiny float64 checkpoint: what scheduling and streaming may and may not chang
   lengths are exact: each chunk returns exactly the samples the whole decode has there.
 - 50 concurrent requests, text-only and text+audio mixed, all complete, and every
   stage's counters and shared-memory segments are back to zero afterwards.
+- A talker made to end at `codec_eos` at a known step: its end frame reaches code2wav,
+  which decodes exactly the frames before it.
 """
 
 from __future__ import annotations
@@ -204,3 +206,30 @@ def test_an_image_question_gets_the_engine_s_answer_through_the_pipeline(ckpt):
         (done,) = engine.step()
     engine.shutdown()
     assert out.token_ids == done.outputs[0].token_ids
+
+
+def test_a_talker_ending_at_codec_eos_gives_the_audio_of_the_frames_before_it(ckpt):
+    """The tiny talker never ends by itself (its `codec_eos` row is zeroed); here a bias
+    on `codec_eos` with `min_tokens` 9 makes it write 9 speech frames, then the end frame
+    (its stop token), which streams to code2wav with them, mid-way through the last chunk.
+    The audio is that of exactly the 9 frames before the end frame."""
+    from omnistage.families.qwen3_omni.tiny_config import CODEC_IDS
+    from omnistage.models.generation import GenerationItem
+
+    eos = CODEC_IDS["codec_eos_token_id"]
+    talker = SamplingParams(
+        temperature=0.9, top_k=50, seed=7, min_tokens=9, max_tokens=40, logit_bias={eos: 100.0}
+    )
+    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
+        vocoder = omni.orchestrator.stages.clients["code2wav"].core.model
+        seen: list[GenerationItem] = []
+        decode = vocoder.generate
+        vocoder.generate = lambda items: seen.extend(items) or decode(items)
+        (out,) = omni.generate(PROMPTS[:1], {**PARAMS, "talker": talker})
+    assert out.error is None, out.error
+    frames = torch.cat([item.rows[item.context_len : item.own_end] for item in seen])
+    assert frames.shape[0] == 10 and int(frames[9, 0]) == eos  # 9 speech frames, the end
+    assert [item.rows.shape[0] - item.context_len for item in seen] == [4, 6]
+    (expected,) = decode([GenerationItem(frames[:9])])
+    assert out.audio.shape == tuple(expected.shape) == (9 * vocoder.upsample - vocoder.trim,)
+    np.testing.assert_allclose(out.audio, expected.numpy(), rtol=0, atol=1e-5)

@@ -13,6 +13,14 @@ match the whole decode as closely as the left context lets them: what a frame
 hears fades with distance (the attention window — 72 frames in the real model —
 then the convolutions); on the tiny test model 24 frames of context leave ~1e-3,
 32 frames ~4e-7.
+
+The talker's last frame is its end frame (first code `codec_eos`, past the
+codebook): like transformers' `generate`, which cuts each sequence at its first
+`codec_eos`, the decode stops before the first end frame in what an item sees
+(its left context and own rows), so nothing from the end frame on reaches the
+vocoder. Every code of every frame before it is checked against its codebook
+(`speech_frames`): the vocoder embeds all codebooks in one table, where a code
+out of range would silently read a neighbouring codebook's row.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ class Qwen3OmniCode2Wav(GenerationModel):
     architectures = ()  # a part of Qwen3OmniMoeForConditionalGeneration checkpoints
     output_modality = "audio"
 
-    def __init__(self, config: Any, dtype: torch.dtype) -> None:
+    def __init__(self, config: Any, dtype: torch.dtype, codec_eos_token_id: int) -> None:
         super().__init__()
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
             Qwen3OmniMoeCode2Wav,
@@ -42,6 +50,7 @@ class Qwen3OmniCode2Wav(GenerationModel):
         self.dtype = dtype
         self.num_quantizers = config.num_quantizers
         self.codebook_size = config.codebook_size
+        self.codec_eos_token_id = codec_eos_token_id
         self.upsample = int(self.module.total_upsample)
         self.trim = self.upsample - self._decoded_length(1)
         self.sample_rate = SAMPLE_RATE
@@ -53,28 +62,55 @@ class Qwen3OmniCode2Wav(GenerationModel):
 
     @classmethod
     def from_checkpoint(cls, path: Path, hf_config: Any, dtype: torch.dtype) -> Qwen3OmniCode2Wav:
-        model = cls(hf_config.code2wav_config, dtype)
+        eos = hf_config.talker_config.codec_eos_token_id
+        model = cls(hf_config.code2wav_config, dtype, eos)
         load_part_module(model.module, path, PREFIX, "code2wav")
         return model
+
+    def speech_frames(self, item: GenerationItem) -> torch.Tensor:
+        """The item's rows the vocoder decodes: its context and own rows up to the talker's
+        end frame (the first whose first code is `codec_eos`; it and every row after it are
+        not speech: transformers' `generate` cuts them off before `code2wav`), every code
+        checked.
+
+        A code outside its codebook (`0..codebook_size-1`) in a frame before the end is a
+        ValueError naming the frame and the codebook: the vocoder's embedding is one table
+        for all codebooks, so such a code would read a neighbouring codebook's row (a `-1`
+        placeholder the previous codebook's last one) or run off the table."""
+        rows = item.rows[: item.own_end]  # causal: right-context rows change nothing
+        if rows.ndim != 2 or rows.shape[1] != self.num_quantizers:
+            raise ValueError(
+                f"codes.audio: expected [frames, {self.num_quantizers}] codes, "
+                f"got {list(rows.shape)}"
+            )
+        ends = (rows[:, 0] == self.codec_eos_token_id).nonzero()
+        frames = rows[: int(ends[0, 0])] if ends.numel() else rows
+        bad = ((frames < 0) | (frames >= self.codebook_size)).nonzero()
+        if bad.numel():
+            frame, book = (int(i) for i in bad[0])
+            code = int(frames[frame, book])
+            what = "the talker's code" if book == 0 else "a code predictor's code"
+            raise ValueError(
+                f"codes.audio: frame {item.offset + frame}, codebook {book} ({what}): code "
+                f"{code} is outside the codebook 0..{self.codebook_size - 1}"
+                + (" (a placeholder?)" if code < 0 else "")
+            )
+        return frames
+
+    def check_item(self, item: GenerationItem) -> None:
+        if item.rows[: item.own_end].numel():
+            self.speech_frames(item)
 
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         outputs = []
         for item in items:
-            # Causal: frames after the chunk's own (right context) change nothing.
-            frames, context = item.rows[: item.own_end], item.context_len
-            if frames.numel() == 0:  # e.g. the empty last chunk of a stream
+            context = item.context_len
+            if item.rows[: item.own_end].numel() == 0:  # e.g. the empty last chunk of a stream
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
-            if frames.ndim != 2 or frames.shape[1] != self.num_quantizers:
-                raise ValueError(
-                    f"codes.audio: expected [frames, {self.num_quantizers}] codes, "
-                    f"got {list(frames.shape)}"
-                )
-            # The talker's end frame (its first code is `codec_eos`, past the codebook) is
-            # not speech.
-            frames = frames[: context + int((frames[context:, 0] < self.codebook_size).sum())]
-            if frames.shape[0] == context:
+            frames = self.speech_frames(item)
+            if frames.shape[0] <= context:  # the end frame is in the context or comes first
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
             wav = self.module(frames.T.unsqueeze(0).long())[0, 0]

@@ -43,7 +43,9 @@ def _randomize(model: nn.Module, generator: torch.Generator) -> None:
       vocabulary rows nor multimodal / TTS control tokens.
     - talker `codec_head` row of `codec_eos`: the talker never ends by itself, so
       it always writes `talker_max_new_tokens - 1` frames (an immediate EOS also
-      crashes transformers' `generate`, which stacks an empty list of codes).
+      crashes transformers' `generate`, which stacks an empty list of codes). A
+      test makes it end at a chosen step with a `codec_eos` logit bias and
+      `min_tokens` (tests/pipeline/test_qwen3_omni_pipeline.py).
 
     The vocoder's last convolution is scaled by 0.1 so that the waveform mostly
     stays inside code2wav's final clamp to [-1, 1] (a clipped signal would hide
