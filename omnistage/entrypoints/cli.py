@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Collection
@@ -160,6 +161,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     launched = _early_text_worker(args)
     from omnistage.entrypoints.openai.api_server import serve
+    from omnistage.entrypoints.openai.slow_clients import SlowClientLimits
+
+    slow_clients = SlowClientLimits(
+        header_timeout_s=args.header_timeout_s,
+        read_timeout_s=args.read_timeout_s,
+        max_connections=args.max_connections,
+    )
 
     return serve(
         args.model if args.deploy is not None else (args.model or DEFAULT_MODEL),
@@ -173,6 +181,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         in_process=args.in_process,
         launched=launched,
         max_request_bytes=args.max_request_bytes,
+        slow_clients=slow_clients,
     )
 
 
@@ -206,6 +215,24 @@ def _early_text_worker(args: argparse.Namespace) -> Any:
         signal.signal(signal.SIGINT, previous)
 
 
+def _positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _connection_cap(text: str) -> int:
+    """argparse type: an integer >= 2 (uvicorn counts the new connection itself)."""
+    if not text.strip().isdigit() or int(text) < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {text!r}")
+    return int(text)
+
+
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (0.0.0.0: all)")
@@ -224,6 +251,24 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="larger request bodies get a 413 (default 64 MiB)",
+    )
+    srv.add_argument(
+        "--header-timeout-s",
+        type=_positive_seconds,
+        default=10.0,
+        help="close a connection whose request header is not complete in this time",
+    )
+    srv.add_argument(
+        "--read-timeout-s",
+        type=_positive_seconds,
+        default=30.0,
+        help="a request body not received in this time (+1 s per KiB) is a 408",
+    )
+    srv.add_argument(
+        "--max-connections",
+        type=_connection_cap,
+        default=1024,
+        help="open connections beyond which a new request gets a 503",
     )
     srv.add_argument("--seed", type=int, default=None, help="engine seed (unseeded requests)")
     srv.add_argument("--log-level", default="info", help="uvicorn log level")

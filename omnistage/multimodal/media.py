@@ -194,9 +194,11 @@ def _read_audio_file(source: str | os.PathLike | bytes) -> tuple[np.ndarray, flo
             handle.seek(0)
         data, rate = soundfile.read(handle, dtype="float64", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as e:
+        # libsndfile's own words, without its "Error opening <_io.BytesIO object at 0x...>"
+        reason = getattr(e, "error_string", None) or e
         raise ValueError(
             f"audio: cannot decode {what}: unsupported audio format or corrupt file "
-            f"(supported: {AUDIO_FORMATS_HINT}; {e})"
+            f"(supported: {AUDIO_FORMATS_HINT}; {reason})"
         ) from e
     return data, float(rate)
 
@@ -315,7 +317,9 @@ def load_image(source: Any):
             image.load()
         except MediaTooLarge:
             raise
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        except UnidentifiedImageError as e:  # its message shows the handle's repr and address
+            raise ValueError(f"image: cannot decode {what} (not an image Pillow reads)") from e
+        except (OSError, SyntaxError, ValueError) as e:
             raise ValueError(f"image: cannot decode {what} ({e})") from e
         except Image.DecompressionBombError as e:  # over Pillow's own limit too
             raise MediaTooLarge(f"image: {what} is too large to decode ({e})") from e

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from omnistage.config import EngineConfig
+from omnistage.core.process_executor import RunnerFailed
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient, EngineDeadError
 from omnistage.sampling_params import SamplingParams
@@ -65,15 +66,17 @@ def test_a_failing_engine_fails_its_requests_instead_of_hanging(tiny_llama):
     engine = LLMEngine(EngineConfig(str(tiny_llama), max_model_len=64, async_scheduling=False))
     client = AsyncEngineClient(engine)
 
-    def broken_step():
-        raise RuntimeError("boom")
+    def broken_step():  # as a runner worker's failure: its traceback in the message
+        trace = 'Traceback (most recent call last):\n  File "runner.py", line 1, in step\n'
+        raise RunnerFailed(f"model runner worker failed:\n{trace}RuntimeError: boom")
 
     async def run() -> None:
         client.start()
         engine.step = broken_step
         stream = await client.add_request("abc", SamplingParams(max_tokens=5))
-        with pytest.raises(EngineDeadError, match="boom"):
+        with pytest.raises(EngineDeadError, match="boom") as failed:
             await anext(stream)
+        assert "Traceback" not in str(failed.value) and "runner.py" not in str(failed.value)
         assert not client.is_alive
         with pytest.raises(EngineDeadError, match="boom"):
             await client.add_request("abc", SamplingParams(max_tokens=5))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
@@ -12,6 +13,8 @@ from tests.server.conftest import TINY
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MESSAGES = [{"role": "user", "content": "hi"}]
+SERVER_INSIDES = re.compile(r"0x[0-9a-f]{6,}|Traceback|File \"")
+"""A memory address or a stack trace: never in an answer."""
 
 
 def _error(response, status: int, param: str | None = None, says: str = "") -> dict:
@@ -21,6 +24,7 @@ def _error(response, status: int, param: str | None = None, says: str = "") -> d
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
     assert says in error["message"], error["message"]
+    assert not SERVER_INSIDES.search(response.text), response.text
     return error
 
 
@@ -210,3 +214,36 @@ def test_an_error_inside_a_stream_carries_type_param_and_code():
     assert named["code"] == "invalid_api_key"
     ours = event(RuntimeError("the engine stopped"))
     assert ours["type"] == "server_error" and ours["code"] == 503 and ours["param"] is None
+
+
+def test_no_answer_shows_a_memory_address_or_a_traceback():
+    """Whatever an exception's message carries (an object's default repr, a worker's
+    traceback), the answer carries neither; the full text is logged (issue 22)."""
+    import traceback
+
+    from omnistage.entrypoints.openai.errors import OpenAIError, error_response
+    from omnistage.entrypoints.openai.serving import stream_error
+
+    def failing() -> None:
+        raise RuntimeError(f"boom in {failing!r}")
+
+    try:
+        failing()
+    except RuntimeError:
+        trace = traceback.format_exc()
+    holder = object()
+    answers = [
+        OpenAIError.from_value_error(ValueError(f"prompt: cannot use {holder!r}")).response(),
+        error_response(f"the engine failed: RunnerFailed: worker failed:\n{trace}", 503),
+    ]
+    bodies = [answer.body.decode() for answer in answers]
+    bodies.append(stream_error(RuntimeError(f"stage 'thinker': {trace}")))
+    for body in bodies:
+        assert not SERVER_INSIDES.search(body), body
+    assert "prompt: cannot use <object object>" in bodies[0]
+    assert json.loads(bodies[0])["error"]["param"] == "prompt"
+    for body in bodies[1:]:  # what came before the trace, and the exception it ended in
+        assert "failed" in body or "thinker" in body
+        assert "RuntimeError: boom in <function" in body and "server log" in body
+    sizes = "size: expected 'WIDTHxHEIGHT', got '0x64' (9000x9000)"  # user text stays
+    assert json.loads(error_response(sizes, 400).body)["error"]["message"] == sizes

@@ -10,6 +10,7 @@ fuzz well under a minute on two cores.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import requests
@@ -36,6 +37,7 @@ def _check(response: Response, path: str) -> None:
         error = json.loads(response.text)["error"]
         assert {"message", "type", "param", "code"} <= set(error), response.text
         assert error["message"], response.text
+        assert not re.search(r"0x[0-9a-f]{6,}|Traceback", response.text), response.text
     elif content_type.startswith("text/event-stream"):
         events = [line for line in response.text.split("\n") if line]  # SSE: only \n ends a line
         if not getattr(response, "stream_cut_short", False):  # schemathesis stops after 20 events

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import struct
 from typing import Any
 
@@ -222,6 +223,12 @@ def test_media_over_their_bounds_or_not_what_they_say_are_400s_and_the_pipeline_
             {"type": "input_audio", "input_audio": {"data": _sine_wav(), "format": "mp3"}},
             "declared audio/mp3, but the data is audio/wav",
         ),
+        # Their decoders' messages showed "<_io.BytesIO object at 0x7f...>" (issue 22).
+        ({"type": "image_url", "image_url": {"url": _corrupt("image/png")}}, "cannot decode"),
+        (
+            {"type": "input_audio", "input_audio": {"data": _corrupt("wav"), "format": "wav"}},
+            "cannot decode",
+        ),
     ]
     with httpx.Client(base_url=speech_server.url, timeout=30) as http:
         for part, says in parts:
@@ -230,8 +237,17 @@ def test_media_over_their_bounds_or_not_what_they_say_are_400s_and_the_pipeline_
             answer = http.post("/v1/chat/completions", json=body)
             assert answer.status_code == 400, answer.text
             assert says in answer.json()["error"]["message"]
+            assert not re.search("0x[0-9a-f]{6,}|Traceback", answer.text), answer.text
     speech_server.wait_idle()
     test_audio_input_part(speech_server)  # still serving
+
+
+def _corrupt(kind: str) -> str:
+    """A PNG or a WAV whose header is right and whose rest is garbage (passes the type
+    check, fails the decoder): a data URL for an image, base64 for audio."""
+    if kind == "image/png":
+        return "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" * 8).decode()
+    return base64.b64encode(b"RIFF\x00\x01\x00\x00WAVE" + b"junk" * 32).decode()
 
 
 def _silent_wav(seconds: float, rate: int = 8000) -> str:

@@ -1,10 +1,11 @@
-"""`omnistage serve` as a process: --api-key (401 without it), --served-model-name, and a
-graceful SIGTERM that aborts the request in flight and exits cleanly."""
+"""`omnistage serve` as a process: --api-key (401 without it), --served-model-name, the
+slow-client timeouts, and a graceful SIGTERM that aborts the request in flight and exits cleanly."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ def served(tiny_llama):
     port = free_port()
     flags = f"--model {tiny_llama} --port {port} --api-key {KEY} --max-model-len 256"
     flags += " --served-model-name tiny keyed --no-async-scheduling --log-level warning"
+    flags += " --header-timeout-s 1 --read-timeout-s 2 --max-connections 64"
     command = [sys.executable, "-m", "omnistage.entrypoints.cli", "serve", *flags.split()]
     env = os.environ | {"HF_HUB_OFFLINE": "1", "OMNISTAGE_API_KEY": ""}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -75,6 +77,24 @@ def test_with_the_key_every_served_name_answers(served):
             model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=3
         )
         assert out.model == name and out.usage.completion_tokens <= 3
+
+
+def test_slow_client_flags_reach_the_server(served):
+    """Half a header is cut after --header-timeout-s; a stalled body is a 408 after
+    --read-timeout-s (tests/server/test_slow_clients.py has the details)."""
+    _, url = served
+    port = int(url.rsplit(":", 1)[1])
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n"
+    head += f"Authorization: Bearer {KEY}\r\n".encode()
+    for sent, seconds, answer in ((head[:30], 1, b""), (head + b"\r\n{", 2, b"HTTP/1.1 408")):
+        start = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(sent)
+            said = b""
+            while chunk := conn.recv(65536):  # until the server closes it
+                said += chunk
+        assert seconds - 0.2 < time.monotonic() - start < seconds + 3, sent
+        assert said.startswith(answer), said
 
 
 def test_sigterm_aborts_the_stream_in_flight_and_exits(served):

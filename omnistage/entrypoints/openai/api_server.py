@@ -8,7 +8,10 @@ Routes: the endpoints of each serving class (`DEFAULT_SERVINGS`: /v1/models,
 /v1/images/generations and /v1/audio/speech), plus GET /health and GET /metrics.
 With an API key, every route but /health and /metrics (open, as in vLLM) wants
 `Authorization: Bearer <key>` (401 otherwise), /docs and /openapi.json included; a
-request body over `--max-request-bytes` is a 413 (`http_guards.py`).
+request body over `--max-request-bytes` is a 413 (`http_guards.py`). Slow clients are
+bounded (`slow_clients.py`): a request header not complete within `--header-timeout-s`
+closes the connection, a body not received within `--read-timeout-s` is a 408, and
+beyond `--max-connections` open connections a new request is a 503.
 
 One serving path: a text model (`AsyncEngineClient`) and a model whose deploy has
 more than one stage, or `--deploy` (`PipelineClient`, an `AsyncOmni`) are both an
@@ -59,6 +62,11 @@ from omnistage.entrypoints.openai.serving_images import ImagesServing
 from omnistage.entrypoints.openai.serving_models import ModelsServing
 from omnistage.entrypoints.openai.serving_speech import SpeechServing
 from omnistage.entrypoints.openai.serving_voices import VoicesServing
+from omnistage.entrypoints.openai.slow_clients import (
+    BodyTimeoutMiddleware,
+    SlowClientLimits,
+    server_config,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +90,13 @@ def build_app(
     servings: Sequence[type[OpenAIServing]] | None = None,
     metrics: ServerMetrics | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    slow_clients: SlowClientLimits | None = None,
 ) -> FastAPI:
     """The app serving `client`'s model (a text model's engine, or a pipeline) under
     `served_model_names`. The app owns the client: its lifespan starts the engine thread
     and shuts it down (a pipeline's stage processes included). `servings` default:
-    `DEFAULT_SERVINGS`."""
+    `DEFAULT_SERVINGS`; `slow_clients` (default `SlowClientLimits()`): the body's read
+    timeout (the header's is the server's, see `server_config`)."""
     if not served_model_names:
         raise ValueError("served_model_names: give at least one name")
     if max_request_bytes < 1:
@@ -113,7 +123,8 @@ def build_app(
             serving_class(ctx).register(router)
     app.include_router(router)
     # Outermost last: metrics (count every answer), the API key (before any body is read),
-    # the body limit.
+    # the body limit, the body's read timeout.
+    app.add_middleware(BodyTimeoutMiddleware, limits=slow_clients or SlowClientLimits())
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -161,13 +172,16 @@ def serve(
     in_process: bool = False,
     launched: LaunchedWorker | None = None,
     max_request_bytes: int | None = None,
+    slow_clients: SlowClientLimits | None = None,
 ) -> int:
     """Load `model` and serve it until SIGINT / SIGTERM (what `omnistage serve` runs).
     A multi-stage deploy (`deploy`, or the packaged one of a demo / pipeline checkpoint
     `model`) is served through an `AsyncOmni` (`in_process`: all stages in this process;
     `engine_args` do not apply: each stage's come from the deploy); anything else (None:
     the default model) as one `LLMEngine` (adopting `launched`, its runner worker started
-    before this module was imported, see `cli._early_text_worker`)."""
+    before this module was imported, see `cli._early_text_worker`). `slow_clients`
+    (default `SlowClientLimits()`): the header and body timeouts, the connection cap."""
+    slow_clients = slow_clients or SlowClientLimits()
     client: EngineClient
     spec = pipeline_deploy(model, deploy)
     if spec is not None:
@@ -194,8 +208,9 @@ def serve(
         max_request_bytes=DEFAULT_MAX_REQUEST_BYTES
         if max_request_bytes is None
         else max_request_bytes,
+        slow_clients=slow_clients,
     )
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+    config = server_config(app, slow_clients, host=host, port=port, log_level=log_level)
     # uvicorn re-raises the signal that stopped it once it is done; by then the shutdown was
     # graceful, so the handlers it restores just let `serve` return.
     handled = (signal.SIGINT, signal.SIGTERM)

@@ -41,6 +41,7 @@ from omnistage.entrypoints.openai.client import (
     EngineStats,
 )
 from omnistage.entrypoints.openai.deltas import DeltaTracker, RequestDelta, TokenTexts
+from omnistage.entrypoints.openai.errors import public_text
 from omnistage.entrypoints.openai.request_stream import RequestStream
 from omnistage.sampling_params import SamplingParams
 
@@ -247,7 +248,8 @@ class AsyncEngineClient:
                 self._publish_stats()
         except Exception as exc:  # a failed engine fails every request, loudly
             logger.exception("engine thread failed")
-            self._dead = f"the engine failed: {type(exc).__name__}: {exc}"
+            # The log has it all; clients get no traceback (a runner worker's carries one).
+            self._dead = "the engine failed: " + public_text(f"{type(exc).__name__}: {exc}")
             for entry in self._entries.values():
                 entry.stream._put(EngineDeadError(self._dead))
             self._entries.clear()

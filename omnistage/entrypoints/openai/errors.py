@@ -6,6 +6,11 @@ out-of-range values (pydantic's `RequestValidationError`, which FastAPI would an
 with a 422 of its own shape), unknown routes and methods, and the engine's own
 `ValueError`s, whose messages start with the field they are about ("max_tokens: ...").
 Only a failure of the server itself is a 5xx.
+
+No answer shows the server's insides: `public_text` takes the memory addresses out of
+object reprs (`<... object at 0x7f...>`) and replaces a traceback by its last line, for
+every error built here (`error_info`: whole responses and stream events alike); the
+full text goes to the server's log.
 """
 
 from __future__ import annotations
@@ -29,6 +34,12 @@ logger = logging.getLogger(__name__)
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[\d+\])?: ")
 _FIELD_PATH = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)[\[.:]")
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+_AT_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+\b")
+_BARE_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{9,}\b")  # 9+ digits: an address, not a size
+_TRACE_START = re.compile(
+    r"Traceback \(most recent call last\):|^.*\(most recent call first\):|^[ \t]+File \"",
+    re.MULTILINE,
+)
 
 
 class OpenAIError(Exception):
@@ -89,13 +100,31 @@ def error_info(
     type: str | None = None,
     code: str | int | None = None,
 ) -> ErrorInfo:
-    """The `error` object of OpenAI's shape; `type` follows `status` unless given."""
+    """The `error` object of OpenAI's shape; `type` follows `status` unless given. The
+    message as `public_text` makes it (the full one is logged when that changes it)."""
+    public = public_text(message)
+    if public != message:
+        logger.warning("error answered as %r; in full: %s", public, message)
     return ErrorInfo(
-        message=_printable(message),
+        message=_printable(public),
         type=type or ("invalid_request_error" if status < 500 else "server_error"),
         param=_printable(param) if param is not None else None,
         code=code,
     )
+
+
+def public_text(text: str) -> str:
+    """`text` fit for a client: no memory address (`<function f at 0x7f...>` becomes
+    `<function f>`), and of a traceback (Python's, or faulthandler's dump) only its last
+    line, the exception, after what came before it."""
+    trace = _TRACE_START.search(text)
+    if trace is not None:
+        lines = text[trace.start() :].splitlines()
+        last = [line for line in lines if line.strip() and not line[0].isspace()][-1:]
+        before = text[: trace.start()].strip()
+        exception = last[0].strip() if last and not _TRACE_START.match(last[0]) else ""
+        text = " ".join(part for part in (before, exception) if part) + " (details: server log)"
+    return _BARE_ADDRESS.sub("<address>", _AT_ADDRESS.sub("", text))
 
 
 def _printable(text: str) -> str:
