@@ -93,13 +93,20 @@ class LLMEngine:
         of `add_conditioning` (added to their input embeddings) until it says `finished`.
         `mm_decoder_inputs`: 3-D rotary positions and deepstack features of a multimodal
         prompt (models with `supports_mrope` / `supports_deepstack`)."""
+        core_ids = [request_id] if params.n == 1 else [f"{i}_{request_id}" for i in range(params.n)]
         if request_id in self._tracked:
             raise ValueError(f"request_id: {request_id!r} is already in use")
+        # A sequence of an n > 1 request runs as "{i}_{id}": refuse an id that clashes with
+        # one before anything is registered (the core would refuse it half-way through).
+        clash = next((c for c in core_ids if c in self._by_core_id), None)
+        if clash is not None:
+            raise ValueError(
+                f"request_id: {request_id!r} clashes with the running sequence {clash!r}"
+            )
         self.check_request(ids, params, prompt_embeds, stream_conditioning, mm_decoder_inputs)
         base_seed = self.request_seed(params)
         tracked = _Tracked(RequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids))
-        for i in range(params.n):
-            core_id = request_id if params.n == 1 else f"{i}_{request_id}"
+        for i, core_id in enumerate(core_ids):
             seq = _Sequence(
                 index=i,
                 core_id=core_id,
