@@ -15,17 +15,24 @@ from omnistage.pipeline.deploy import EdgeSpec
 from omnistage.pipeline.processors import get_processor
 
 
-def accumulator(processor: str, transfer: str = "payload") -> RequestAccumulator:
-    spec = EdgeSpec(
+def edge(processor: str, transfer: str = "payload", dst: str = "b") -> EdgeSpec:
+    return EdgeSpec(
         src="a",
-        dst="b",
+        dst=dst,
         processor=processor,
         transfer=transfer,
         connector="shm",
         chunk_size=2,
         first_chunk_size=1,
     )
-    return RequestAccumulator("r1", "a", [5, 6], [(spec, get_processor(processor))])
+
+
+def accumulator(
+    processor: str, transfer: str = "payload", prompt: list[int] | None = None
+) -> RequestAccumulator:
+    spec = edge(processor, transfer)
+    prompt = [5, 6] if prompt is None else prompt
+    return RequestAccumulator("r1", "a", prompt, [(spec, get_processor(processor))])
 
 
 def only_payload(acc: RequestAccumulator) -> dict:
@@ -88,10 +95,42 @@ def test_rows_already_held_are_not_appended_again():
 
 def test_a_chunk_is_a_slice_of_the_rows_in_order_and_an_empty_key_is_int64():
     acc = accumulator("ids_to_codes", transfer="stream")
-    assert only_payload(acc)["ids.output"].dtype == torch.int64  # nothing produced
+    empty = only_payload(acc)["ids.output"]  # nothing produced
+    assert empty.dtype == torch.int64 and empty.shape == (0,)
     acc = accumulator("ids_to_codes", transfer="stream")
     for token in (1, 2, 3, 4):
         acc.add_step([token], None, 0)
     chunks = acc.ready_chunks() + acc.final_payloads()
     assert [p["ids.output"].tolist() for _, _, p, _ in chunks] == [[1], [2, 3], [4]]
     assert all(p["ids.output"].is_contiguous() for _, _, p, _ in chunks)
+
+
+def test_an_empty_prompt_is_still_int64_ids():
+    prompt = only_payload(accumulator("hidden_to_embeds", prompt=[]))["ids.prompt"]
+    assert prompt.dtype == torch.int64 and prompt.shape == (0,)
+
+
+def test_a_payload_edge_listed_first_does_not_hold_back_a_stream_edge():
+    pairs = [(e, get_processor(e.processor)) for e in (edge("ids_to_codes", dst="b"),)]
+    pairs.append((edge("ids_to_codes", "stream", dst="c"), get_processor("ids_to_codes")))
+    acc = RequestAccumulator("r1", "a", [5], pairs)
+    acc.add_step([1, 2, 3], None, 0)
+    ready = acc.ready_chunks()
+    assert [(e.dst, p["ids.output"].tolist()) for e, _, p, _ in ready] == [
+        ("c", [1]),
+        ("c", [2, 3]),
+    ]
+
+
+def test_every_collected_key_of_a_stream_is_cut_without_repeats():
+    # hidden_to_embeds streams by ids.output and also concatenates hidden rows: each
+    # chunk carries the hidden rows produced since the previous one, none twice.
+    acc = accumulator("hidden_to_embeds", transfer="stream")
+    chunks = []
+    for position in range(5):
+        acc.add_step([position + 10], torch.full((1, 2), float(position)), position)
+        chunks += acc.ready_chunks()
+    chunks += acc.final_payloads()
+    rows = [p["hidden_states.output"][:, 0].tolist() for _, _, p, _ in chunks]
+    assert sum(rows, []) == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert [p["ids.output"].tolist() for _, _, p, _ in chunks] == [[10], [11, 12], [13, 14], []]
