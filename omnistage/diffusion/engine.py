@@ -105,6 +105,10 @@ class DiffusionEngine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def request_ids(self) -> list[str]:
+        """Every request held, running or waiting to be admitted."""
+        return [*self.running, *(r for r, _, _ in self.waiting)]
+
     def counters(self) -> dict[str, int]:
         return {"waiting_requests": len(self.waiting), "running_requests": len(self.running)}
 

@@ -129,6 +129,10 @@ class ARStageEngine:
     def has_request(self, request_id: str) -> bool:
         return request_id in self._sequences
 
+    def request_ids(self) -> list[str]:
+        """The requests in the engine (started here and not yet ended)."""
+        return list(self._sequences)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._sequences)
 

@@ -250,6 +250,9 @@ class ARStageCore(StageCore):
         self.engine.abort_request(request_id)
         self.accumulators.pop(request_id, None)
 
+    def step_request_ids(self) -> list[str]:
+        return self.engine.request_ids()  # a step's batch is not known before it is scheduled
+
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
 

@@ -18,6 +18,8 @@ what was expected versus what was found. An example::
         final_output_type: text       # text | audio | image | tokens | latents
         input_timeout_s: 30           # default 60.0: how long a consumer waits for input
         output_keys: [hidden_states.output, ids.output]
+        restart: {max_retries: 3, backoff_s: 0.5}   # when its process dies or hangs
+                                      # (also max_backoff_s, reset_after_s, hang_timeout_s)
       - id: 1
         name: talker
         kind: ar
@@ -66,6 +68,7 @@ from omnistage.pipeline.deploy_spec import (  # noqa: F401 (re-exported: the dep
     DeployError,
     DeploySpec,
     EdgeSpec,
+    RestartPolicy,
     StageSpec,
 )
 

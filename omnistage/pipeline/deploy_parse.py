@@ -32,6 +32,7 @@ from omnistage.pipeline.deploy_spec import (
     DeployError,
     DeploySpec,
     EdgeSpec,
+    RestartPolicy,
     StageSpec,
 )
 from omnistage.pipeline.processors import processor_class, processor_names
@@ -40,6 +41,7 @@ from omnistage.sampling_params import SamplingParams
 _TOP_KEYS = ("name", "stages", "edges", "connectors")
 _STREAM_KEYS = ("chunk_size", "first_chunk_size", "left_context", "right_context")
 _EDGE_KEYS = ("from", "to", "processor", "transfer", "connector", *_STREAM_KEYS)
+_RESTART_KEYS = tuple(f.name for f in dataclasses.fields(RestartPolicy))
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -184,6 +186,9 @@ def _stage(r: DeployReader, raw: Any, path: str) -> StageSpec:
         final_output_type=output_type,
         input_timeout_s=float(timeout),
         output_keys=tuple(keys),
+        restart=RestartPolicy(
+            **r.fields_of(d.get("restart"), f"{path}.restart", RestartPolicy, _RESTART_KEYS)
+        ),
     )
 
 

@@ -9,6 +9,7 @@ a `DeployError` naming the source, the key path and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ CONNECTOR_KINDS = ("inproc", "shm", "zmq")
 IMPLICIT_CONNECTORS = ("inproc", "shm")
 DEFAULT_INPUT_TIMEOUT_S = 60.0
 DEFAULT_CHUNK_SIZE = 16
+DEFAULT_HANG_TIMEOUT_S = 60.0
 
 
 class DeployError(ValueError):
@@ -46,6 +48,54 @@ class ConnectorSpec:
 
     options: dict[str, Any] = field(default_factory=dict)
     """Every other key of the entry, passed to the connector unchanged."""
+
+
+def _finite_at_least(value: Any, low: float, strict: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return value > low if strict else value >= low
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """What the orchestrator does when a stage's process dies or hangs (a stage's `restart`
+    mapping). The stage's requests in flight fail at once either way (a 503 naming it);
+    meanwhile the pipeline reports itself degraded (see docs/reliability.md)."""
+
+    max_retries: int = 3
+    """Restarts in a row before the stage is given up (it then stays down and every request
+    that needs it fails); 0: never restart."""
+
+    backoff_s: float = 0.5
+    """Wait before the first restart; doubled for each further try in a row."""
+
+    max_backoff_s: float = 30.0
+    """The longest wait between two tries."""
+
+    reset_after_s: float = 60.0
+    """A restarted stage that stays up this long starts its count of tries afresh."""
+
+    hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S
+    """A stage process that answers nothing, not even a ping, this long is killed (and
+    restarted like a dead one); it must exceed the stage's longest step. None: never."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int):
+            raise ValueError(f"max_retries: expected an integer >= 0, got {self.max_retries!r}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries: expected an integer >= 0, got {self.max_retries!r}")
+        for name in ("backoff_s", "max_backoff_s", "reset_after_s"):
+            if not _finite_at_least(getattr(self, name), 0.0, strict=False):
+                raise ValueError(
+                    f"{name}: expected a finite number >= 0, got {getattr(self, name)!r}"
+                )
+        hang = self.hang_timeout_s
+        if hang is not None and not _finite_at_least(hang, 0.0, strict=True):
+            raise ValueError(f"hang_timeout_s: expected a finite number > 0 or null, got {hang!r}")
+
+    def backoff(self, attempt: int) -> float:
+        """The wait before try `attempt` (1 for the first) of a run of restarts."""
+        return min(self.backoff_s * 2 ** max(attempt - 1, 0), self.max_backoff_s)
 
 
 @dataclass(frozen=True)
@@ -84,6 +134,9 @@ class StageSpec:
 
     output_keys: tuple[str, ...] = ()
     """Payload keys this stage produces for its outgoing edges."""
+
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    """How a stage process that dies or hangs is restarted (stage processes only)."""
 
     def with_part_directory(self) -> StageSpec:
         """A checkpoint kept as a directory per part (thinker/, talker/, vocoder/ ...): the

@@ -104,6 +104,9 @@ class DiffusionStageCore(StageCore):
     def drop_request(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
+    def step_request_ids(self) -> list[str]:
+        return self.engine.request_ids()
+
     def has_work(self) -> bool:
         return self.engine.has_work()
 

@@ -13,7 +13,9 @@ one call (continuous batching: items of different requests share a step), and
 emits each item's output in chunk order; the item of the last chunk finishes
 the request. The model checks each item as it arrives (`check_item`): a bad one
 (e.g. a code outside the vocoder's codebook) fails its request alone, naming
-the stage, instead of the step that would run it with others.
+the stage, instead of the step that would run it with others. A batch whose
+model call raises anyway is run again item by item, so the error fails only the
+requests whose items raise alone.
 
 Models that sample noise (`takes_seeds_and_speakers`, e.g. Qwen2.5-Omni's
 token2wav) get one seed per request, the same for all its chunks: the `seed`
@@ -30,6 +32,8 @@ model's default.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +50,8 @@ from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import DeliverPayload, FromStage, StageOutput, SubmitRequest
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.platforms import platform_for
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -161,17 +167,45 @@ class GenerationStageCore(StageCore):
         items = [self.queue.popleft() for _ in range(min(self.max_batch, len(self.queue)))]
         if not items:
             return []
-        outputs = self.model.generate([i.item for i in items])
-        return [
-            StageOutput(
-                stage=self.name,
-                request_id=item.request_id,
-                data=tensor_to_blob(out),
-                finished=item.last,
-                finish_reason="stop" if item.last else None,
-            )
-            for item, out in zip(items, outputs, strict=True)
-        ]
+        try:
+            outputs = self.model.generate([i.item for i in items])
+        except Exception:
+            if len(items) == 1:
+                raise  # `run_step` fails its request
+            logger.exception("stage %s: a batch of %d items failed", self.name, len(items))
+            return self._step_one_by_one(items)
+        return [self._output(item, out) for item, out in zip(items, outputs, strict=True)]
+
+    def _step_one_by_one(self, items: list[_WorkItem]) -> list[FromStage]:
+        """After a batch failed: each item alone, so the error falls on its own request; the
+        others get what the batch would have given them (items do not interact)."""
+        events: list[FromStage] = []
+        failed: set[str] = set()
+        for item in items:
+            if item.request_id in failed:
+                continue
+            try:
+                (out,) = self.model.generate([item.item])
+            except Exception as exc:
+                failed.add(item.request_id)
+                error = f"the step running this request failed: {type(exc).__name__}: {exc}"
+                events += self._fail([item.request_id], error)
+                continue
+            events.append(self._output(item, out))
+        return events
+
+    def _output(self, item: _WorkItem, out: torch.Tensor) -> StageOutput:
+        return StageOutput(
+            stage=self.name,
+            request_id=item.request_id,
+            data=tensor_to_blob(out),
+            finished=item.last,
+            finish_reason="stop" if item.last else None,
+        )
+
+    def step_request_ids(self) -> list[str]:
+        batch = itertools.islice(self.queue, self.max_batch)
+        return list(dict.fromkeys(item.request_id for item in batch))
 
     def drop_request(self, request_id: str) -> None:
         self.streams.pop(request_id, None)

@@ -77,7 +77,12 @@ class Shutdown(_Msg):
     pass
 
 
-ToStage = SubmitRequest | DeliverPayload | AbortRequest | GetStats | Shutdown
+class Ping(_Msg):
+    """Are you there? A stage answers `Pong` between two steps (the orchestrator's liveness
+    check of an idle stage: a stage that answers nothing for `hang_timeout_s` is hung)."""
+
+
+ToStage = SubmitRequest | DeliverPayload | AbortRequest | GetStats | Shutdown | Ping
 
 
 # -- stage -> orchestrator ---------------------------------------------------------------------
@@ -93,6 +98,14 @@ class StageFatal(_Msg):
 
     stage: str
     message: str
+    pid: int = 0
+    """The reporting process (an earlier, dead one's late report is not the current one's)."""
+
+
+class Pong(_Msg):
+    """The answer to `Ping`."""
+
+    stage: str
 
 
 class StageOutput(_Msg):
@@ -139,7 +152,7 @@ class StageStats(_Msg):
     `kv_cache_usage` (0..1)."""
 
 
-FromStage = StageReady | StageFatal | StageOutput | PayloadReady | RequestFailed | StageStats
+FromStage = StageReady | StageFatal | StageOutput | PayloadReady | RequestFailed | StageStats | Pong
 
 to_stage_encoder = msgspec.msgpack.Encoder()
 to_stage_decoder = msgspec.msgpack.Decoder(ToStage)

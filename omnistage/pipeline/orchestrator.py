@@ -4,8 +4,10 @@ It runs in a thread of the frontend process and owns the stages (`StageSet`):
 frontend calls (submit, abort, stats) become commands the thread runs between
 polls (an inproc socket wakes it), and every event a stage reports goes to the
 `RequestRouter`, which decides where each request goes next and when it ends
-(see `routing.py`), or to the stats round in flight. A stage that dies fails
-the requests that need it; an orchestrator that fails fails them all.
+(see `routing.py`), or to the stats round in flight. The `StageSupervisor`
+watches the stage processes: one that dies or hangs fails the requests that need
+it (503s naming it) and is restarted with backoff; `health()` says which stages
+are up. An orchestrator that fails fails every request.
 """
 
 from __future__ import annotations
@@ -25,16 +27,17 @@ from omnistage.pipeline.messages import (
     GetStats,
     PayloadReady,
     RequestFailed,
-    StageFatal,
     StageOutput,
+    StageReady,
     StageStats,
 )
 from omnistage.pipeline.outputs import OmniRequestOutput
 from omnistage.pipeline.routing import PipelineRequest, RequestRouter, Sink
 from omnistage.pipeline.stage_process import StageClient
 from omnistage.pipeline.stage_set import StageSet
+from omnistage.pipeline.stage_supervisor import StageHealth, StageSupervisor
 
-__all__ = ["Orchestrator", "PipelineRequest", "Sink"]
+__all__ = ["Orchestrator", "PipelineRequest", "Sink", "StageHealth"]
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 100
@@ -55,8 +58,9 @@ class Orchestrator:
         self.namespace = namespace
         self.context = zmq.Context()
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._stats: tuple[list[Future], dict[str, StageStats], float] | None = None
-        """The stats round in flight: its waiters, the replies so far, when it began."""
+        self._stats: tuple[list[Future], dict[str, StageStats], float, set[str]] | None = None
+        """The stats round in flight: its waiters, the replies so far, when it began, and
+        the stages asked."""
         self._stopping = False
         try:
             self.stages = StageSet(deploy, namespace, self.context, in_process, startup_timeout_s)
@@ -65,6 +69,9 @@ class Orchestrator:
             raise
         self.sample_rates = self.stages.sample_rates
         self.router = RequestRouter(deploy, self.stages)
+        self.supervisor = StageSupervisor(
+            deploy, self.stages, self._stage_down, self.router.stage_up, startup_timeout_s
+        )
         # Commands wake the loop through an inproc socket, so it can sleep in one poll.
         self._wake_in = self.context.socket(zmq.PULL)
         self._wake_in.bind(f"inproc://wake-{id(self)}")
@@ -85,8 +92,14 @@ class Orchestrator:
 
     @property
     def dead(self) -> dict[str, str]:
-        """Stages that died or failed, with the reason their requests fail with."""
+        """Stages that are not up (restarting or down), with the reason their requests
+        fail with."""
         return self.router.dead
+
+    def health(self) -> dict[str, StageHealth]:
+        """Each stage's state (up, restarting, down), restarts and last failure; any
+        thread may ask."""
+        return self.supervisor.health
 
     # -- frontend API (thread-safe) ---------------------------------------------------------
     def submit(self, request: PipelineRequest, sink: Sink) -> None:
@@ -175,12 +188,14 @@ class Orchestrator:
         return events
 
     def _check_stages(self) -> None:
-        for name, code in self.stages.exit_codes().items():
-            if name not in self.dead:
-                logger.error("%s", self.stages.clients[name].failure())
-                self.router.stage_died(name, f"stage {name!r} died (exit code {code})")
+        self.supervisor.check()
+
+    def _stage_down(self, name: str, reason: str) -> None:
+        self.router.stage_down(name, reason)
+        self._finish_stats_round()  # the stage will not answer the round in flight
 
     def _route(self, event: FromStage) -> None:
+        self.supervisor.heard(event)
         if isinstance(event, StageOutput):
             self.router.on_output(event)
         elif isinstance(event, PayloadReady):
@@ -189,29 +204,31 @@ class Orchestrator:
             self.router.on_failed(event)
         elif isinstance(event, StageStats):
             self._on_stats(event)
-        elif isinstance(event, StageFatal):
-            self.router.stage_died(event.stage, f"stage {event.stage!r} failed: {event.message}")
+        elif isinstance(event, StageReady):
+            self.sample_rates[event.stage] = event.sample_rate
 
     # -- stats --------------------------------------------------------------------------------------
     def _ask_stats(self, future: Future) -> None:
         if self._stats is not None and time.monotonic() - self._stats[2] < STATS_ROUND_S:
             self._stats[0].append(future)  # a round is in flight: its answer serves both
             return
-        live = [n for n in self.clients if n not in self.dead]
-        if not live:
-            self._stats = None
-            future.set_result({})
-            return
-        self._stats = ([future], {}, time.monotonic())
+        live = {n for n in self.clients if self.supervisor.is_up(n)}
+        self._stats = ([future], {}, time.monotonic(), live)
         for name in live:
             self.stages.send(name, GetStats())
+        self._finish_stats_round()
 
     def _on_stats(self, event: StageStats) -> None:
+        if self._stats is not None:
+            self._stats[1][event.stage] = event
+            self._finish_stats_round()
+
+    def _finish_stats_round(self) -> None:
+        """Answer the round's waiters once every stage asked that is still up replied."""
         if self._stats is None:
             return
-        futures, collected, _ = self._stats
-        collected[event.stage] = event
-        if len(collected) == len([n for n in self.clients if n not in self.dead]):
+        futures, collected, _, asked = self._stats
+        if all(n in collected or not self.supervisor.is_up(n) for n in asked):
             self._stats = None
             for future in futures:
                 future.set_result(dict(collected))

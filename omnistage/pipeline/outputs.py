@@ -107,6 +107,9 @@ class OmniRequestOutput:
     finished: bool = False
     error: str | None = None
     """Why the request failed (a stage's error, an input timeout, a crashed stage)."""
+    unavailable: bool = False
+    """It failed because a stage it needs died, hung or is restarting (the server answers
+    503: try again later); `error` names the stage."""
     aborted: bool = False
     stage: str | None = None
     new_text: str = ""

@@ -9,9 +9,10 @@ moves between stages through connectors.
 Each stage output is added to the request's `StageResult`s (append-only) and
 handed on as an update carrying what is new plus O(1) snapshots of the final
 stages' results. A request ends when every final stage it asked for has
-finished, when any stage fails it (bad input, input timeout), when a stage it
-needs dies, or when it is aborted; then every stage that saw it is told to drop
-it. The orchestrator's thread calls every method here.
+finished, when any stage fails it (bad input, input timeout, a failed step),
+when a stage it needs dies, hangs or is restarting (`stage_down`: the request is
+`unavailable`, a 503), or when it is aborted; then every stage that saw it is
+told to drop it. The orchestrator's thread calls every method here.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class RequestRouter:
         self.sample_rates = stages.sample_rates
         self.tracked: dict[str, _Tracked] = {}
         self.dead: dict[str, str] = {}
-        """Stages that died or failed, with the reason their requests fail with."""
+        """Stages that are not up (restarting or down), with the reason their requests
+        fail with."""
 
     def on_failed(self, event: RequestFailed) -> None:
         """A stage failed one request (bad input, input timeout): end it with the reason."""
@@ -98,13 +100,19 @@ class RequestRouter:
         for tracked in list(self.tracked.values()):
             self.end(tracked, error=reason)
 
-    def stage_died(self, name: str, reason: str) -> None:
-        """Fail the requests that still need stage `name`, now and when they arrive."""
+    def stage_down(self, name: str, reason: str) -> None:
+        """Stage `name` died, hung or is restarting: fail the requests that still need it,
+        now and when they arrive, with `reason` (a 503: `unavailable`), and unlink their
+        shared-memory payloads (sent to or by the dead stage, they have no reader left)."""
         self.dead[name] = reason
-        logger.error("%s", reason)
         for tracked in list(self.tracked.values()):
             if name in tracked.needed and name not in tracked.done:
-                self.end(tracked, error=reason)
+                self.end(tracked, error=reason, unavailable=True)
+                self.stages.release_request(tracked.request.request_id)
+
+    def stage_up(self, name: str) -> None:
+        """Stage `name` serves again: requests that need it start as usual."""
+        self.dead.pop(name, None)
 
     def start(self, request: PipelineRequest, sink: Sink) -> None:
         """Track a request and submit it to the entry stage; `sink` gets its outputs."""
@@ -129,7 +137,7 @@ class RequestRouter:
         self.tracked[request.request_id] = tracked
         dead = sorted(s for s in needed if s in self.dead)
         if dead:
-            self.end(tracked, error=self.dead[dead[0]])
+            self.end(tracked, error=self.dead[dead[0]], unavailable=True)
             return
         (entry,) = self.deploy.entry_stages
         self._submit(
@@ -225,6 +233,8 @@ class RequestRouter:
     def on_payload(self, event: PayloadReady) -> None:
         """Forward a payload handle to its consumer (submitting the request there first)."""
         consumer = event.edge.split("->", 1)[1]
+        if consumer in self.dead:  # its request failed; the producer's abort frees the payload
+            return
         tracked = self.tracked.get(event.request_id)
         if tracked is not None and consumer not in tracked.started:
             # A diffusion stage draws the user's prompt with what the producer sent.
@@ -262,19 +272,22 @@ class RequestRouter:
         error: str | None = None,
         aborted: bool = False,
         update: OmniRequestOutput | None = None,
+        unavailable: bool = False,
     ) -> None:
-        """End a request once: stages still working on it (after an error or an abort) drop
-        it, and its sink gets the final output."""
+        """End a request once: after an error or an abort every live stage that saw it drops
+        it (one that finished it too: a producer may still hold its payloads), and its sink
+        gets the final output."""
         request_id = tracked.request.request_id
         if self.tracked.pop(request_id, None) is None:
             return
         if error is not None or aborted:
             for stage in tracked.started:
-                if stage not in tracked.done and stage not in self.dead:
+                if stage not in self.dead:
                     self.stages.send(stage, AbortRequest(request_id=request_id))
         final = update or OmniRequestOutput(request_id, {})
         final.outputs = _snapshot(tracked, tracked.request.final_stages)
         final.finished, final.error, final.aborted = True, error, aborted
+        final.unavailable = unavailable
         _emit(tracked.sink, final)
 
 

@@ -5,8 +5,12 @@ generation model for `generation` stages, a diffusion engine for `diffusion` one
 requests waiting for input, the accumulators of its outgoing edges and the
 connectors it reads and writes. It is the same object in-process (stepped by
 the orchestrator's thread) and in a stage process (stepped by
-`stage_process.run_stage`): `handle(message)` and `step()` return the
+`stage_process.run_stage`): `handle(message)` and `run_step()` return the
 messages for the orchestrator.
+
+A failure is contained where it can be pinned: an exception while taking in one
+request's message fails that request; one inside a step fails the requests of
+that step (`run_step`); either way the stage goes on serving.
 
 Every way a request can end here releases what it holds: the engine's
 request, its accumulator, its coordinator entry and its connector buffers.
@@ -31,6 +35,8 @@ from omnistage.pipeline.messages import (
     FromStage,
     GetStats,
     PayloadReady,
+    Ping,
+    Pong,
     RequestFailed,
     StageStats,
     SubmitRequest,
@@ -76,21 +82,52 @@ class StageCore(ABC):
 
     # -- control messages ---------------------------------------------------------------
     def handle(self, msg: ToStage) -> list[FromStage]:
+        """Act on one control message. A request's message that fails (its input is bad or
+        lost, or the model or a processor raised on it) fails that request alone."""
+        if isinstance(msg, AbortRequest):
+            self.abort(msg.request_id)
+            return []
+        if isinstance(msg, GetStats):
+            return [StageStats(stage=self.name, counters=self.counters(), gauges=self.gauges())]
+        if isinstance(msg, Ping):
+            return [Pong(stage=self.name)]
+        if not isinstance(msg, SubmitRequest | DeliverPayload):
+            raise TypeError(f"stage {self.name!r}: unexpected message {type(msg).__name__}")
         try:
-            if isinstance(msg, SubmitRequest):
-                return self._submit(msg)
-            if isinstance(msg, DeliverPayload):
-                return self._deliver(msg)
-            if isinstance(msg, AbortRequest):
-                self.abort(msg.request_id)
-                return []
-            if isinstance(msg, GetStats):
-                return [StageStats(stage=self.name, counters=self.counters(), gauges=self.gauges())]
-        except (ValueError, TimeoutError) as exc:  # one request's input is bad or lost: fail it
-            request_id = getattr(msg, "request_id", "")
+            return self._submit(msg) if isinstance(msg, SubmitRequest) else self._deliver(msg)
+        except (ValueError, TimeoutError) as exc:  # one request's input is bad or lost
+            return self._fail([msg.request_id], str(exc))
+        except Exception as exc:  # the model or a processor failed on this request's input
+            logger.exception("stage %s: request %s failed", self.name, msg.request_id)
+            return self._fail(
+                [msg.request_id], f"failed on this request's input: {type(exc).__name__}: {exc}"
+            )
+
+    def run_step(self) -> list[FromStage]:
+        """`step`, with a failure inside it contained: the requests the step ran
+        (`step_request_ids`, taken before it) fail with the error, naming the stage, and
+        release what they held; the stage goes on. An exception inside a batched forward
+        cannot be pinned on one request, so all of the batch's fail (a generation stage
+        retries the batch's items one by one first). A step that fails with no request to
+        blame raises: the stage's state is unknown, and the stage process exits."""
+        in_step = self.step_request_ids()
+        try:
+            return self.step()
+        except Exception as exc:
+            if not in_step:
+                raise
+            logger.exception(
+                "stage %s: a step failed; failing its %d requests", self.name, len(in_step)
+            )
+            return self._fail(
+                in_step, f"the step running this request failed: {type(exc).__name__}: {exc}"
+            )
+
+    def _fail(self, request_ids: list[str], message: str) -> list[FromStage]:
+        """End `request_ids` here (releasing what they hold) and tell the orchestrator why."""
+        for request_id in request_ids:
             self.abort(request_id)
-            return [RequestFailed(stage=self.name, request_id=request_id, message=str(exc))]
-        raise TypeError(f"stage {self.name!r}: unexpected message {type(msg).__name__}")
+        return [RequestFailed(stage=self.name, request_id=r, message=message) for r in request_ids]
 
     def _submit(self, msg: SubmitRequest) -> list[FromStage]:
         unknown = [e for e in msg.wait_for if e not in self.incoming]
@@ -174,6 +211,11 @@ class StageCore(ABC):
     @abstractmethod
     def step(self) -> list[FromStage]:
         """Run one engine step; the resulting outputs, payload notices and failures."""
+
+    @abstractmethod
+    def step_request_ids(self) -> list[str]:
+        """The requests the next `step` may run (asked before each step: those a failing
+        step fails)."""
 
     @abstractmethod
     def has_work(self) -> bool: ...

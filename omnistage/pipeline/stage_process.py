@@ -23,6 +23,7 @@ import zmq
 
 from omnistage.child import start_child
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
+from omnistage.pipeline.faults import install_faults
 from omnistage.pipeline.messages import (
     FromStage,
     Shutdown,
@@ -41,6 +42,13 @@ STALLED_POLL_MS = 1
 
 
 def make_stage_core(spec: StageSpec, deploy: DeploySpec, namespace: str) -> StageCore:
+    """The core of `spec`'s kind (with the faults `OMNISTAGE_FAULTS` injects, if set)."""
+    core = _new_stage_core(spec, deploy, namespace)
+    install_faults(core)
+    return core
+
+
+def _new_stage_core(spec: StageSpec, deploy: DeploySpec, namespace: str) -> StageCore:
     if spec.model is None:
         raise ValueError(
             f"stage {spec.name!r}: no model (give one in the deploy file or Omni(model=...))"
@@ -111,7 +119,7 @@ class InProcessStageClient(StageClient):
         events, self.pending = self.pending, []
         events += self.core.check_timeouts()
         if self.core.has_work():
-            events += self.core.step()
+            events += self.core.run_step()
         return events
 
     def busy(self) -> bool:
@@ -135,6 +143,7 @@ class ProcessStageClient(StageClient):
         self._stop_sent = False
         self.socket = context.socket(zmq.PUSH)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SNDHWM, 0)  # no limit: a send fails only with no peer
         self.socket.bind(in_address)
         try:
             self.process = start_child(
@@ -152,11 +161,25 @@ class ProcessStageClient(StageClient):
             raise
 
     def send(self, msg: ToStage) -> None:
+        """Never waits: with no peer (the process died, its exit not yet reaped; or it has
+        not connected yet, which only a stage that is not up can be) the message is
+        dropped — a PUSH socket would otherwise wait for a peer forever."""
         if self.process.exitcode is None:
-            self.socket.send(to_stage_encoder.encode(msg), copy=False)
+            try:
+                self.socket.send(to_stage_encoder.encode(msg), zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                logger.warning("stage %s: not connected, %s dropped", self.name, type(msg).__name__)
 
     def exit_code(self) -> int | None:
         return self.process.exitcode
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the stage's process (a hung one: it answers nothing, not even a stop)."""
+        self.process.kill()
 
     def failure(self) -> str:
         """Why the stage's process ended: its own traceback when it left one."""
@@ -206,10 +229,11 @@ def run_stage(
                 return
             events = core.check_timeouts()
             if core.has_work():
-                events += core.step()
+                events += core.run_step()
             report(events)
     except Exception as exc:  # report, then exit: the orchestrator fails our requests
-        report([StageFatal(stage=spec.name, message=f"{type(exc).__name__}: {exc}")])
+        message = f"{type(exc).__name__}: {exc}"
+        report([StageFatal(stage=spec.name, message=message, pid=os.getpid())])
         raise  # the child's death note carries the traceback to the parent
     finally:
         if core is not None:

@@ -4,8 +4,10 @@ It starts every stage (a spawned process each, or in this process), waits
 until all report ready, and gives the orchestrator what it needs to talk to
 them: `send`, the events they reported (`poll_clients` for in-process stages,
 `drain_inbox` for the shared ZMQ inbox of stage processes), their exit codes,
-and `close`, which stops every stage and unlinks any shared memory a crashed
-one left behind.
+`restart` (a stage process afresh, after the supervisor reaped the dead one with
+`reap`), `release_request` (the shared memory of a request that failed), and
+`close`, which stops every stage and unlinks any shared memory a crashed one left
+behind.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import zmq
 
 from omnistage.child import ChildError
+from omnistage.pipeline.connectors import Connector, make_connector
 from omnistage.pipeline.deploy import DeploySpec, StageSpec
 from omnistage.pipeline.messages import (
     FromStage,
@@ -48,6 +51,11 @@ class StageSet:
     ) -> None:
         self.deploy = deploy
         self.namespace = namespace
+        self.context = context
+        self.in_process = in_process
+        self._starts: dict[str, int] = {}
+        """How many times each stage process was started (its inbound socket's name)."""
+        self._shm = _shm_connectors(deploy, namespace)
         self._tmpdir = tempfile.TemporaryDirectory(prefix="omnistage-")
         self.inbox = context.socket(zmq.PULL)
         self.inbox.setsockopt(zmq.LINGER, 0)
@@ -68,14 +76,41 @@ class StageSet:
     def _start(self, spec: StageSpec, context: zmq.Context, in_process: bool) -> StageClient:
         if in_process:
             return InProcessStageClient(spec, self.deploy, self.namespace)
+        self._starts[spec.name] = self._starts.get(spec.name, 0) + 1
         return ProcessStageClient(
             _with_thread_budget(spec, len(self.deploy.stages)),
             self.deploy,
             self.namespace,
             context,
-            self._address(spec.name),
+            # A socket of its own per start: nothing queued for a dead one reaches the next.
+            self._address(f"{spec.name}.{self._starts[spec.name]}"),
             self._address("orchestrator"),
         )
+
+    def restart(self, name: str) -> None:
+        """Start stage process `name` afresh (after `reap`): it reports `StageReady`, or
+        fails, like at start-up."""
+        if self.in_process:
+            raise RuntimeError(f"stage {name!r} runs in this process: it cannot be restarted")
+        self.clients[name] = self._start(self.deploy.stage(name), self.context, False)
+
+    def reap(self, name: str) -> str:
+        """End stage process `name` (SIGKILL unless it has exited), close our ends of it,
+        and return how it ended (its traceback when it left one)."""
+        client = self.clients[name]
+        if client.exit_code() is None and isinstance(client, ProcessStageClient):
+            client.kill()
+        failure = client.failure()
+        try:
+            client.close(timeout=5.0)
+        except Exception:  # its resources are ours to drop whatever it did
+            logger.exception("closing stage %s", name)
+        return failure
+
+    def release_request(self, request_id: str) -> int:
+        """Unlink every shared-memory payload of `request_id` (a request that failed
+        because a stage died: what was sent to or by that stage has no reader left)."""
+        return sum(connector.cleanup(request_id) for connector in self._shm)
 
     def _wait_ready(self, timeout_s: float) -> None:
         waiting = set(self.clients)
@@ -146,13 +181,18 @@ class StageSet:
 
     def _cleanup_connectors(self) -> None:
         """Drop any buffer a crashed or killed stage left behind (shared memory above all)."""
-        from omnistage.pipeline.connectors import make_connector
+        for connector in self._shm:
+            connector.cleanup_all()
+            connector.close()
 
-        for name, spec in self.deploy.connectors.items():
-            if spec.kind == "shm":
-                connector = make_connector(name, spec.kind, spec.options, namespace=self.namespace)
-                connector.cleanup_all()
-                connector.close()
+
+def _shm_connectors(deploy: DeploySpec, namespace: str) -> list[Connector]:
+    """The deploy's shared-memory connectors, as this process reaches them (cleanup only)."""
+    return [
+        make_connector(name, spec.kind, spec.options, namespace=namespace)
+        for name, spec in deploy.connectors.items()
+        if spec.kind == "shm"
+    ]
 
 
 def _with_thread_budget(spec: StageSpec, num_stages: int) -> StageSpec:

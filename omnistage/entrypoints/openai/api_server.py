@@ -137,7 +137,11 @@ def _add_core_routes(router: APIRouter, ctx: ServingContext) -> None:
     async def health() -> Response:
         if not ctx.client.is_alive:
             return error_response("the engine is not running", HTTPStatus.SERVICE_UNAVAILABLE)
-        return JSONResponse({"status": "ok"})
+        # A pipeline reports its stages (`PipelineClient.health_report`): not "ok" is a 503.
+        report = getattr(ctx.client, "health_report", None)
+        body = {"status": "ok"} if report is None else report()
+        status = HTTPStatus.OK if body["status"] == "ok" else HTTPStatus.SERVICE_UNAVAILABLE
+        return JSONResponse(body, status_code=status)
 
     async def metrics() -> Response:
         # A pipeline's stages answer between their steps (blocks: off the event loop).

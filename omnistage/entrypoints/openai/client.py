@@ -89,6 +89,9 @@ class EngineObserver(Protocol):
     ) -> None: ...
     def on_first_audio(self, stage: str, seconds: float) -> None: ...
     def track_stage(self, stage: str, stats: Callable[[], EngineStats | StageGauges]) -> None: ...
+    def track_stage_health(self, health: Callable[[], Mapping[str, Any]]) -> None:
+        """A pipeline's stages: `health()` maps each to its `StageHealth` (state, restarts,
+        failures), read at each scrape."""
 
 
 class DeltaStream(Protocol):

@@ -19,6 +19,9 @@ single models and pipelines alike:
 | omnistage_spec_decode_num_draft_tokens_total | counter | stage |
 | omnistage_spec_decode_num_accepted_tokens_total | counter | stage |
 | omnistage_spec_decode_num_accepted_tokens_per_pos_total | counter | stage, position |
+| omnistage_stage_up | gauge (1 up, 0 restarting or down) | stage (pipelines) |
+| omnistage_stage_restarts_total | counter | stage (pipelines: its process started again) |
+| omnistage_stage_failures_total | counter | stage (pipelines: died, hung, failed to start) |
 
 Stage-level histograms for other outputs (time to first audio packet) belong here
 too, added with the stage kinds that produce them, labelled the same way.
@@ -31,7 +34,7 @@ stage and the gauges of every stage.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -42,7 +45,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -133,6 +136,11 @@ class ServerMetrics:
         self.kv_cache_usage.labels(stage).set_function(lambda: stats().kv_cache_usage)
         self.registry.register(_SpecDecodeCollector(stage, stats))
 
+    def track_stage_health(self, health: Callable[[], Mapping[str, Any]]) -> None:
+        """Export whether each of a pipeline's stages is up, and its restarts and failures,
+        read from `health()` (stage name to `StageHealth`) at each scrape."""
+        self.registry.register(_StageHealthCollector(health))
+
     # -- EngineObserver (engine thread) ---------------------------------------------------------
     def on_first_token(self, stage: str, seconds: float) -> None:
         self.ttft.labels(stage).observe(seconds)
@@ -183,6 +191,35 @@ class _SpecDecodeCollector(Collector):
         for position, value in enumerate(spec.accepted_per_position):
             per_pos.add_metric([self.stage, str(position)], value)
         yield per_pos
+
+
+class _StageHealthCollector(Collector):
+    """A pipeline's stage health (the orchestrator's supervisor), read at each scrape."""
+
+    def __init__(self, health: Callable[[], Mapping[str, Any]]) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        up = GaugeMetricFamily(
+            "omnistage_stage_up",
+            "1 while the stage serves, 0 while it restarts or is down",
+            labels=["stage"],
+        )
+        restarts = CounterMetricFamily(
+            "omnistage_stage_restarts",
+            "Times the stage's process was started again",
+            labels=["stage"],
+        )
+        failures = CounterMetricFamily(
+            "omnistage_stage_failures",
+            "Times the stage died, hung or failed to start",
+            labels=["stage"],
+        )
+        for stage, health in self.health().items():
+            up.add_metric([stage], 1.0 if health.state == "up" else 0.0)
+            restarts.add_metric([stage], health.restarts)
+            failures.add_metric([stage], health.failures)
+        yield from (up, restarts, failures)
 
 
 class HttpMetricsMiddleware:

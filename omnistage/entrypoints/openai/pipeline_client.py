@@ -43,6 +43,7 @@ from omnistage.entrypoints.openai.pipeline_stream import PipelineStream
 from omnistage.entrypoints.openai.voice_choice import VoiceChoice
 from omnistage.pipeline.deploy_spec import DeploySpec
 from omnistage.pipeline.omni import AsyncOmni
+from omnistage.pipeline.orchestrator import StageHealth
 from omnistage.pipeline.outputs import OmniRequestOutput
 from omnistage.sampling_params import SamplingParams
 
@@ -145,13 +146,34 @@ class PipelineClient(VoiceChoice):
     # -- lifecycle (the app's lifespan, `Server`) ----------------------------------------------
     @property
     def is_alive(self) -> bool:
+        """The pipeline runs (some of its stages may be restarting or down: `stage_health`)."""
         orchestrator = self.omni.orchestrator
-        return (
-            not self._stopping
-            and not self._closed
-            and orchestrator._thread.is_alive()
-            and not orchestrator.dead
-        )
+        return not self._stopping and not self._closed and orchestrator._thread.is_alive()
+
+    def stage_health(self) -> Mapping[str, StageHealth]:
+        """Each stage's state (up, restarting, down), restarts and last failure."""
+        return self.omni.orchestrator.health()
+
+    def health_report(self) -> dict[str, Any]:
+        """The body of GET /health: `status` ok (every stage up), degraded (a stage is
+        restarting) or down (a stage was given up), and each stage's state, restarts,
+        failures and last failure. Anything but ok is answered with a 503: a load balancer
+        takes the server out of rotation until it is whole again."""
+        stages = self.stage_health()
+        states = {h.state for h in stages.values()}
+        status = "down" if "down" in states else "degraded" if "restarting" in states else "ok"
+        return {
+            "status": status,
+            "stages": {
+                name: {
+                    "state": h.state,
+                    "restarts": h.restarts,
+                    "failures": h.failures,
+                    "reason": h.reason,
+                }
+                for name, h in stages.items()
+            },
+        }
 
     def start(self) -> None:
         """Nothing to do: the stages started with the `AsyncOmni`."""
@@ -178,10 +200,11 @@ class PipelineClient(VoiceChoice):
         return [s.name for s in self.deploy.stages]
 
     def observe(self, observer: EngineObserver) -> None:
-        """Report time to first audio to `observer`, and every stage's gauges."""
+        """Report time to first audio to `observer`, every stage's gauges and health."""
         self.observer = observer
         for stage in self.stage_names:
             observer.track_stage(stage, functools.partial(self.stage_stats, stage))
+        observer.track_stage_health(self.stage_health)
 
     def refresh_stage_stats(self, timeout: float = 5.0) -> None:
         """Ask every stage for its scheduler gauges (blocks: not on the event loop). A stage
@@ -348,10 +371,16 @@ class PipelineClient(VoiceChoice):
     def _failure(self, output: OmniRequestOutput, first: bool) -> Exception:
         """Why a request ended without an answer: the entry stage refusing its input before
         it produced anything is the client's error (a ValueError naming the field, as a text
-        model's engine refuses it); a shutdown a 503; anything else a 500."""
+        model's engine refuses it); a shutdown or a stage that is not up a 503; anything
+        else (a stage's step failed) a 500. The message names the stage."""
         if output.aborted or self._stopping:
             return OpenAIError(
                 "the request was aborted: the server is shutting down",
+                HTTPStatus.SERVICE_UNAVAILABLE,
+            )
+        if output.unavailable:  # a stage it needs died, hung or is restarting: try later
+            return OpenAIError(
+                f"the pipeline cannot serve this request now: {output.error}",
                 HTTPStatus.SERVICE_UNAVAILABLE,
             )
         (entry,) = self.deploy.entry_stages
