@@ -53,7 +53,10 @@ def test_codec_frames_are_each_token_followed_by_its_codes_as_int64():
 @pytest.mark.parametrize("codes", [None, [], [[1, 2, 3]]], ids=["none", "empty", "one-short"])
 def test_a_token_without_its_codes_is_refused_by_request(codes):
     acc = accumulator("codec_frames")
-    with pytest.raises(RuntimeError, match=r"request 'r1': codes.output needs a model that sam"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"request .r1.: codes.output needs a model that samples codes with each token",
+    ):
         acc.add_step([7, 8], None, 0, codes)
     assert acc.counts["codes.output"] == 0
 
