@@ -189,8 +189,9 @@ def launched(args: argparse.Namespace) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def running(cmd: list[str], base_url: str, launch_timeout: float) -> Iterator[None]:
-    """`cmd`, a server for `base_url`, from its `/health` answering to the block's end."""
+def running(cmd: list[str], base_url: str, launch_timeout: float) -> Iterator[subprocess.Popen]:
+    """`cmd`, a server for `base_url`, from its `/health` answering to the block's end
+    (the block gets its process)."""
     host, port = _host_port(base_url)
     with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
         raise ValueError(f"--launch: something already listens on {host}:{port}")
@@ -198,7 +199,7 @@ def running(cmd: list[str], base_url: str, launch_timeout: float) -> Iterator[No
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_healthy(proc, base_url, launch_timeout, log)
-            yield
+            yield proc
         finally:
             proc.send_signal(signal.SIGINT)
             try:

@@ -11,6 +11,7 @@ omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
 omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
 omnistage bench omni [--concurrency 1,16] [--thinker-tokens 32] [--talker-frames 128] [--repeat 2]
+omnistage bench soak [--generations 20480] [--concurrency 16] [--abort-fraction 0.2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ BENCHMARKS = {
     "serve": "an OpenAI-compatible server over HTTP: TTFT, TPOT, ITL, throughput",
     "startup": "fresh process to first token: script, serve, HF transformers",
     "latency": "one request's decode tokens/s per GGUF format, vs llama-bench",
+    "soak": "a long mixed load with aborts: sync = async = speculative outputs, no leaks",
 }
 """`omnistage bench NAME`: each is the module `omnistage.benchmarks.NAME`, with
 `add_arguments(parser)` and `main(args)`."""
