@@ -62,6 +62,8 @@ class Orchestrator:
         """The stats round in flight: its waiters, the replies so far, when it began, and
         the stages asked."""
         self._stopping = False
+        self._ended: str | None = None
+        """Why the loop ended (shut down, or failed): commands from then on fail at once."""
         try:
             self.stages = StageSet(deploy, namespace, self.context, in_process, startup_timeout_s)
         except BaseException:
@@ -115,7 +117,10 @@ class Orchestrator:
 
         def start() -> None:
             for request in requests:
-                self.router.start(request, sink)
+                if self._ended is None:
+                    self.router.start(request, sink)
+                else:  # the loop ended after this was queued: nothing will run it
+                    sink(OmniRequestOutput(request.request_id, {}, True, self._ended))
 
         self._command(start)
 
@@ -123,10 +128,13 @@ class Orchestrator:
         self._command(lambda: self.router.abort(request_id))
 
     def _command(self, command: Callable[[], None]) -> None:
-        self._commands.put(command)
         with self._wake_lock:
-            if not self._stopping:
-                self._wake_out.send(b"", zmq.NOBLOCK)
+            if self._ended is None:
+                self._commands.put(command)
+                if not self._stopping:
+                    self._wake_out.send(b"", zmq.NOBLOCK)
+                return
+        command()  # the loop has ended: the command fails at once (see `_end`)
 
     def stats(self, timeout: float = 30.0) -> dict[str, dict[str, int]]:
         """Every stage's resource counters (for leak checks and metrics)."""
@@ -172,7 +180,21 @@ class Orchestrator:
                 self._check_stages()
         except Exception as exc:  # nothing may hang: fail everyone, loudly
             logger.exception("orchestrator failed")
-            self.router.fail_all(f"orchestrator failed: {exc}")
+            self._end(f"orchestrator failed: {exc}")
+            return
+        self._end("the pipeline was shut down")
+
+    def _end(self, reason: str) -> None:
+        """The loop is over: fail every request in flight, and every command queued (a
+        request submitted meanwhile included) or still to come, with `reason`."""
+        with self._wake_lock:
+            self._ended = reason
+        self.router.fail_all(reason)
+        while True:
+            try:
+                self._commands.get_nowait()()
+            except queue.Empty:
+                return
 
     def _poll_events(self, timeout_ms: int) -> list[FromStage]:
         events = self.stages.poll_clients()
@@ -209,6 +231,9 @@ class Orchestrator:
 
     # -- stats --------------------------------------------------------------------------------------
     def _ask_stats(self, future: Future) -> None:
+        if self._ended is not None:
+            future.set_result({})
+            return
         if self._stats is not None and time.monotonic() - self._stats[2] < STATS_ROUND_S:
             self._stats[0].append(future)  # a round is in flight: its answer serves both
             return

@@ -74,16 +74,18 @@ class Pipeline:
         return self.orchestrator.clients[stage].pid
 
     def wait_up(self, timeout: float = 30.0) -> None:
-        _until(lambda: all(h.state == "up" for h in self.orchestrator.health().values()), timeout)
+        health = self.orchestrator.health
+        _until(lambda: all(h.state == "up" for h in health().values()), timeout, health)
 
     def assert_clean(self) -> None:
         """Nothing of any request is held anywhere, and every stage is up."""
         self.wait_up()
-        _until(lambda: self.orchestrator.num_tracked() == 0, 10)
-        _until(lambda: _all_zero(self.omni.stage_counters()), 10)
+        _until(lambda: self.orchestrator.num_tracked() == 0, 10, "requests tracked")
+        counters = self.omni.stage_counters
+        _until(lambda: _all_zero(counters()), 10, lambda: f"stage counters {counters()}")
         assert namespace_segments(self.namespace) == []
         assert self.orchestrator.dead == {}
-        _until(lambda: _num_fds() <= self.fds + FD_SLACK, 10)
+        _until(lambda: _num_fds() <= self.fds + FD_SLACK, 10, lambda: f"{_num_fds()} fds")
 
 
 def _all_zero(counters: dict[str, dict[str, int]]) -> bool:
@@ -94,10 +96,10 @@ def _num_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def _until(condition: Callable[[], bool], timeout: float) -> None:
+def _until(condition: Callable[[], bool], timeout: float, what: Any = "") -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "timed out waiting"
+        assert time.monotonic() < deadline, f"timed out: {what() if callable(what) else what}"
         time.sleep(0.05)
 
 
