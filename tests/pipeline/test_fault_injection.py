@@ -20,7 +20,9 @@ import asyncio
 import dataclasses
 import json
 import os
+import queue
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -281,6 +283,31 @@ def test_an_exception_in_an_async_ar_step_with_a_worker_process(tiny_omni, monke
         assert runner.runner_stats()["requests"] == 0
         pipe.assert_clean()
     finally:
+        omni.shutdown()
+
+
+def test_a_request_queued_when_the_orchestrator_fails_ends_with_the_reason(tiny_omni, monkeypatch):
+    """The orchestrator's own loop fails while a request waits in its command queue: the
+    request ends with the reason (it used to wait forever), and so does a later one."""
+    omni = AsyncOmni(tiny_pipeline_deploy(tiny_omni), in_process=True)
+    orchestrator, gate = omni.orchestrator, threading.Event()
+
+    def broken_check() -> None:  # the loop stops here, then fails
+        gate.wait(10)
+        raise RuntimeError("broken loop")
+
+    monkeypatch.setattr(orchestrator.supervisor, "check", broken_check)
+    ended: queue.SimpleQueue[OmniRequestOutput] = queue.SimpleQueue()
+    try:
+        time.sleep(0.2)  # the loop is waiting in broken_check
+        orchestrator.submit(omni._request("queued", None, None, "queued"), ended.put)
+        gate.set()
+        out = ended.get(timeout=10)
+        assert out.finished and out.error == "orchestrator failed: broken loop"
+        orchestrator.submit(omni._request("later", None, None, "later"), ended.put)
+        assert ended.get(timeout=10).error is not None
+    finally:
+        gate.set()
         omni.shutdown()
 
 
