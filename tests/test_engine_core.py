@@ -4,15 +4,32 @@ and when it says work is left. Written against mutants `make mutation` found ali
 from __future__ import annotations
 
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 from omnistage.core.engine_core import EngineCore
 from omnistage.core.request import RequestStatus
+
+
+class Scheduled:
+    def __init__(self, is_empty: bool) -> None:
+        self.is_empty = is_empty
+        self.finished_req_ids: set[str] = set()
+        self.preempted_req_ids: set[str] = set()
 
 
 class RecordingScheduler:
     def __init__(self) -> None:
         self.finished: list[tuple[list[str], RequestStatus]] = []
         self.unfinished = False
+        self.next_empty = False
+        self.updates = 0
+
+    def schedule(self) -> Scheduled:
+        return Scheduled(self.next_empty)
+
+    def update_from_output(self, scheduled, runner_output) -> list:
+        self.updates += 1
+        return []
 
     def finish_requests(self, request_ids, status) -> None:
         self.finished.append((list(request_ids), status))
@@ -41,3 +58,19 @@ def test_a_batch_in_flight_is_unfinished_work_even_when_the_scheduler_is_empty()
     core.batch_queue.clear()
     scheduler.unfinished = True
     assert core.has_unfinished_requests()
+
+
+def test_a_sync_step_says_whether_it_computed_anything():
+    scheduler = RecordingScheduler()
+    executor = SimpleNamespace(execute_model=lambda scheduled: "runner output")
+    core = EngineCore(scheduler, executor)  # type: ignore[arg-type]
+    assert core.step == core.step_sync
+    core.made_progress = True
+    assert core.step() == [] and core.made_progress is False  # nothing to do: not run
+    assert scheduler.updates == 0
+    scheduler.unfinished = True
+    core.step()
+    assert core.made_progress is True and scheduler.updates == 1
+    scheduler.next_empty = True  # every request waits (e.g. for another stage's rows)
+    core.step()
+    assert core.made_progress is False and scheduler.updates == 2
