@@ -23,8 +23,10 @@ class RecordingScheduler:
         self.unfinished = False
         self.next_empty = False
         self.updates = 0
+        self.schedules = 0
 
     def schedule(self) -> Scheduled:
+        self.schedules += 1
         return Scheduled(self.next_empty)
 
     def update_from_output(self, scheduled, runner_output) -> list:
@@ -74,3 +76,26 @@ def test_a_sync_step_says_whether_it_computed_anything():
     scheduler.next_empty = True  # every request waits (e.g. for another stage's rows)
     core.step()
     assert core.made_progress is False and scheduler.updates == 2
+
+
+def test_an_async_step_keeps_one_batch_ahead_and_says_whether_it_computed_anything():
+    scheduler = RecordingScheduler()
+
+    def submit(scheduled):
+        future: Future = Future()
+        future.set_result("runner output")
+        return future
+
+    core = EngineCore(scheduler, SimpleNamespace(submit=submit), async_scheduling=True)  # type: ignore[arg-type]
+    assert core.step == core.step_with_batch_queue
+    core.made_progress = True
+    assert core.step() == [] and core.made_progress is False  # idle: nothing scheduled
+    assert scheduler.schedules == 0
+    scheduler.unfinished = True
+    core.step()  # launches step 1 and returns at once
+    assert (scheduler.schedules, scheduler.updates, len(core.batch_queue)) == (1, 0, 1)
+    assert core.made_progress is True
+    core.made_progress = False
+    core.step()  # launches step 2, then applies step 1
+    assert (scheduler.schedules, scheduler.updates, len(core.batch_queue)) == (2, 1, 1)
+    assert core.made_progress is True
