@@ -156,6 +156,26 @@ class OracleProposer:
         return drafts
 
 
+def spec_engine(
+    path, spec: dict | None, async_scheduling: bool, oracle: bool, **settings
+) -> LLMEngine:
+    """A float64 engine with speculation `spec` (an `OracleProposer` drafting instead of
+    its proposer when `oracle`), sync inline or async on a thread."""
+    engine = LLMEngine(
+        EngineConfig(
+            model=str(path),
+            dtype="float64",
+            async_scheduling=async_scheduling,
+            executor_backend="thread" if async_scheduling else "inline",
+            speculative_config=spec,
+            **settings,
+        )
+    )
+    if oracle:
+        engine.core.executor.runner.proposer = OracleProposer()
+    return engine
+
+
 class Engines:
     """Engines built on first use (a hypothesis run touches a few dozen combinations)."""
 
@@ -176,18 +196,9 @@ class Engines:
                 spec = {"method": "mtp", "num_speculative_tokens": 3}
             elif proposer is not None:
                 spec = speculative_config(proposer, path, self.draft_small)
-            self.made[key] = LLMEngine(
-                EngineConfig(
-                    model=str(path),
-                    dtype="float64",
-                    async_scheduling=async_scheduling,
-                    executor_backend="thread" if async_scheduling else "inline",
-                    speculative_config=spec,
-                    **ENGINE_SETTINGS[setting],
-                )
+            self.made[key] = spec_engine(
+                path, spec, async_scheduling, proposer == "oracle", **ENGINE_SETTINGS[setting]
             )
-            if proposer == "oracle":
-                self.made[key].core.executor.runner.proposer = OracleProposer()
         return self.made[key]
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from omnistage.models.registry import register_model
 from omnistage.sample import Sampler
 from omnistage.sample.stage_transitions import SectionBudget, StageTransitions
 from tests.test_async_equivalence import Spec, assert_nothing_held
-from tests.test_spec_decode import OracleProposer, run
+from tests.test_spec_decode import OracleProposer, run, spec_engine
 
 THINK_END, RECAPTION, RECAPTION_END, ANSWER, BOI = 40, 41, 42, 43, 44
 RULES = {(THINK_END,): (RECAPTION,), (RECAPTION_END,): (ANSWER, BOI)}
@@ -145,21 +145,16 @@ class Engines:
                 budgets = {RECAPTION_END: {"after": RECAPTION, "max_tokens": CAPTION_BUDGET}}
             elif rules == "favourite":
                 transitions = {FAVOURITE: [FOLLOWER]}
-            self.made[key] = LLMEngine(
-                EngineConfig(
-                    model=path,
-                    dtype="float64",
-                    async_scheduling=async_scheduling,
-                    executor_backend="thread" if async_scheduling else "inline",
-                    speculative_config=spec,
-                    max_num_batched_tokens=32,
-                    max_model_len=128,
-                    stage_transitions=transitions,
-                    stage_budgets=budgets,
-                )
+            self.made[key] = spec_engine(
+                path,
+                spec,
+                async_scheduling,
+                proposer == "oracle",
+                max_num_batched_tokens=32,
+                max_model_len=128,
+                stage_transitions=transitions,
+                stage_budgets=budgets,
             )
-            if proposer == "oracle":
-                self.made[key].core.executor.runner.proposer = OracleProposer()
         return self.made[key]
 
     def close(self) -> None:
