@@ -47,6 +47,8 @@ def test_short_soak_matches_across_modes_and_leaks_nothing(capsys, tmp_path):
     for rss in summary["rss"].values():
         assert 0 < rss["start_mb"] <= rss["peak_mb"] and rss["end_mb"] <= rss["peak_mb"]
     assert summary["rss"]["omni/sync"]["shm_segments_peak"] > 0  # the segment count sees them
+    # It speculated (a pipeline's /metrics has no speculation counters yet).
+    assert summary["speculation"]["text/spec"]["llm"]["accepted_tokens"] > 0
     assert summary["wall_s"] > 0 and summary["cpu"]["cores"] >= 1
     full = json.loads(out.read_text())
     assert all(len(s["rss"]["curve"]) >= 2 for s in full["servers"])
@@ -91,17 +93,16 @@ def test_the_workload_is_a_function_of_the_seed():
 
 
 def test_a_counter_left_up_is_named_a_leak():
-    from omnistage.benchmarks.soak_report import server_summary
+    from omnistage.benchmarks.soak_report import leaks, server_summary
 
     idle = {"stages": {"llm": {"waiting": 0, "running": 0, "kv_usage": 0}}, "shm_segments": 0}
-    idle |= {"fds": 10, "threads": 4, "processes": 2, "rss_mb": 1.0}
-    leaked = idle | {"stages": {"llm": {"waiting": 0, "running": 1, "kv_usage": 0.25}}}
-    leaked |= {"fds": 12, "shm_segments": 3}
-    summary = server_summary([_outcome("text-0", "a")], 1.0, idle, leaked, 60.0)
-    assert summary["leaks"] == {
-        "llm.running": 1,
-        "llm.kv_usage": 0.25,
-        "shm_segments": 3,
-        "fds": 2,
-    }
-    assert server_summary([], 1.0, idle, idle, 0.1)["leaks"] == {}
+    idle |= {"speculation": {}, "fds": 10, "threads": 4, "processes": 2, "rss_mb": 1.0}
+    left = idle | {"stages": {"llm": {"waiting": 0, "running": 1, "kv_usage": 0.25}}}
+    left |= {"fds": 12, "shm_segments": 3}
+    summary = server_summary([_outcome("text-0", "a")], 1.0, [idle, idle, left], 60.0)
+    assert summary["leaks"] == {"llm.running": 1, "llm.kv_usage": 0.25, "shm_segments": 3}
+    assert server_summary([], 1.0, [idle, idle, idle], 0.1)["leaks"] == {}
+    # Descriptors: growing in both halves is a leak; once, then holding, is a lazy start.
+    assert leaks(idle, idle | {"fds": 11}, idle | {"fds": 12}) == {"fds": 2}
+    assert leaks(idle, idle | {"fds": 17}, idle | {"fds": 17}) == {}
+    assert leaks(idle, idle, idle | {"processes": 3}) == {"processes": 1}

@@ -46,7 +46,7 @@ from typing import Any
 
 from omnistage.benchmarks.serve import running
 from omnistage.benchmarks.soak_client import Outcome, run_load, send
-from omnistage.benchmarks.soak_probe import Probe, RssSampler
+from omnistage.benchmarks.soak_probe import Counters, Probe, RssSampler
 from omnistage.benchmarks.soak_report import compare, print_table, rss_summary, server_summary
 from omnistage.benchmarks.soak_servers import MODES, NO_SPECULATION, ServerPlan, modes_of, plan
 from omnistage.benchmarks.soak_workload import KINDS, SoakRequest, make_workload
@@ -136,38 +136,56 @@ async def _warm_up(base_url: str, requests: list[SoakRequest]) -> None:
 def run_server(
     server: ServerPlan, requests: list[SoakRequest], args: argparse.Namespace
 ) -> tuple[list[Outcome], dict[str, Any]]:
-    """One server's whole run: start, warm up, load, idle check, stop."""
+    """One server's whole run: start, warm up, load (in two halves, idle between), stop."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}/v1"
     cmd = [*server.command, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    done = 0
-
-    def count(_: Outcome) -> None:
-        nonlocal done
-        done += 1
-
     print(f"-- {server.kind} / {server.mode}: {len(requests)} requests", flush=True)
     launch = time.perf_counter()
     with running(cmd, base, args.launch_timeout) as proc:
         up = time.perf_counter()
         probe = Probe(proc.pid, base, server.shm_connector)
         asyncio.run(_warm_up(base, requests))
-        baseline = probe.snapshot()
-        start = time.perf_counter()
-        with RssSampler(probe, args.rss_interval, lambda: done) as sampler:
-            outcomes = asyncio.run(run_load(base, requests, args.concurrency, count))
-        wall = time.perf_counter() - start
-        final, idle_s = probe.wait_idle(baseline, args.idle_timeout)
+        baseline, loaded = probe.snapshot(), time.perf_counter()
+        outcomes, looks, wall, idle_s, sampler = _load(probe, base, requests, baseline, args)
         stop = time.perf_counter()
     summary = {"kind": server.kind, "mode": server.mode, "start_s": round(up - launch, 1)}
-    summary["warm_up_s"] = round(start - up, 1)
+    summary["warm_up_s"] = round(loaded - up, 1)
     summary["stop_s"] = round(time.perf_counter() - stop, 1)
-    summary |= server_summary(outcomes, wall, baseline.as_dict(), final.as_dict(), idle_s)
+    looks = [c.as_dict() for c in (baseline, *looks)]
+    summary |= server_summary(outcomes, wall, looks, idle_s)
     summary["rss"] = rss_summary(sampler.points, args.rss_points)
     summary["shm_segments_after_exit"] = after = probe.shm_segments()
     if after:
         summary["leaks"]["shm_segments_after_exit"] = after
     return outcomes, summary
+
+
+def _load(
+    probe: Probe,
+    base: str,
+    requests: list[SoakRequest],
+    baseline: Counters,
+    args: argparse.Namespace,
+) -> tuple[list[Outcome], list[Counters], float, float, RssSampler]:
+    """The requests in two halves, each followed by a wait for idle and a look at the
+    counters; returns the outcomes, the two looks (halfway, end), the load's wall time
+    (idle waits excluded), the last wait and the RSS samples."""
+    done, outcomes, looks, wall, idle_s = 0, [], [], 0.0, 0.0
+
+    def count(_: Outcome) -> None:
+        nonlocal done
+        done += 1
+
+    half = len(requests) // 2
+    with RssSampler(probe, args.rss_interval, lambda: done) as sampler:
+        for part in (requests[:half], requests[half:]):
+            start = time.perf_counter()
+            outcomes += asyncio.run(run_load(base, part, args.concurrency, count))
+            wall += time.perf_counter() - start
+            look, idle_s = probe.wait_idle(baseline.processes, args.idle_timeout)
+            looks.append(look)
+    return outcomes, looks, wall, idle_s, sampler
 
 
 def _run_all(
@@ -270,6 +288,11 @@ def _result(
         "counters_at_end": {name(s): _brief(s["counters_at_end"]) for s in servers},
         "leaks": leaks,
         "rss": {name(s): {k: v for k, v in s["rss"].items() if k != "curve"} for s in servers},
+        "speculation": {
+            name(s): s["counters_at_end"]["speculation"]
+            for s in servers
+            if s["counters_at_end"]["speculation"]
+        },
         "wall_s": round(wall, 1),
         "cpu": _cpu(),
         # An error that is not a mismatch is the same answer to its request in every mode.

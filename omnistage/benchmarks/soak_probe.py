@@ -7,6 +7,8 @@ Counters (`Counters`):
   thinker / draw for the pipelines): `omnistage_num_requests_waiting` (for a pipeline
   stage this includes requests parked waiting for their input: coordinator entries),
   `omnistage_num_requests_running`, `omnistage_kv_cache_usage_ratio` (KV blocks in use);
+  and, not a resource but the proof that speculation ran, the draft and accepted token
+  totals of the stages that speculate;
 - from /proc, for the server process and every process under it (a text model's runner
   worker, a pipeline's stage processes): open file descriptors, threads, the number of
   processes, and the resident set size (VmRSS, summed);
@@ -14,8 +16,11 @@ Counters (`Counters`):
   its pipelines' shm connector, so its segments are told apart from any other
   pipeline's on the machine: `omni_<namespace>_<h6(connector)>_...`).
 
-At idle every per-stage gauge and the segment count must be 0, and the descriptors,
-threads and processes no more than after the warm-up.
+At idle every per-stage gauge and the segment count must be 0 and the processes as
+many as after the warm-up. Descriptors are read at idle after the warm-up, halfway
+through the load and at its end: a leak grows with the requests, so it is a count that
+rose in both halves (one that rose once and then held is something made lazily, once:
+a pool, a socket and its event descriptors).
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ _GAUGES = {
     "omnistage_num_requests_running": "running",
     "omnistage_kv_cache_usage_ratio": "kv_usage",
 }
+_SPECULATION = {
+    "omnistage_spec_decode_num_draft_tokens_total": "draft_tokens",
+    "omnistage_spec_decode_num_accepted_tokens_total": "accepted_tokens",
+}
 _SAMPLE = re.compile(r'^(\w+)\{stage="([^"]+)"\} (\S+)$')
 
 
@@ -43,6 +52,8 @@ class Counters:
 
     stages: dict[str, dict[str, float]]
     """Stage -> {waiting, running, kv_usage} from /metrics."""
+    speculation: dict[str, dict[str, float]]
+    """Stage -> {draft_tokens, accepted_tokens} (totals) for the stages that speculate."""
     shm_segments: int
     fds: int
     threads: int
@@ -63,12 +74,13 @@ def shm_connector_hash(connector: str) -> str:
     return hashlib.blake2b(connector.encode(), digest_size=16).hexdigest()[:6]
 
 
-def parse_gauges(metrics_text: str) -> dict[str, dict[str, float]]:
+def parse_stage_samples(metrics_text: str, names: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Stage -> {short name: value} of the per-stage samples named in `names`."""
     stages: dict[str, dict[str, float]] = {}
     for line in metrics_text.splitlines():
         match = _SAMPLE.match(line)
-        if match and match.group(1) in _GAUGES:
-            stages.setdefault(match.group(2), {})[_GAUGES[match.group(1)]] = float(match.group(3))
+        if match and match.group(1) in names:
+            stages.setdefault(match.group(2), {})[names[match.group(1)]] = float(match.group(3))
     return stages
 
 
@@ -136,7 +148,8 @@ class Probe:
         tree = process_tree(self.pid)
         fields = [_status_fields(p) for p in tree]
         return Counters(
-            stages=parse_gauges(text),
+            stages=parse_stage_samples(text, _GAUGES),
+            speculation=parse_stage_samples(text, _SPECULATION),
             shm_segments=self.shm_segments(),
             fds=sum(_fd_count(p) for p in tree),
             threads=sum(t for _, t in fields),
@@ -144,16 +157,17 @@ class Probe:
             rss_mb=sum(r for r, _ in fields) / 1024,
         )
 
-    def wait_idle(self, baseline: Counters, timeout: float) -> tuple[Counters, float]:
-        """Poll until every gauge and segment count is 0 and descriptors, threads and
-        processes are back to `baseline` (or `timeout` passes); the last look and the
-        seconds it took."""
-        start = time.monotonic()
+    def wait_idle(self, processes: int, timeout: float) -> tuple[Counters, float]:
+        """Poll until every gauge and segment count is 0, `processes` processes are left
+        and the descriptor count holds still for a poll (or `timeout` passes); the last
+        look and the seconds it took."""
+        start, last_fds = time.monotonic(), -1
         while True:
             now = self.snapshot()
-            settled = now.fds <= baseline.fds and now.processes == baseline.processes
-            if (not now.busy() and settled) or time.monotonic() - start > timeout:
+            settled = not now.busy() and now.processes == processes and now.fds == last_fds
+            if settled or time.monotonic() - start > timeout:
                 return now, time.monotonic() - start
+            last_fds = now.fds
             time.sleep(0.25)
 
 

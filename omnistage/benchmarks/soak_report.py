@@ -87,24 +87,16 @@ def rss_summary(points: Sequence[tuple[float, int, float, int]], keep: int) -> d
 
 
 def server_summary(
-    outcomes: Sequence[Outcome], wall_s: float, baseline: dict, final: dict, idle_s: float
+    outcomes: Sequence[Outcome], wall_s: float, looks: Sequence[dict], idle_s: float
 ) -> dict[str, Any]:
-    """One server's load: counts, failures, and what its counters did."""
+    """One server's load: counts, failures, and what its counters did (`looks`: the
+    counters after the warm-up, halfway and at the end, each at idle)."""
     count = {s: sum(o.status == s for o in outcomes) for s in ("completed", "aborted", "error")}
     errors: dict[str, int] = {}
     for o in outcomes:
         if o.status == "error":
             errors[o.error or "?"] = errors.get(o.error or "?", 0) + 1
-    stage_leaks = {
-        f"{stage}.{gauge}": value
-        for stage, gauges in final["stages"].items()
-        for gauge, value in gauges.items()
-        if value
-    }
-    leaks = stage_leaks | ({"shm_segments": final["shm_segments"]} if final["shm_segments"] else {})
-    for name in ("fds", "processes"):
-        if final[name] > baseline[name]:
-            leaks[name] = final[name] - baseline[name]
+    baseline, halfway, final = looks
     return {
         "generations": len(outcomes),
         **count,
@@ -114,10 +106,27 @@ def server_summary(
         "wall_s": round(wall_s, 1),
         "generations_per_s": round(len(outcomes) / wall_s, 2) if wall_s else None,
         "counters_after_warmup": baseline,
+        "counters_halfway": halfway,
         "counters_at_end": final,
         "idle_after_s": round(idle_s, 2),
-        "leaks": leaks,
+        "leaks": leaks(baseline, halfway, final),
     }
+
+
+def leaks(baseline: dict, halfway: dict, final: dict) -> dict[str, float]:
+    """What did not come back: a per-stage gauge or shm segment left at either idle look,
+    more processes than after the warm-up, or descriptors that grew in both halves."""
+    out: dict[str, float] = {}
+    for look in (halfway, final):
+        for stage, gauges in look["stages"].items():
+            out |= {f"{stage}.{g}": v for g, v in gauges.items() if v}
+        if look["shm_segments"]:
+            out["shm_segments"] = look["shm_segments"]
+    if final["processes"] != baseline["processes"]:
+        out["processes"] = final["processes"] - baseline["processes"]
+    if halfway["fds"] > baseline["fds"] and final["fds"] > halfway["fds"]:
+        out["fds"] = final["fds"] - baseline["fds"]
+    return out
 
 
 def print_table(servers: Sequence[dict[str, Any]], comparisons: Mapping[str, dict]) -> None:
