@@ -251,7 +251,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     srv.add_argument(
         "--max-request-bytes",
         type=int,
-        default=None,
+        default=64 * 1024 * 1024,  # http_guards.DEFAULT_MAX_REQUEST_BYTES (not imported here)
         help="larger request bodies get a 413 (default 64 MiB)",
     )
     srv.add_argument(

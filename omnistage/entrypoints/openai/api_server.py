@@ -138,8 +138,7 @@ def _add_core_routes(router: APIRouter, ctx: ServingContext) -> None:
         if not ctx.client.is_alive:
             return error_response("the engine is not running", HTTPStatus.SERVICE_UNAVAILABLE)
         # A pipeline reports its stages (`PipelineClient.health_report`): not "ok" is a 503.
-        report = getattr(ctx.client, "health_report", None)
-        body = {"status": "ok"} if report is None else report()
+        body = ctx.client.health_report()
         status = HTTPStatus.OK if body["status"] == "ok" else HTTPStatus.SERVICE_UNAVAILABLE
         return JSONResponse(body, status_code=status)
 
@@ -175,7 +174,7 @@ def serve(
     deploy: str | None = None,
     in_process: bool = False,
     launched: LaunchedWorker | None = None,
-    max_request_bytes: int | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     slow_clients: SlowClientLimits | None = None,
 ) -> int:
     """Load `model` and serve it until SIGINT / SIGTERM (what `omnistage serve` runs).
@@ -209,9 +208,7 @@ def serve(
         list(served_model_names or [default_name]),
         model_path=model,
         api_key=api_key,
-        max_request_bytes=DEFAULT_MAX_REQUEST_BYTES
-        if max_request_bytes is None
-        else max_request_bytes,
+        max_request_bytes=max_request_bytes,
         slow_clients=slow_clients,
     )
     config = server_config(app, slow_clients, host=host, port=port, log_level=log_level)

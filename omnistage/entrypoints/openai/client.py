@@ -142,6 +142,11 @@ class EngineClient(Protocol):
     def tokenizer(self) -> Any: ...
     @property
     def is_alive(self) -> bool: ...
+    def health_report(self) -> dict[str, Any]:
+        """The body of GET /health while the client is alive: `status` "ok", or another
+        status (a 503) and what is wrong."""
+        ...
+
     @property
     def default_sampling(self) -> Mapping[str, Any]:
         """The SamplingParams fields a request starts from (its fields go over them)."""
