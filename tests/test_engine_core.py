@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 from omnistage.core.engine_core import EngineCore
 from omnistage.core.request import RequestStatus
+from omnistage.core.step_isolation import StepIsolation
 
 
 class Scheduled:
@@ -24,6 +25,7 @@ class RecordingScheduler:
         self.next_empty = False
         self.updates = 0
         self.schedules = 0
+        self.isolation = StepIsolation()
 
     def schedule(self) -> Scheduled:
         self.schedules += 1

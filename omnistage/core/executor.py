@@ -21,6 +21,11 @@ from typing import Protocol
 from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
 
 
+class RunnerGone(RuntimeError):
+    """The runner is gone (its worker process killed or crashed): no step can run any
+    more. The engine core never contains this one (`EngineCore._contain`)."""
+
+
 class Runner(Protocol):
     num_kv_blocks: int
 

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from omnistage.child import ChildError, ChildProcess, resolve_function
-from omnistage.core.executor import Executor, Runner
+from omnistage.core.executor import Executor, Runner, RunnerGone
 from omnistage.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from omnistage.core.worker_process import start_runner_worker
 
@@ -71,6 +71,10 @@ _FROM_WORKER = msgspec.msgpack.Decoder(Ready | StepDone | Stats | Failed)
 
 class RunnerFailed(ChildError):
     """The worker process failed; the message carries its traceback."""
+
+
+class RunnerDied(RunnerFailed, RunnerGone):
+    """The worker process is gone (killed, crashed), with what it left in its death note."""
 
 
 def worker_main(factory: str, args: tuple, conn: Connection) -> None:
@@ -148,7 +152,11 @@ class ProcessExecutor(Executor):
         return self._child.channel
 
     def submit(self, scheduler_output: SchedulerOutput) -> _PendingStep:
-        self._conn.send_bytes(_ENCODER.encode(Step(scheduler_output=scheduler_output)))
+        message = _ENCODER.encode(Step(scheduler_output=scheduler_output))
+        try:
+            self._conn.send_bytes(message)
+        except OSError:
+            raise RunnerDied(f"model runner worker died: {self._child.failure()}") from None
         pending = _PendingStep(self)
         self._pending.append(pending)
         return pending
@@ -180,7 +188,7 @@ class ProcessExecutor(Executor):
         try:
             return _FROM_WORKER.decode(self._conn.recv_bytes())
         except (EOFError, ConnectionError, OSError):
-            raise RunnerFailed(f"model runner worker died: {self._child.failure()}") from None
+            raise RunnerDied(f"model runner worker died: {self._child.failure()}") from None
 
     def shutdown(self) -> None:
         if self._child.is_alive():

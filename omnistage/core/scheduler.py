@@ -40,8 +40,10 @@ from omnistage.core.sched_output import (
     NewRequestData,
     SchedulerOutput,
 )
+from omnistage.core.step_isolation import StepIsolation
 from omnistage.core.stop_rules import append_and_check_stop
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
+from omnistage.core.token_budget import TokenBudget
 from omnistage.spec_decode.stats import SpecDecodeStats
 
 
@@ -59,6 +61,9 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._finished_since_last_step: set[str] = set()
+        self._preempted_since_last_step: set[str] = set()
+        self.isolation = StepIsolation()
+        """After a failed step: its requests run alone until one is blamed (`step_isolation`)."""
         self.num_preemptions = 0
         """Preemptions since start (for stats and tests)."""
         self.conditioning = ConditioningFeed()
@@ -91,6 +96,14 @@ class Scheduler:
             request.status = status
             self._release(request)
 
+    def preempt_running(self) -> None:
+        """Preempt every running request (after a failed step the runner's state of them is
+        unknown); they keep their confirmed tokens and are recomputed, in running order."""
+        for request in reversed(self.running):
+            self._preempt(request)
+            self._preempted_since_last_step.add(request.request_id)
+        self.running.clear()
+
     def _release(self, request: Request) -> None:
         self.conditioning.discard(request.request_id)
         self.kv.free(request)
@@ -106,15 +119,18 @@ class Scheduler:
 
     # -- scheduling --------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        budget = _Budget(self.token_budget)
+        budget = TokenBudget(self.token_budget)
         new_reqs: list[NewRequestData] = []
         cached_reqs = CachedRequestData()
         preempted: set[str] = set()
         new_conditioning: dict[str, TensorBlob] = {}
         new_fill: dict[str, TensorBlob] = {}
+        self._bring_focus_forward()
         self._schedule_running(budget, cached_reqs, preempted, new_conditioning, new_fill)
         if not preempted:
             self._schedule_waiting(budget, new_reqs)
+        preempted |= self._preempted_since_last_step
+        self._preempted_since_last_step = set()
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
@@ -130,6 +146,15 @@ class Scheduler:
             self._on_scheduled(self.requests[req_id], n, budget.spec.get(req_id, 0))
         out.scheduled_spec_tokens = budget.spec
         return out
+
+    def _bring_focus_forward(self) -> None:
+        """A suspect of a failed step that waits goes first (it runs alone)."""
+        focus = self.isolation.focus(self.requests)
+        if focus is not None and self.waiting and self.waiting[0].request_id != focus:
+            request = self.requests[focus]
+            if request in self.waiting:
+                self.waiting.remove(request)
+                self.waiting.appendleft(request)
 
     def _tokens_to_compute(self, request: Request) -> int:
         pending = request.num_tokens + request.num_output_placeholders
@@ -153,7 +178,7 @@ class Scheduler:
 
     def _schedule_running(
         self,
-        budget: _Budget,
+        budget: TokenBudget,
         cached_reqs: CachedRequestData,
         preempted: set[str],
         new_conditioning: dict[str, TensorBlob],
@@ -163,7 +188,7 @@ class Scheduler:
         while i < len(self.running) and budget.left > 0:
             request = self.running[i]
             n = min(self._tokens_to_compute(request), budget.left)
-            if n <= 0:
+            if n <= 0 or not self.isolation.admits(request.request_id):
                 i += 1
                 continue
             spec = 0
@@ -223,9 +248,11 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _schedule_waiting(self, budget: _Budget, new_reqs: list[NewRequestData]) -> None:
+    def _schedule_waiting(self, budget: TokenBudget, new_reqs: list[NewRequestData]) -> None:
         while self.waiting and budget.left > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if not self.isolation.admits(request.request_id):
+                break
             computed, num_hit = self.kv.get_computed_blocks(request)
             n = request.num_tokens - num_hit
             if not self.config.enable_chunked_prefill and n > budget.left:
@@ -351,24 +378,6 @@ class Scheduler:
         request.num_draft_tokens += num_drafts
         request.num_accepted_tokens += num_accepted
         self.spec_stats.record(num_drafts, num_accepted)
-
-
-class _Budget:
-    """Tokens left this step and what was scheduled, in schedule order."""
-
-    def __init__(self, total: int) -> None:
-        self.left = total
-        self.used = 0
-        self.scheduled: dict[str, int] = {}
-        self.spec: dict[str, int] = {}
-        """Draft slots among the scheduled tokens, for requests that have any."""
-
-    def take(self, req_id: str, n: int, num_spec: int = 0) -> None:
-        self.scheduled[req_id] = n
-        self.left -= n
-        self.used += n
-        if num_spec:
-            self.spec[req_id] = num_spec
 
 
 def _split_hidden_states(

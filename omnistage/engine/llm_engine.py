@@ -19,6 +19,7 @@ from omnistage.config import EngineConfig
 from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.request import RequestStatus
+from omnistage.core.step_isolation import StepFailed
 from omnistage.engine.builder import eos_token_id, start_stage
 from omnistage.engine.detokenizer import IncrementalDetokenizer
 from omnistage.engine.input_processor import InputProcessor, PromptType, child_seed
@@ -234,7 +235,11 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One engine step; returns the requests that changed (finished ones last time)."""
         changed: dict[str, RequestOutput] = {}
-        for out in self.core.step():
+        try:
+            core_outputs = self.core.step()
+        except StepFailed as failed:  # the model failed on these alone: they end with "error"
+            core_outputs = self._errored(failed.blamed)
+        for out in core_outputs:
             entry = self._by_core_id.get(out.request_id)
             if entry is None:
                 continue
@@ -254,6 +259,14 @@ class LLMEngine:
         if not self._tracked:
             self.core.flush()
         return list(changed.values())
+
+    def _errored(self, core_ids: list[str]) -> list[EngineCoreOutput]:
+        """End sequences a step failed on (finish reason "error"); the engine goes on."""
+        self.core.finish_requests(core_ids, RequestStatus.FINISHED_ERROR)
+        reason = RequestStatus.FINISHED_ERROR.finish_reason
+        return [
+            EngineCoreOutput(request_id=c, new_token_ids=[], finish_reason=reason) for c in core_ids
+        ]
 
     def _apply(self, tracked: _Tracked, seq: _Sequence, out: EngineCoreOutput) -> None:
         comp = seq.output

@@ -25,6 +25,7 @@ from typing import Any
 
 from omnistage.core.edge_processor import EdgeProcessor
 from omnistage.core.payload import Payload
+from omnistage.core.step_isolation import StepFailed
 from omnistage.pipeline.connectors import Connector, make_connector
 from omnistage.pipeline.connectors.base import payload_key
 from omnistage.pipeline.coordinator import InputCoordinator, timeout_message
@@ -107,12 +108,17 @@ class StageCore(ABC):
         """`step`, with a failure inside it contained: the requests the step ran
         (`step_request_ids`, taken before it) fail with the error, naming the stage, and
         release what they held; the stage goes on. An exception inside a batched forward
-        cannot be pinned on one request, so all of the batch's fail (a generation stage
-        retries the batch's items one by one first). A step that fails with no request to
-        blame raises: the stage's state is unknown, and the stage process exits."""
+        is pinned on one request by running the batch's requests alone: an ar stage's
+        engine core does it (`StepFailed` names the one), a generation stage retries the
+        batch's items one by one; a diffusion stage's batch fails whole. A step that fails
+        with no request to blame raises: the stage's state is unknown, and the stage process
+        exits."""
         in_step = self.step_request_ids()
         try:
             return self.step()
+        except StepFailed as exc:  # the engine found whom to blame, and steps on
+            message = f"the step running this request failed: {exc}"
+            return self._fail(exc.blamed, message)
         except Exception as exc:
             if not in_step:
                 raise

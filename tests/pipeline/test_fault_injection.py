@@ -237,22 +237,22 @@ def test_a_slow_stage_still_completes(speech):
 
 @pytest.mark.parametrize("stage", ["thinker", "talker", "vocoder"])
 def test_an_exception_in_a_model_fails_its_request_and_the_stage_goes_on(speech, stage):
+    """The bad request fails; the requests that shared its batch end as if it had not
+    been there (an ar stage runs the failed step's requests alone to find the bad one, a
+    generation stage its items)."""
     pipe, baseline = speech
     health, pid = pipe.orchestrator.health(), pipe.pid(stage)
 
-    async def bad_and_good() -> list[OmniRequestOutput]:
-        return await asyncio.gather(
-            _final(pipe.omni, "hello", f"boom-{stage}"), _final(pipe.omni, "hello", "good")
-        )
+    async def bad_among_good() -> list[OmniRequestOutput]:
+        ids = ["good-0", f"boom-{stage}", "good-1", "good-2"]
+        return await asyncio.gather(*(_final(pipe.omni, "hello", rid) for rid in ids))
 
-    bad, good = asyncio.run(bad_and_good())
+    good_0, bad, *good = asyncio.run(bad_among_good())
     assert bad.finished and not bad.unavailable
     assert bad.error.startswith(f"stage {stage}: the step running this request failed")
     assert "InjectedFault" in bad.error
-    if stage == "vocoder":  # a generation stage pins the error on the request's own item
-        _same(good, baseline)
-    else:  # an ar stage's batched forward cannot: its batch fails (if `good` was in it)
-        assert good.error is None or good.error.startswith(f"stage {stage}: the step")
+    for out in (good_0, *good):
+        _same(out, baseline)
     assert pipe.pid(stage) == pid and pipe.orchestrator.health() == health
     _same(pipe.run("hello", f"next-{stage}"), baseline)
     pipe.assert_clean()
@@ -260,7 +260,8 @@ def test_an_exception_in_a_model_fails_its_request_and_the_stage_goes_on(speech,
 
 def test_an_exception_in_an_async_ar_step_with_a_worker_process(tiny_omni, monkeypatch):
     """Async scheduling with the runner in a worker process (two batches in flight): the
-    failed step's requests fail, the batch in flight is drained, and the engine is clean."""
+    failed step's batch in flight is dropped, its requests run alone until the bad one
+    fails by itself, the others end as if it had not been there, and the engine is clean."""
     monkeypatch.setenv(FAULTS_ENV, json.dumps(FAULTS))
     deploy = tiny_pipeline_deploy(tiny_omni, async_scheduling=True, executor_backend="process")
     pipe = Pipeline(deploy, in_process=True)
@@ -268,19 +269,20 @@ def test_an_exception_in_an_async_ar_step_with_a_worker_process(tiny_omni, monke
 
     async def run() -> list[OmniRequestOutput]:
         baseline = await _final(omni, "hello", "baseline")
-        bad, good = await asyncio.gather(
-            _final(omni, "hello", "boom-talker"), _final(omni, "hello", "good")
-        )
-        return [baseline, bad, good, await _final(omni, "hello", "next")]
+        ids = ["good-0", "boom-talker", "good-1"]
+        ran = await asyncio.gather(*(_final(omni, "hello", rid) for rid in ids))
+        return [baseline, *ran, await _final(omni, "hello", "next")]
 
     try:
-        baseline, bad, good, next_one = asyncio.run(run())
+        baseline, good_0, bad, good_1, next_one = asyncio.run(run())
         pipe.fds = _num_fds()
         assert bad.error.startswith("stage talker: the step running this request failed")
-        assert good.error is None or good.error.startswith("stage talker: the step")
-        _same(next_one, baseline)
-        runner = omni.orchestrator.clients["talker"].core.engine.core.executor
-        assert runner.runner_stats()["requests"] == 0
+        for out in (good_0, good_1, next_one):
+            _same(out, baseline)
+        core = omni.orchestrator.clients["talker"].core.engine.core
+        assert core.scheduler.isolation.num_failed_steps >= 2  # the batch, then bad alone
+        assert core.scheduler.isolation.suspects == []
+        assert core.executor.runner_stats()["requests"] == 0
         pipe.assert_clean()
     finally:
         omni.shutdown()

@@ -197,11 +197,19 @@ def usage(num_prompt: int, num_generated: int, num_cached: int = 0) -> Usage:
 
 
 def check_not_aborted(delta: RequestDelta) -> None:
-    """A request the server aborted (it is shutting down) answers 503."""
-    if any(s.finish_reason == "abort" for s in delta.sequences):
+    """A request the server aborted (it is shutting down) answers 503; one the model failed
+    on (finish reason "error": a step raised and the engine pinned it on this request)
+    answers 500 — the other requests go on."""
+    reasons = {s.finish_reason for s in delta.sequences}
+    if "abort" in reasons:
         raise OpenAIError(
             "the request was aborted: the server is shutting down",
             HTTPStatus.SERVICE_UNAVAILABLE,
+        )
+    if "error" in reasons:
+        raise OpenAIError(
+            "the model failed on this request (the server log has the error)",
+            HTTPStatus.INTERNAL_SERVER_ERROR,
         )
 
 

@@ -1,0 +1,129 @@
+"""A step whose model call raises fails only the request it is pinned on (`step_isolation`).
+
+The runner is made to raise whenever one marked request is in a step — from its first
+step, or only once it has decoded a few tokens. Sync and async, with prefix caching
+shared between the bad request and good ones: the bad request ends with finish reason
+"error", every other request's tokens equal a run without it (float64 tiny model,
+exact), the engine holds nothing afterwards, and it serves the next request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from omnistage import LLM, SamplingParams
+from omnistage.core.sched_output import SchedulerOutput
+
+BAD_MARK = 299
+"""The bad request's prompt starts with this token."""
+SHARED = [7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71]
+
+
+def _prompts() -> list[dict[str, Any]]:
+    bodies = [[101, 102, 103], [104, 105], [106, 107, 108, 109], [110], [111, 112]]
+    return [{"prompt_token_ids": SHARED + body} for body in bodies]
+
+
+def _params(n: int) -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0.8 * (i % 2), seed=40 + i, max_tokens=12, ignore_eos=True)
+        for i in range(n)
+    ]
+
+
+class FaultyRunner:
+    """Wraps the runner's `execute_model`: raises when the bad request is in a step (once the
+    runner holds `after` output tokens of it). Counts the steps it failed."""
+
+    def __init__(self, llm: LLM, after: int) -> None:
+        self.runner = llm.engine.core.executor.runner
+        self.original = self.runner.execute_model
+        self.runner.execute_model = self.execute_model
+        self.after = after
+        self.bad: set[str] = set()
+        self.raised = 0
+
+    def execute_model(self, so: SchedulerOutput) -> Any:
+        outputs = {}
+        for new in so.scheduled_new_reqs:
+            if new.prompt_token_ids[0] == BAD_MARK:
+                self.bad.add(new.req_id)
+            outputs[new.req_id] = len(new.output_token_ids)
+        for req_id in self.bad & set(so.num_scheduled_tokens):
+            held = self.runner.requests.get(req_id)
+            num_outputs = outputs.get(req_id, len(held.output_token_ids) if held else 0)
+            if num_outputs >= self.after:
+                self.raised += 1
+                raise RuntimeError(f"model failed on {req_id}")
+        return self.original(so)
+
+
+def _engine(path, async_scheduling: bool) -> LLM:
+    return LLM(
+        str(path),
+        dtype="float64",
+        async_scheduling=async_scheduling,
+        executor_backend="thread" if async_scheduling else "inline",
+        enable_prefix_caching=True,
+        block_size=4,
+        max_model_len=128,
+    )
+
+
+@pytest.fixture(scope="module")
+def alone_tokens(tiny_llama_f64) -> list[list[int]]:
+    """The good requests' tokens, run without the bad one."""
+    llm = _engine(tiny_llama_f64, async_scheduling=False)
+    prompts = _prompts()
+    outs = llm.generate(prompts, _params(len(prompts)), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("after", [0, 3], ids=["at-prefill", "mid-decode"])
+def test_a_failing_request_in_a_batch_fails_alone(
+    tiny_llama_f64, alone_tokens, async_scheduling, after
+):
+    llm = _engine(tiny_llama_f64, async_scheduling)
+    faulty = FaultyRunner(llm, after)
+    prompts = _prompts()
+    bad = {"prompt_token_ids": [BAD_MARK, *SHARED, 120, 121]}
+    prompts.insert(2, bad)
+    params = _params(len(prompts) - 1)
+    params.insert(2, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    outs = llm.generate(prompts, params, use_tqdm=False)
+
+    failed = outs.pop(2).outputs[0]
+    assert failed.finish_reason == "error"
+    assert len(failed.token_ids) == after  # what it had confirmed before its failing step
+    assert [o.outputs[0].token_ids for o in outs] == alone_tokens
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    isolation = llm.engine.core.scheduler.isolation
+    # The batch, then the bad one alone (async: the steps in flight after each failed too).
+    assert isolation.num_failed_steps == 2 and faulty.raised >= 2
+    assert isolation.suspects == []
+    assert llm.engine.num_free_kv_blocks() == llm.engine.num_usable_kv_blocks()
+    assert llm.engine.core.scheduler.num_unfinished_requests == 0
+    again = llm.generate(_prompts()[:1], _params(1), use_tqdm=False)
+    assert again[0].outputs[0].token_ids == alone_tokens[0]
+
+
+def test_a_step_of_one_request_blames_it_at_once(tiny_llama_f64):
+    llm = _engine(tiny_llama_f64, async_scheduling=True)
+    faulty = FaultyRunner(llm, after=0)
+    out = llm.generate([{"prompt_token_ids": [BAD_MARK, 5, 6]}], _params(1), use_tqdm=False)
+    assert out[0].outputs[0].finish_reason == "error"
+    isolation = llm.engine.core.scheduler.isolation
+    assert isolation.num_failed_steps == 1 and faulty.raised >= 1 and isolation.suspects == []
+    assert llm.engine.num_free_kv_blocks() == llm.engine.num_usable_kv_blocks()
+
+
+def test_n_sequences_of_a_failing_request_each_end_with_error(tiny_llama_f64):
+    llm = _engine(tiny_llama_f64, async_scheduling=False)
+    FaultyRunner(llm, after=2)
+    params = SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=8, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": [BAD_MARK, 5, 6]}], [params], use_tqdm=False)
+    assert [c.finish_reason for c in out[0].outputs] == ["error", "error"]
+    assert out[0].finished
