@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from omnistage import LLM, SamplingParams
+from omnistage.core.process_executor import RunnerDied
 from omnistage.core.sched_output import SchedulerOutput
 
 BAD_MARK = 299
@@ -127,3 +128,16 @@ def test_n_sequences_of_a_failing_request_each_end_with_error(tiny_llama_f64):
     out = llm.generate([{"prompt_token_ids": [BAD_MARK, 5, 6]}], [params], use_tqdm=False)
     assert [c.finish_reason for c in out[0].outputs] == ["error", "error"]
     assert out[0].finished
+
+
+def test_a_runner_that_is_gone_is_not_contained(tiny_llama_f64):
+    """A dead worker cannot run anyone alone: the engine raises instead of blaming."""
+    llm = _engine(tiny_llama_f64, async_scheduling=False)
+
+    def dead(so: SchedulerOutput) -> Any:
+        raise RunnerDied("model runner worker died: killed by SIGKILL")
+
+    llm.engine.core.executor.runner.execute_model = dead
+    with pytest.raises(RunnerDied):
+        llm.generate(_prompts()[:2], _params(2), use_tqdm=False)
+    assert llm.engine.core.scheduler.isolation.num_failed_steps == 0
