@@ -22,12 +22,20 @@ when it joined. A request whose last step ran is decoded and leaves the
 engine.
 
 `abort(request_id)` forgets a request wherever it is; nothing else holds it.
+
+A model call that raises is pinned on its request: encoding runs one request per call
+already, and a batched denoising or decoding call that fails runs again one request per
+call (the rows being independent, those that pass get the very floats the batch would
+have given them). A request whose own call fails leaves the engine with an error event;
+the others go on.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +43,8 @@ import torch
 
 from omnistage.diffusion.model import DiffusionInput, DiffusionModel
 from omnistage.diffusion.params import ResolvedDiffusionParams
+
+logger = logging.getLogger(__name__)
 
 PADDED_LATENT_LIMIT = 4096
 """Largest latent (elements per request; 256x256 pixels through an 8x, 4-channel VAE) whose
@@ -71,6 +81,8 @@ class DiffusionEvent:
     """`[H, W, 3]` uint8 when the request finished."""
     progress: bool = False
     """The request asked for per-step progress events."""
+    error: str | None = None
+    """The model failed on this request (its own call raised): it has left the engine."""
 
     @property
     def finished(self) -> bool:
@@ -113,15 +125,17 @@ class DiffusionEngine:
         return {"waiting_requests": len(self.waiting), "running_requests": len(self.running)}
 
     # -- stepping ---------------------------------------------------------------------------
-    def _admit(self) -> None:
+    def _admit(self, failed: dict[str, tuple[str, str]]) -> None:
         room = self.max_num_seqs - len(self.running)
         admitted = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
-        if not admitted:
-            return
-        # One request per call (as decode below): a batched call's GEMMs and convolutions
-        # would sum in an order chosen by the batch size.
-        conditions = [self.model.encode([item])[0] for _, item, _ in admitted]
-        for (request_id, item, order), condition in zip(admitted, conditions, strict=True):
+        for request_id, item, order in admitted:
+            # One request per call (as decode below): a batched call's GEMMs and
+            # convolutions would sum in an order chosen by the batch size.
+            try:
+                condition = self.model.encode([item])[0]
+            except Exception as exc:
+                failed[request_id] = (item.prompt, _failure(request_id, exc))
+                continue
             self.running[request_id] = _Running(
                 request_id=request_id,
                 prompt=item.prompt,
@@ -131,6 +145,33 @@ class DiffusionEngine:
                 scheduler=self.model.new_scheduler(item.params),
                 latents=self.model.initial_latents(item.params),
             )
+
+    def _each(
+        self,
+        batch: list[_Running],
+        call: Callable[[list[_Running], list[int]], Sequence[Any]],
+        failed: dict[str, tuple[str, str]],
+    ) -> dict[str, Any]:
+        """`call(batch, rows)`'s result per request; when the batched call raises, each
+        request alone (those whose own call raises go to `failed` and leave `running`)."""
+        try:
+            results = call(batch, list(range(len(batch))))
+            return {r.request_id: results[i] for i, r in enumerate(batch)}
+        except Exception as exc:
+            if len(batch) == 1:
+                self._fail(batch[0], exc, failed)
+                return {}
+        alone = {}
+        for i, request in enumerate(batch):
+            try:
+                alone[request.request_id] = call([request], [i])[0]
+            except Exception as exc:
+                self._fail(request, exc, failed)
+        return alone
+
+    def _fail(self, request: _Running, exc: Exception, failed: dict[str, tuple[str, str]]) -> None:
+        failed[request.request_id] = (request.prompt, _failure(request.request_id, exc))
+        del self.running[request.request_id]
 
     def _next_batch(self) -> list[_Running]:
         oldest = min(self.running.values(), key=lambda r: r.order)
@@ -163,27 +204,36 @@ class DiffusionEngine:
         return [self.model.decode(r.latents)[0] for r in done]
 
     def step(self) -> list[DiffusionEvent]:
-        self._admit()
-        if not self.running:
-            return []
+        failed: dict[str, tuple[str, str]] = {}
+        self._admit(failed)
+        events = self._denoise(failed) if self.running else []
+        for request_id, (prompt, message) in failed.items():
+            events.append(DiffusionEvent(request_id, prompt, 0, 0, error=message))
+        return events
+
+    def _denoise(self, failed: dict[str, tuple[str, str]]) -> list[DiffusionEvent]:
+        """One denoising step of the next batch, and the images of those it finished."""
         batch = self._next_batch()
         timesteps = torch.stack([r.scheduler.timesteps[r.step] for r in batch])
-        pred = self._predict(batch, timesteps)
+        pred = self._each(batch, lambda b, rows: self._predict(b, timesteps[rows]), failed)
         self.num_steps_run += 1
-        for row, request in enumerate(batch):
+        batch = [r for r in batch if r.request_id in pred]
+        for request in batch:
             request.latents = request.scheduler.step(
-                pred[row : row + 1],
-                timesteps[row],
+                pred[request.request_id].unsqueeze(0),
+                request.scheduler.timesteps[request.step],
                 request.latents,
                 return_dict=False,
             )[0]
             request.step += 1
         done = [r for r in batch if r.step >= r.num_steps]
-        images = self._decode(done) if done else None
+        images = self._each(done, lambda b, rows: self._decode(b), failed) if done else {}
         events = []
         for request in batch:
+            if request.request_id in failed:
+                continue
             finished = request.step >= request.num_steps
-            image = images[done.index(request)] if finished else None
+            image = images[request.request_id] if finished else None
             if finished:
                 del self.running[request.request_id]
             if finished or request.params.progress:
@@ -198,3 +248,8 @@ class DiffusionEngine:
                     )
                 )
         return events
+
+
+def _failure(request_id: str, exc: Exception) -> str:
+    logger.exception("diffusion: the model failed on request %s", request_id)
+    return f"{type(exc).__name__}: {exc}"

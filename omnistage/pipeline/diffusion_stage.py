@@ -88,6 +88,10 @@ class DiffusionStageCore(StageCore):
     def step(self) -> list[FromStage]:
         outputs: list[FromStage] = []
         for event in self.engine.step():
+            if event.error is not None:  # the model failed on this request alone
+                message = f"the step running this request failed: {event.error}"
+                outputs += self._fail([event.request_id], message)
+                continue
             outputs.append(
                 StageOutput(
                     stage=self.name,

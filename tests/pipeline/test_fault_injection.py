@@ -351,8 +351,16 @@ def _diffusion_cases(pipe: Pipeline) -> None:
         assert pipe.orchestrator.health()["draw"].restarts == 1
         again = pipe.run(CAT, "after-kill", sampling_params=params)
         assert (again.image_array == baseline.image_array).all()
-        bad = pipe.run(CAT, "boom-draw", sampling_params=params)
+
+        async def bad_among_good() -> list[OmniRequestOutput]:
+            ids = ["good-a", "boom-draw", "good-b"]
+            runs = (_final(pipe.omni, CAT, rid, sampling_params=params) for rid in ids)
+            return await asyncio.gather(*runs)
+
+        good_a, bad, good_b = asyncio.run(bad_among_good())
         assert bad.error.startswith("stage draw: the step running this request failed")
+        for good in (good_a, good_b):  # their batch ran again one request per call
+            assert good.error is None and (good.image_array == baseline.image_array).all()
         next_one = pipe.run(CAT, "next", sampling_params=params)
         assert (next_one.image_array == baseline.image_array).all()
         assert pipe.orchestrator.health()["draw"].restarts == 1
