@@ -110,7 +110,7 @@ class StageCore(ABC):
         release what they held; the stage goes on. An exception inside a batched forward
         is pinned on one request by running the batch's requests alone: an ar stage's
         engine core does it (`StepFailed` names the one), a generation stage retries the
-        batch's items one by one; a diffusion stage's batch fails whole. A step that fails
+        batch's items one by one, a diffusion engine its requests. A step that fails
         with no request to blame raises: the stage's state is unknown, and the stage process
         exits."""
         in_step = self.step_request_ids()

@@ -136,7 +136,10 @@ def test_a_stream_longer_than_the_timeouts_is_not_cut(url):
 def test_idle_sockets_beyond_max_connections_get_503s_until_their_header_timeout(url):
     idle = [_connect(url) for _ in range(LIMITS.max_connections)]
     time.sleep(0.1)  # all accepted
-    assert _completion(url).status_code == 503  # at once, not after a wait
+    refused = _completion(url)  # at once, not after a wait
+    assert refused.status_code == 503 and refused.headers["connection"] == "close"
+    error = refused.json()["error"]  # OpenAI's shape, not uvicorn's plain text
+    assert error["type"] == "server_error" and "limit" in error["message"]
     start = time.monotonic()
     for conn in idle:
         _closed_after(conn, start)

@@ -14,8 +14,9 @@ number of open connections is capped, so a few sockets that send a byte now and 
   not). A client that stalls or trickles gets a 408 in OpenAI's shape and the
   connection is closed. Only reading the body is timed: a response (an SSE stream) can
   take as long as it takes, while the server waits for the client to disconnect.
-- Connections: uvicorn's `limit_concurrency` (`max_connections`): once that many
-  connections are open, or requests are in flight, a new request gets a 503 at once.
+- Connections: `max_connections`, uvicorn's `limit_concurrency` answered in OpenAI's
+  shape: once that many connections are open, or requests are in flight, a new request
+  gets a 503 error body at once and its connection is closed.
 
 `server_config` builds the uvicorn config `serve` runs with these bounds.
 """
@@ -94,6 +95,29 @@ class HeaderTimeoutProtocol(H11Protocol):
         limits = config.limits if isinstance(config, SlowClientConfig) else SlowClientLimits()
         self.header_timeout_s = limits.header_timeout_s
         self.header_timer: asyncio.TimerHandle | None = None
+        # uvicorn's own cap answers a plain-text 503: ours checks the same counts first.
+        self.max_connections, self.limit_concurrency = self.limit_concurrency, None
+        if self.max_connections is not None:
+            self.app = self._capped(self.app, self.max_connections)
+
+    def _capped(self, app: ASGIApp, limit: int) -> ASGIApp:
+        """`app`, answering a 503 in OpenAI's shape (and closing) when this connection or
+        request is beyond `limit` (uvicorn's test: its task is counted already here)."""
+
+        async def capped(scope: Scope, receive: Receive, send: Send) -> None:
+            if len(self.connections) >= limit or len(self.tasks) > limit:
+                logger.warning("connection limit (%d) reached: answering 503", limit)
+                error = OpenAIError(
+                    f"the server has {limit} connections open, its limit; try again later",
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                )
+                response = error.response()
+                response.headers["connection"] = "close"
+                await response(scope, receive, send)
+                return
+            await app(scope, receive, send)
+
+        return capped
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
