@@ -152,11 +152,6 @@ class EngineConfig:
         spec = SpeculativeConfig.parse(self.speculative_config)
         if spec is not None:
             object.__setattr__(self, "speculative_config", dataclasses.asdict(spec))
-            if self.output_hidden_states:
-                raise ValueError(
-                    "speculative_config: not available on a stage that sends its hidden states "
-                    "downstream (output_hidden_states)"
-                )
         if not isinstance(self.model, str) or not self.model:
             raise ValueError("model: must be a non-empty string (a built-in name or a path)")
         _positive("max_num_seqs", self.max_num_seqs)

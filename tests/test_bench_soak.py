@@ -31,28 +31,31 @@ def test_short_soak_matches_across_modes_and_leaks_nothing(capsys, tmp_path):
     assert set(summary["errors_by_message"]) <= {"HTTP 500: the pipeline produced no audio"}
     assert code == 0 and summary["ok"]
     assert summary["generations"] >= 240
-    assert summary["generations_per_mode"] == {"sync": 120, "spec": 90, "async": 30}
-    assert summary["workload"]["modes"] == {
-        "text": ["sync", "spec"],
-        "omni": ["sync", "async"],  # demo-omni's stages refuse speculation
-        "image": ["sync", "spec"],
-    }
+    assert summary["generations_per_mode"] == {"sync": 120, "spec": 120}
+    assert summary["workload"]["modes"] == {k: ["sync", "spec"] for k in ("text", "omni", "image")}
     assert 0.1 * 240 < summary["aborts"] < 0.3 * 240
     assert summary["compared"] >= 0.6 * 120  # most requests completed in both modes
-    servers = {"text/sync", "text/spec", "omni/sync", "omni/async", "image/sync", "image/spec"}
+    servers = {f"{kind}/{mode}" for kind in ("text", "omni", "image") for mode in ("sync", "spec")}
     assert set(summary["counters_at_end"]) == servers
     for counters in summary["counters_at_end"].values():
         assert counters["waiting"] == counters["running"] == counters["kv_usage"] == 0
+        assert counters["held"] == 0  # a pipeline's resource gauges and open requests
         assert counters["shm_segments"] == 0 and counters["fds"] > 0
     for rss in summary["rss"].values():
         assert 0 < rss["start_mb"] <= rss["peak_mb"] and rss["end_mb"] <= rss["peak_mb"]
     assert summary["rss"]["omni/sync"]["shm_segments_peak"] > 0  # the segment count sees them
-    # It speculated (a pipeline's /metrics has no speculation counters yet).
+    # It speculated: the text server, demo-omni's thinker (which sends its hidden states
+    # on) and demo-image's thinker.
     assert summary["speculation"]["text/spec"]["llm"]["accepted_tokens"] > 0
+    assert summary["speculation"]["omni/spec"]["thinker"]["accepted_tokens"] > 0
+    assert "talker" not in summary["speculation"]["omni/spec"]  # it takes no drafts
     assert summary["wall_s"] > 0 and summary["cpu"]["cores"] >= 1
     full = json.loads(out.read_text())
     assert all(len(s["rss"]["curve"]) >= 2 for s in full["servers"])
     assert {k: len(v) for k, v in full["digests"].items()} == {"text": 2, "omni": 2, "image": 2}
+    omni = next(s for s in full["servers"] if s["kind"] == "omni")["counters_at_end"]["stages"]
+    assert omni["orchestrator"] == {"open_requests": 0}  # read from /metrics, held counted
+    assert omni["thinker"]["kv_blocks_used"] == omni["talker"]["accumulator_entries"] == 0
 
 
 def _outcome(key: str, text: str):

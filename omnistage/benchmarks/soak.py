@@ -10,8 +10,8 @@ Workload (`soak_workload`, seeded): text chat / completions on a tiny random lla
 speech, demo-image generations; `--abort-fraction` of them given up by the client (a
 stream dropped after a few events, a whole answer's connection closed before it comes).
 `--generations` counts every generation run, all modes together: each kind gets its
-`--mix` share, split evenly over the modes its server runs (`soak_servers`: sync, async,
-async + n-gram speculation; demo-omni refuses speculation, so it runs sync and async).
+`--mix` share, split evenly over the modes (`soak_servers`: sync, async, async + n-gram
+speculation on every autoregressive stage that takes drafts).
 
 For each kind and mode, one `omnistage serve` (stage processes for the pipelines, or
 `--in-process`) on a free loopback port: a warm-up, the counters read (`soak_probe`),
@@ -48,7 +48,7 @@ from omnistage.benchmarks.serve import running
 from omnistage.benchmarks.soak_client import Outcome, run_load, send
 from omnistage.benchmarks.soak_probe import Counters, Probe, RssSampler
 from omnistage.benchmarks.soak_report import compare, print_table, rss_summary, server_summary
-from omnistage.benchmarks.soak_servers import MODES, NO_SPECULATION, ServerPlan, modes_of, plan
+from omnistage.benchmarks.soak_servers import MODES, ServerPlan, plan
 from omnistage.benchmarks.soak_workload import KINDS, SoakRequest, make_workload
 
 DEFAULT_MIX = "text=0.5,omni=0.25,image=0.25"
@@ -106,10 +106,9 @@ def check(args: argparse.Namespace) -> tuple[dict[str, tuple[str, ...]], dict[st
     if not 0.0 <= args.abort_fraction < 1.0:
         raise ValueError("--abort-fraction: must be in [0, 1)")
     mix = _mix(args.mix, kinds)
-    kind_modes = {k: modes_of(k, modes) for k in mix}
-    if any(len(m) < 2 for m in kind_modes.values()):
-        alone = [k for k, m in kind_modes.items() if len(m) < 2]
-        raise ValueError(f"--modes: {', '.join(alone)} would run in fewer than two modes")
+    if len(modes) < 2:
+        raise ValueError("--modes: at least two, to compare")
+    kind_modes = {k: modes for k in mix}
     counts = {k: math.ceil(args.generations * mix[k] / len(kind_modes[k])) for k in mix}
     return kind_modes, counts
 
@@ -262,7 +261,6 @@ def _result(
         for message, n in s["errors"].items():
             by_message[message] = by_message.get(message, 0) + n
     leaks = {name(s): s["leaks"] for s in servers if s["leaks"]}
-    skipped = {k: NO_SPECULATION[k] for k in kind_modes if k in NO_SPECULATION}
     return {
         "benchmark": "soak",
         "workload": {
@@ -271,7 +269,6 @@ def _result(
             "abort_fraction": args.abort_fraction,
             "requests_per_kind": counts,
             "modes": kind_modes,
-            "no_speculation": skipped if "spec" in args.modes else {},
             "in_process": args.in_process,
             "text_model": args.text_model or "tiny random llama, float64",
         },
@@ -301,7 +298,11 @@ def _result(
 
 
 def _brief(counters: dict[str, Any]) -> dict[str, Any]:
-    """The counters at the end, the per-stage gauges summed over stages."""
-    out = {g: sum(s.get(g, 0) for s in counters["stages"].values()) for g in ("waiting", "running")}
-    out["kv_usage"] = max((s.get("kv_usage", 0) for s in counters["stages"].values()), default=0)
+    """The counters at the end, the per-stage gauges summed over stages (`held`: a
+    pipeline's resource gauges and open requests, summed)."""
+    stages = counters["stages"].values()
+    out = {g: sum(s.get(g, 0) for s in stages) for g in ("waiting", "running")}
+    out["kv_usage"] = max((s.get("kv_usage", 0) for s in stages), default=0)
+    gauges = {"waiting", "running", "kv_usage"}
+    out["held"] = sum(v for s in stages for k, v in s.items() if k not in gauges)
     return out | {k: counters[k] for k in ("shm_segments", "fds", "threads", "processes")}

@@ -7,6 +7,9 @@ Counters (`Counters`):
   thinker / draw for the pipelines): `omnistage_num_requests_waiting` (for a pipeline
   stage this includes requests parked waiting for their input: coordinator entries),
   `omnistage_num_requests_running`, `omnistage_kv_cache_usage_ratio` (KV blocks in use);
+  a pipeline's `omnistage_stage_resources_held` (each stage's engine requests, KV
+  blocks, accumulator and coordinator entries, queued items) and
+  `omnistage_pipeline_open_requests` (the orchestrator's, as stage `orchestrator`);
   and, not a resource but the proof that speculation ran, the draft and accepted token
   totals of the stages that speculate;
 - from /proc, for the server process and every process under it (a text model's runner
@@ -44,6 +47,9 @@ _SPECULATION = {
     "omnistage_spec_decode_num_accepted_tokens_total": "accepted_tokens",
 }
 _SAMPLE = re.compile(r'^(\w+)\{stage="([^"]+)"\} (\S+)$')
+_RESOURCE = re.compile(r"^omnistage_stage_resources_held\{([^}]*)\} (\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+_OPEN = re.compile(r"^omnistage_pipeline_open_requests (\S+)$")
 
 
 @dataclasses.dataclass
@@ -51,7 +57,8 @@ class Counters:
     """One look at a server's resources."""
 
     stages: dict[str, dict[str, float]]
-    """Stage -> {waiting, running, kv_usage} from /metrics."""
+    """Stage -> {waiting, running, kv_usage, and a pipeline stage's resources} from
+    /metrics (the orchestrator as stage `orchestrator`: {open_requests})."""
     speculation: dict[str, dict[str, float]]
     """Stage -> {draft_tokens, accepted_tokens} (totals) for the stages that speculate."""
     shm_segments: int
@@ -82,6 +89,19 @@ def parse_stage_samples(metrics_text: str, names: dict[str, str]) -> dict[str, d
         if match and match.group(1) in names:
             stages.setdefault(match.group(2), {})[names[match.group(1)]] = float(match.group(3))
     return stages
+
+
+def parse_held(metrics_text: str) -> dict[str, dict[str, float]]:
+    """Stage -> {resource: value} of a pipeline's resource gauges, and the orchestrator's
+    open requests (as stage `orchestrator`)."""
+    held: dict[str, dict[str, float]] = {}
+    for line in metrics_text.splitlines():
+        if match := _RESOURCE.match(line):
+            labels = dict(_LABEL.findall(match.group(1)))
+            held.setdefault(labels["stage"], {})[labels["resource"]] = float(match.group(2))
+        elif match := _OPEN.match(line):
+            held["orchestrator"] = {"open_requests": float(match.group(1))}
+    return held
 
 
 def process_tree(pid: int) -> list[int]:
@@ -147,8 +167,11 @@ class Probe:
         text = httpx.get(self.metrics_url, timeout=30.0, trust_env=False).text
         tree = process_tree(self.pid)
         fields = [_status_fields(p) for p in tree]
+        stages = parse_stage_samples(text, _GAUGES)
+        for stage, resources in parse_held(text).items():
+            stages.setdefault(stage, {}).update(resources)
         return Counters(
-            stages=parse_stage_samples(text, _GAUGES),
+            stages=stages,
             speculation=parse_stage_samples(text, _SPECULATION),
             shm_segments=self.shm_segments(),
             fds=sum(_fd_count(p) for p in tree),

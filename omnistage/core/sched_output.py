@@ -85,10 +85,12 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     """Per request, per sampled token: (top token ids, their logprobs, rank of the sampled
     token). The sampled token is first in the lists. None when not asked for."""
     hidden_states: TensorBlob | None = None
-    """With `output_hidden_states`: the final hidden state of every token computed this step,
-    [total_num_scheduled_tokens, hidden], requests in `req_ids` order."""
+    """With `output_hidden_states`: the final hidden state of every position this step
+    computed for good (a rejected draft's position is not), requests in `req_ids` order."""
     hidden_starts: list[int] | None = None
     """Per request: the position of its first hidden-state row this step."""
+    hidden_counts: list[int] | None = None
+    """Per request: its hidden-state rows this step."""
     verified_drafts: list[int] | None = None
     """Speculation: per request, the drafts verified this step (accepted ones are the
     sampled tokens but the last)."""

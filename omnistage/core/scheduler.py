@@ -387,5 +387,7 @@ def _split_hidden_states(
     if runner_output.hidden_states is None:
         return None
     rows = blob_to_tensor(runner_output.hidden_states)
-    counts = [scheduler_output.num_scheduled_tokens[r] for r in runner_output.req_ids]
+    counts = runner_output.hidden_counts
+    if counts is None:
+        counts = [scheduler_output.num_scheduled_tokens[r] for r in runner_output.req_ids]
     return list(torch.split(rows, counts))

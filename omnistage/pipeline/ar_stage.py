@@ -276,6 +276,10 @@ class ARStageCore(StageCore):
             "kv_cache_usage": (total - kv.num_free_blocks) / total if total else 0.0,
         }
 
+    def speculation(self) -> dict[str, Any] | None:
+        stats = self.engine.core.scheduler.spec_stats
+        return dataclasses.asdict(stats) if stats.num_speculative_tokens else None
+
     def shutdown(self) -> None:
         self.engine.shutdown()
         super().shutdown()

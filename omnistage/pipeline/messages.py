@@ -150,6 +150,8 @@ class StageStats(_Msg):
     gauges: dict[str, float] = msgspec.field(default_factory=dict)
     """Scheduler state for metrics (`StageCore.gauges`): `num_waiting`, `num_running`,
     `kv_cache_usage` (0..1)."""
+    speculation: dict[str, Any] | None = None
+    """A speculating stage's totals (`SpecDecodeStats` fields), else None."""
 
 
 FromStage = StageReady | StageFatal | StageOutput | PayloadReady | RequestFailed | StageStats | Pong

@@ -89,7 +89,14 @@ class StageCore(ABC):
             self.abort(msg.request_id)
             return []
         if isinstance(msg, GetStats):
-            return [StageStats(stage=self.name, counters=self.counters(), gauges=self.gauges())]
+            return [
+                StageStats(
+                    stage=self.name,
+                    counters=self.counters(),
+                    gauges=self.gauges(),
+                    speculation=self.speculation(),
+                )
+            ]
         if isinstance(msg, Ping):
             return [Pong(stage=self.name)]
         if not isinstance(msg, SubmitRequest | DeliverPayload):
@@ -240,6 +247,10 @@ class StageCore(ABC):
             "num_running": 0.0,
             "kv_cache_usage": 0.0,
         }
+
+    def speculation(self) -> dict[str, Any] | None:
+        """Speculation totals (`SpecDecodeStats` fields) of a stage that speculates."""
+        return None
 
     def shutdown(self) -> None:
         for connector in self.connectors.values():

@@ -73,10 +73,9 @@ class ModelRunner:
         recurrent_states: list[RecurrentLayerState] | None = None,
         attention_backend: AttentionBackend = TORCH_ATTENTION,
     ) -> None:
-        if speculative is not None and (model.num_token_codes > 0 or output_hidden_states):
+        if speculative is not None and model.num_token_codes > 0:
             raise ValueError(
-                "speculative_config: not available for models that sample extra codes per "
-                "token or stages that send hidden states downstream"
+                "speculative_config: not available for models that sample extra codes per token"
             )
         self.model = model
         self.kv_caches = kv_caches
@@ -248,11 +247,29 @@ class ModelRunner:
         starts = [self.batch.states[r].num_computed_tokens for r in inputs.rows]
         output = self._finish_step(inputs, step)
         if self.output_hidden_states:
-            output.hidden_states = tensor_to_blob(self.model.stage_hidden_states(hidden))
-            output.hidden_starts = starts
+            self._add_hidden_states(output, inputs, hidden, starts)
         if self.proposer is not None:
             output.proposed_drafts = self._propose_drafts(inputs, step, hidden)
         return output
+
+    def _add_hidden_states(
+        self, output: ModelRunnerOutput, inputs: StepInputs, hidden: torch.Tensor, starts: list[int]
+    ) -> None:
+        """The step's hidden-state rows of the positions it computed for good: a request's
+        first `kept` rows, `kept` being how far its computed count moved (a rejected
+        draft's position is computed again later, and only that row counts)."""
+        kept = [
+            self.batch.states[r].num_computed_tokens - s
+            for r, s in zip(inputs.rows, starts, strict=True)
+        ]
+        rows = self.model.stage_hidden_states(hidden)
+        if sum(kept) != rows.shape[0]:
+            firsts = np.cumsum(inputs.row_counts) - np.asarray(inputs.row_counts)
+            index = np.concatenate([np.arange(f, f + k) for f, k in zip(firsts, kept, strict=True)])
+            rows = rows[torch.from_numpy(index).to(rows.device)]
+        output.hidden_states = tensor_to_blob(rows)
+        output.hidden_starts = starts
+        output.hidden_counts = kept
 
     def _commit_recurrent_states(
         self, rows: list[int], drafts: dict[int, list[int]], accepted: torch.Tensor

@@ -154,9 +154,18 @@ def test_metrics_show_a_running_request(speech_server: PipelineServer) -> None:
             )
             if seen[-1][0]:
                 break
+        # What the pipeline holds for it: the orchestrator's entry, the thinker's.
+        held = _samples(http.get("/metrics").text)
+        assert held["omnistage_pipeline_open_requests"] == 1
+        thinker = 'omnistage_stage_resources_held{resource="%s",stage="thinker"}'
+        assert held[thinker % "engine_requests"] == 1 and held[thinker % "kv_blocks_used"] > 0
     running, kv_usage = seen[-1]
     assert running == 1 and 0 < kv_usage <= 1, seen
     speech_server.wait_idle()
+    samples = _samples(httpx.get(f"{speech_server.url}/metrics").text)
+    assert samples["omnistage_pipeline_open_requests"] == 0
+    held = {k: v for k, v in samples.items() if k.startswith("omnistage_stage_resources_held")}
+    assert len(held) >= 9 and set(held.values()) == {0.0}, held  # every stage's, all free
 
 
 # -- /v1/completions --------------------------------------------------------------------------

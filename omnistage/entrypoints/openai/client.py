@@ -26,7 +26,7 @@ This module imports nothing heavy: `errors` and `metrics` depend on it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from omnistage.sampling_params import SamplingParams
@@ -77,6 +77,11 @@ class StageGauges:
     """Requests being computed."""
     kv_cache_usage: float = 0.0
     """Fraction of the stage's KV cache blocks in use (0 for stages without one)."""
+    spec_decode: SpecDecodeStats | None = None
+    """Speculation totals of a stage that speculates."""
+    resources: Mapping[str, int] = field(default_factory=dict)
+    """What the stage holds (`StageCore.counters`: engine requests, KV blocks,
+    accumulator and coordinator entries, ...): all 0 when nothing runs."""
 
 
 class EngineObserver(Protocol):
@@ -92,6 +97,9 @@ class EngineObserver(Protocol):
     def track_stage_health(self, health: Callable[[], Mapping[str, Any]]) -> None:
         """A pipeline's stages: `health()` maps each to its `StageHealth` (state, restarts,
         failures), read at each scrape."""
+
+    def track_open_requests(self, count: Callable[[], int]) -> None:
+        """A pipeline's orchestrator: the requests it tracks now, read at each scrape."""
 
 
 class DeltaStream(Protocol):

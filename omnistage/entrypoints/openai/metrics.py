@@ -22,6 +22,8 @@ single models and pipelines alike:
 | omnistage_stage_up | gauge (1 up, 0 restarting or down) | stage (pipelines) |
 | omnistage_stage_restarts_total | counter | stage (pipelines: its process started again) |
 | omnistage_stage_failures_total | counter | stage (pipelines: died, hung, failed to start) |
+| omnistage_stage_resources_held | gauge (0 when idle) | stage, resource (pipelines: engine requests, KV blocks, accumulator and coordinator entries, queued items) |
+| omnistage_pipeline_open_requests | gauge (0 when idle) | – (pipelines: the orchestrator's requests) |
 
 Stage-level histograms for other outputs (time to first audio packet) belong here
 too, added with the stage kinds that produce them, labelled the same way.
@@ -135,11 +137,20 @@ class ServerMetrics:
         self.num_running.labels(stage).set_function(lambda: stats().num_running)
         self.kv_cache_usage.labels(stage).set_function(lambda: stats().kv_cache_usage)
         self.registry.register(_SpecDecodeCollector(stage, stats))
+        self.registry.register(_StageResourcesCollector(stage, stats))
 
     def track_stage_health(self, health: Callable[[], Mapping[str, Any]]) -> None:
         """Export whether each of a pipeline's stages is up, and its restarts and failures,
         read from `health()` (stage name to `StageHealth`) at each scrape."""
         self.registry.register(_StageHealthCollector(health))
+
+    def track_open_requests(self, count: Callable[[], int]) -> None:
+        """Export the requests a pipeline's orchestrator tracks, read at each scrape."""
+        Gauge(
+            "omnistage_pipeline_open_requests",
+            "Requests the pipeline's orchestrator tracks (0 when idle)",
+            registry=self.registry,
+        ).set_function(count)
 
     # -- EngineObserver (engine thread) ---------------------------------------------------------
     def on_first_token(self, stage: str, seconds: float) -> None:
@@ -191,6 +202,28 @@ class _SpecDecodeCollector(Collector):
         for position, value in enumerate(spec.accepted_per_position):
             per_pos.add_metric([self.stage, str(position)], value)
         yield per_pos
+
+
+class _StageResourcesCollector(Collector):
+    """What one pipeline stage holds (`StageGauges.resources`), read from its stats
+    snapshot at each scrape: every value is 0 when nothing runs (a leak check's view)."""
+
+    def __init__(self, stage: str, stats: Callable[[], Any]) -> None:
+        self.stage = stage
+        self.stats = stats
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        resources = getattr(self.stats(), "resources", None)
+        if not resources:
+            return
+        family = GaugeMetricFamily(
+            "omnistage_stage_resources_held",
+            "What the stage holds for requests (0 when idle)",
+            labels=["stage", "resource"],
+        )
+        for name, value in sorted(resources.items()):
+            family.add_metric([self.stage, name], float(value))
+        yield family
 
 
 class _StageHealthCollector(Collector):

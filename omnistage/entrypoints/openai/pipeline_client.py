@@ -46,6 +46,7 @@ from omnistage.pipeline.omni import AsyncOmni
 from omnistage.pipeline.orchestrator import StageHealth
 from omnistage.pipeline.outputs import OmniRequestOutput
 from omnistage.sampling_params import SamplingParams
+from omnistage.spec_decode.stats import SpecDecodeStats
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +206,7 @@ class PipelineClient(VoiceChoice):
         for stage in self.stage_names:
             observer.track_stage(stage, functools.partial(self.stage_stats, stage))
         observer.track_stage_health(self.stage_health)
+        observer.track_open_requests(self.omni.orchestrator.num_tracked)
 
     def refresh_stage_stats(self, timeout: float = 5.0) -> None:
         """Ask every stage for its scheduler gauges (blocks: not on the event loop). A stage
@@ -217,11 +219,13 @@ class PipelineClient(VoiceChoice):
             logger.warning("the pipeline's stages did not report their stats", exc_info=True)
             return
         for name, reply in replies.items():
-            gauges = reply.gauges
+            gauges, spec = reply.gauges, reply.speculation
             self._stage_stats[name] = StageGauges(
                 num_waiting=int(gauges.get("num_waiting", 0)),
                 num_running=int(gauges.get("num_running", 0)),
                 kv_cache_usage=float(gauges.get("kv_cache_usage", 0.0)),
+                spec_decode=None if spec is None else SpecDecodeStats(**spec),
+                resources=dict(reply.counters),
             )
 
     def stage_stats(self, stage: str) -> StageGauges:
