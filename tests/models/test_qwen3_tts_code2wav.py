@@ -1,12 +1,13 @@
 """Qwen3-TTS's speech-tokenizer decoder (our port) as a generation-stage model: parity with
 the official `qwen-tts` decode (a fixture the reference venv wrote, see
 `tests/fixtures/qwen3_tts/make_codec_fixture.py`), streamed chunks that add up to the
-whole decode, end frames dropped, bad codes and a missing tokenizer named."""
+whole decode, the decode cut at the end frame, bad codes and a missing tokenizer named."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import safetensors.torch
@@ -96,27 +97,55 @@ def test_right_context_rows_are_not_decoded(vocoder):
     assert torch.equal(plain, ahead)
 
 
-def test_end_frames_are_dropped(vocoder):
+def test_the_decode_is_cut_at_the_end_frame(vocoder):
     frames = codes(12, seed=4)
     end = torch.full((1, TINY_NUM_QUANTIZERS), 0)
     end[0, 0] = TINY_CODEBOOK_SIZE + 3  # e.g. the talker's codec_eos, past the codebook
     (plain,) = vocoder.generate([GenerationItem(frames)])
     (ended,) = vocoder.generate([GenerationItem(torch.cat([frames, end]))])
     assert torch.equal(plain, ended)
+    # Frames after the end frame are not speech either: cut, not filtered.
+    (after,) = vocoder.generate([GenerationItem(torch.cat([frames, end, codes(5, seed=6)]))])
+    assert torch.equal(plain, after)
     # A chunk of nothing but the end frame, after context: no samples.
     (last,) = vocoder.generate([GenerationItem(torch.cat([frames[-4:], end]), context_len=4)])
     assert last.numel() == 0
 
 
+def test_with_the_talker_s_end_code_known_a_control_code_in_speech_is_refused(tmp_path):
+    write_tiny_speech_tokenizer(tmp_path, seed=0, dtype=torch.float64)
+    eos = TINY_CODEBOOK_SIZE + 3
+    config = SimpleNamespace(talker_config=SimpleNamespace(codec_eos_token_id=eos))
+    vocoder = Qwen3TTSCode2Wav.from_checkpoint(tmp_path, config, torch.float64)
+    frames = codes(8, seed=7)
+    end = torch.zeros(1, TINY_NUM_QUANTIZERS, dtype=torch.long)
+    end[0, 0] = eos
+    (plain,) = vocoder.generate([GenerationItem(frames)])
+    (ended,) = vocoder.generate([GenerationItem(torch.cat([frames, end, frames]))])
+    assert torch.equal(plain, ended)
+    control = frames.clone()
+    control[5, 0] = eos + 1  # another control code, not the end: not speech, not dropped
+    item = GenerationItem(control, offset=40)
+    message = r"codes\.audio: frame 45, codebook 0 \(the talker's code\): code 68 is outside"
+    with pytest.raises(ValueError, match=message):
+        vocoder.check_item(item)
+
+
 def test_bad_codes_are_named(vocoder):
     frames = codes(6, seed=5)
     frames[2, 3] = -1
-    with pytest.raises(ValueError, match=r"codes\.audio: negative code -1"):
+    message = (
+        r"codes\.audio: frame 2, codebook 3 \(a code predictor's code\): code -1 is outside "
+        r"the codebook 0\.\.63 \(a placeholder\?\)"
+    )
+    with pytest.raises(ValueError, match=message):
         vocoder.generate([GenerationItem(frames)])
+    with pytest.raises(ValueError, match=message):
+        vocoder.check_item(GenerationItem(frames))
     with pytest.raises(ValueError, match=r"codes\.audio: expected \[frames, 16\] codes"):
         vocoder.generate([GenerationItem(torch.zeros(5, 3, dtype=torch.long))])
     frames[2, 3] = TINY_CODEBOOK_SIZE  # past the codebook, in a speech frame
-    with pytest.raises(ValueError, match=r"codes\.audio: code 64 past the codebook"):
+    with pytest.raises(ValueError, match=r"frame 2, codebook 3 .*: code 64 is outside"):
         vocoder.generate([GenerationItem(frames)])
 
 

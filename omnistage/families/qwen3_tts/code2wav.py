@@ -2,9 +2,12 @@
 
 Input rows are code frames `[T, num_quantizers]` (column 0 the talker's code, the rest
 the code predictor's); output is the waveform at the tokenizer's `output_sample_rate`
-(24 kHz), `upsample` samples per frame. Frames whose first code is past the codebook
-(the talker's end frame, control codes) are not speech and are dropped; a negative code
-(an unfilled placeholder) is an error, never decoded.
+(24 kHz), `upsample` samples per frame. The talker's end frame (its first code is
+`codec_eos`) and every frame after it are not speech: the decode is cut there, as the
+reference's `generate` stops there. Every code before it is checked against its
+codebook: one outside it (a `-1` placeholder, a control code in a speech frame) is a
+ValueError naming the frame and codebook, never decoded (`check_item` makes it fail its
+own request in the stage).
 
 The decoder (`codec_decoder.Qwen3TTSCodecDecoder`) is causal and `n` frames decode to
 exactly `n * upsample` samples (no trim), so a chunk decoded after `context_len` frames
@@ -49,7 +52,13 @@ class Qwen3TTSCode2Wav(GenerationModel):
     architectures = ()  # a part (`speech_tokenizer/`) of Qwen3-TTS checkpoints
     output_modality = "audio"
 
-    def __init__(self, config: CodecDecoderConfig, dtype: torch.dtype, sample_rate: int) -> None:
+    def __init__(
+        self,
+        config: CodecDecoderConfig,
+        dtype: torch.dtype,
+        sample_rate: int,
+        codec_eos_token_id: int | None = None,
+    ) -> None:
         super().__init__()
         self.module = Qwen3TTSCodecDecoder(config).to(dtype).eval()
         self.dtype = dtype
@@ -57,10 +66,14 @@ class Qwen3TTSCode2Wav(GenerationModel):
         self.codebook_size = config.codebook_size
         self.upsample = config.total_upsample
         self.sample_rate = sample_rate
+        self.codec_eos_token_id = codec_eos_token_id
+        """The talker's end code (None: the first frame whose first code is past the
+        codebook ends the speech)."""
 
     @classmethod
     def from_checkpoint(cls, path: Path, hf_config: Any, dtype: torch.dtype) -> Qwen3TTSCode2Wav:
-        """The decoder of `path/speech_tokenizer/` (`hf_config`, the talker's, is not read)."""
+        """The decoder of `path/speech_tokenizer/`; `hf_config` (the checkpoint's, or None)
+        gives the talker's `codec_eos_token_id`."""
         raw = read_speech_tokenizer_config(path)
         folder = Path(path) / FOLDER
         config_file = folder / "config.json"
@@ -78,41 +91,53 @@ class Qwen3TTSCode2Wav(GenerationModel):
             raise ValueError(
                 f"model: {folder / WEIGHTS} is missing (the speech tokenizer's weights)"
             )
-        model = cls(config, dtype, int(raw.get("output_sample_rate", 24000)))
+        talker = getattr(hf_config, "talker_config", None)
+        eos = getattr(talker, "codec_eos_token_id", None)
+        model = cls(config, dtype, int(raw.get("output_sample_rate", 24000)), eos)
         load_part_module(model.module, folder, PREFIX, f"{WEIGHTS}: decoder")
         return model
 
-    def _speech_frames(self, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Check a chunk's code frames; return the speech frames and which rows they are."""
-        if frames.ndim != 2 or frames.shape[1] != self.num_quantizers:
+    def speech_frames(self, item: GenerationItem) -> torch.Tensor:
+        """The item's rows the decoder reads: its context and own rows up to the talker's
+        end frame, every code checked (a ValueError naming the frame and codebook)."""
+        rows = item.rows[: item.own_end]  # causal: right-context rows change nothing
+        if rows.ndim != 2 or rows.shape[1] != self.num_quantizers:
             raise ValueError(
                 f"codes.audio: expected [frames, {self.num_quantizers}] codes, "
-                f"got {list(frames.shape)}"
+                f"got {list(rows.shape)}"
             )
-        if bool((frames < 0).any()):
-            raise ValueError(f"codes.audio: negative code {int(frames.min())} (a placeholder?)")
-        # The talker's end frame (its first code is `codec_eos`, past the codebook) is not speech.
-        speech = frames[:, 0] < self.codebook_size
-        kept = frames[speech]
-        if bool((kept >= self.codebook_size).any()):
+        first = rows[:, 0]
+        if self.codec_eos_token_id is not None:
+            ends = (first == self.codec_eos_token_id).nonzero()
+        else:
+            ends = (first >= self.codebook_size).nonzero()
+        frames = rows[: int(ends[0, 0])] if ends.numel() else rows
+        bad = ((frames < 0) | (frames >= self.codebook_size)).nonzero()
+        if bad.numel():
+            frame, book = (int(i) for i in bad[0])
+            code = int(frames[frame, book])
+            what = "the talker's code" if book == 0 else "a code predictor's code"
             raise ValueError(
-                f"codes.audio: code {int(kept.max())} past the codebook ({self.codebook_size}) "
-                "in a speech frame"
+                f"codes.audio: frame {item.offset + frame}, codebook {book} ({what}): code "
+                f"{code} is outside the codebook 0..{self.codebook_size - 1}"
+                + (" (a placeholder?)" if code < 0 else "")
             )
-        return kept, speech
+        return frames
+
+    def check_item(self, item: GenerationItem) -> None:
+        if item.rows[: item.own_end].numel():
+            self.speech_frames(item)
 
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         outputs = []
         for item in items:
-            # Causal: frames after the chunk's own (right context) change nothing.
-            rows = item.rows[: item.own_end]
-            if rows.numel() == 0:  # e.g. the empty last chunk of a stream
+            if item.rows[: item.own_end].numel() == 0:  # e.g. the empty last chunk of a stream
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
-            frames, speech = self._speech_frames(rows)
-            context = int(speech[: item.context_len].sum())
-            if frames.shape[0] == context:  # only end / control frames of its own
+            frames = self.speech_frames(item)
+            context = item.context_len
+            if frames.shape[0] <= context:  # the end frame is in the context or comes first
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
             device = next(self.module.parameters()).device
