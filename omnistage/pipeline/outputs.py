@@ -133,10 +133,13 @@ class OmniRequestOutput:
 
     @property
     def audio(self) -> np.ndarray | None:
-        """The waveform (float32 numpy) when the request asked for audio."""
+        """The waveform (float32 numpy) when the request asked for audio; empty when the
+        audio stage finished without a sample (its talker ended at its first frame)."""
         result = self._first("audio")
-        if result is None or result.data is None:
+        if result is None:
             return None
+        if result.data is None:
+            return np.zeros(0, dtype=np.float32) if result.finished else None
         return result.data.to(torch.float32).numpy()
 
     @property

@@ -87,3 +87,15 @@ def test_streamed_audio_is_collected_in_linear_copies(tiny_omni):
         seen += update.new_data.shape[0]
         assert update.outputs["vocoder"].data.shape[0] == seen
         assert torch.equal(update.outputs["vocoder"].data, result.data[:seen])
+
+
+def test_an_audio_stage_that_finished_without_a_sample_has_empty_audio():
+    """Speech that came out empty (a talker that ended at its first frame) is an empty
+    waveform, whole as streamed: the chat and speech endpoints answer it, not a 500."""
+    from omnistage.pipeline.outputs import OmniRequestOutput
+
+    result = StageResult("code2wav", "audio", sample_rate=24000)
+    out = OmniRequestOutput("r", {"code2wav": result})
+    assert out.audio is None  # not finished yet: nothing to say
+    result.finished = True
+    assert out.audio is not None and out.audio.shape == (0,) and out.sample_rate == 24000
