@@ -206,6 +206,12 @@ def _edge(
             f"unknown processor {d['processor']!r}{_close(d['processor'], processors)}",
         )
     transfer = r.choice(d["transfer"], f"{path}.transfer", TRANSFERS)
+    if transfer == "stream" and processor_class(d["processor"]).stream_key is None:
+        r.fail(
+            f"{path}.transfer",
+            f"processor {d['processor']!r} cannot stream (it declares no stream_key, the "
+            "key whose rows make chunks): use transfer: payload",
+        )
     connector = d.get("connector")
     if transfer == "prompt" and connector is not None:
         r.fail(f"{path}.connector", f"must be absent for transfer: prompt, got {_show(connector)}")

@@ -440,6 +440,15 @@ def test_unknown_connector(tmp_path):
     )
 
 
+def test_a_processor_without_a_stream_key_cannot_stream(tmp_path):
+    _bad(
+        tmp_path,
+        lambda d: d["edges"][0].update(processor="prior_tokens", transfer="stream"),
+        "edges[0].transfer: processor 'prior_tokens' cannot stream (it declares no "
+        "stream_key, the key whose rows make chunks): use transfer: payload",
+    )
+
+
 def test_stream_option_on_payload_edge(tmp_path):
     _bad(
         tmp_path,
