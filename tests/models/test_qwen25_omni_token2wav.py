@@ -154,8 +154,16 @@ def test_end_codes_are_dropped_and_unknown_codes_refused(vocoder):
         assert torch.equal(chunk, vocoder.decode_window(frames, 0, 0, 4, seed=1))
     (empty,) = vocoder.generate([GenerationItem(torch.tensor([TALKER_EOS_IDS[1]]))])
     assert empty.shape == (0,)
-    with pytest.raises(ValueError, match=r"codes.audio: code \d+ is outside .*\(0\.\.65\)"):
-        vocoder.generate([GenerationItem(torch.tensor([1, DIT_NUM_EMBEDS + 1]))])
+    # A chunk after the end (the end among its left-context rows): nothing of its own.
+    after = torch.cat([frames[:3], torch.tensor([TALKER_EOS_IDS[0]]), frames[:4]])
+    item = GenerationItem(after, context_len=4, offset=2)
+    vocoder.check_item(item)
+    (nothing,) = vocoder.generate([item])
+    assert nothing.shape == (0,)
+    bad = GenerationItem(torch.tensor([1, DIT_NUM_EMBEDS + 1]))
+    for check in (lambda: vocoder.generate([bad]), lambda: vocoder.check_item(bad)):
+        with pytest.raises(ValueError, match=r"codes.audio: code \d+ is outside .*\(0\.\.65\)"):
+            check()
     with pytest.raises(ValueError, match=r"codes.audio: expected \[codes\] \(one codebook\)"):
         vocoder.generate([GenerationItem(torch.zeros(4, 2, dtype=torch.long))])
     with pytest.raises(ValueError, match="speaker: 'Nobody' is not one of Chelsie, Ethan"):

@@ -32,9 +32,10 @@ as transformers' `generate` does, so a batch changes nothing.
 (transformers' default).
 
 **End codes**: the talker's end ids (`tts_codec_pad` 8292, `tts_codec_end` 8294)
-and everything after the first of them are dropped; any other code outside the
-DiT's table (`0..num_embeds`, real 8193) is refused with a ValueError (transformers
-would fail inside `nn.Embedding`).
+and everything after the first of them are dropped, wherever it is in the item; any
+other code outside the DiT's table (`0..num_embeds`, real 8193) is refused with a
+ValueError (transformers would fail inside `nn.Embedding`) as the item arrives
+(`check_item`: it fails its own request).
 
 **Streaming** (there is none in transformers). A chunk's item (codes
 `[start - left, end + right)` of the request, see `GenerationItem`) runs the DiT
@@ -249,7 +250,10 @@ class Qwen25OmniToken2Wav(GenerationModel):
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         return [self._generate_one(item) for item in items]
 
-    def _generate_one(self, item: GenerationItem) -> torch.Tensor:
+    def speech_codes(self, item: GenerationItem) -> tuple[torch.Tensor, int]:
+        """The item's codes up to the talker's first end code (wherever it is: in the own
+        rows, the right context, or the left context, when the chunk comes after the end),
+        every one checked against the DiT's table; and where the own rows end in them."""
         codes = item.rows
         if codes.ndim == 2 and codes.shape[1] == 1:
             codes = codes[:, 0]
@@ -258,13 +262,11 @@ class Qwen25OmniToken2Wav(GenerationModel):
                 f"codes.audio: expected [codes] (one codebook), got {list(codes.shape)}"
             )
         codes = codes.long().cpu()
-        context, own_end = item.context_len, item.own_end
-        ends = torch.isin(codes[context:], self.end_ids).nonzero().flatten()
+        own_end = item.own_end
+        ends = torch.isin(codes, self.end_ids).nonzero().flatten()
         if ends.numel():  # the end and what follows are not speech, as context neither
-            codes = codes[: context + int(ends[0])]
+            codes = codes[: int(ends[0])]
             own_end = min(own_end, codes.numel())
-        if own_end <= context:
-            return torch.zeros(0, dtype=torch.float32)
         bad = (codes < 0) | (codes > self.num_embeds)
         if bad.any():
             raise ValueError(
@@ -276,6 +278,16 @@ class Qwen25OmniToken2Wav(GenerationModel):
                 f"codes.audio: {item.offset + codes.numel()} codes exceed token2wav's "
                 f"{self.max_codes} (dit_config.max_position_embeddings / repeats)"
             )
+        return codes, own_end
+
+    def check_item(self, item: GenerationItem) -> None:
+        self.speech_codes(item)
+
+    def _generate_one(self, item: GenerationItem) -> torch.Tensor:
+        codes, own_end = self.speech_codes(item)
+        context = item.context_len
+        if own_end <= context:  # nothing of its own before the end
+            return torch.zeros(0, dtype=torch.float32)
         seed = DEFAULT_SEED if item.seed is None else item.seed
         speaker = item.speaker or DEFAULT_SPEAKER
         return self.decode_window(codes, item.offset, context, own_end, seed, speaker)
