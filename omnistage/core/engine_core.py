@@ -71,10 +71,9 @@ class EngineCore:
     def step_with_batch_queue(self) -> list[EngineCoreOutput]:
         """Launch step N+1 if there is room, then wait for step N and apply it."""
         self.made_progress = False
-        if (
-            len(self.batch_queue) < MAX_BATCHES_IN_FLIGHT
-            and self.scheduler.has_unfinished_requests()
-        ):
+        # On entry at most one batch is in flight (every call that fills the queue to
+        # MAX_BATCHES_IN_FLIGHT applies one before it returns): there is room for one more.
+        if self.scheduler.has_unfinished_requests():
             scheduler_output = self.scheduler.schedule()
             if not scheduler_output.is_empty or self._has_news(scheduler_output):
                 try:
