@@ -157,3 +157,13 @@ def test_the_redraw_samples_each_row_at_its_temperature_in_float64():
         expected.append(int((probs / draws).argmax()))
     assert got.tolist() == expected
     assert expected != [int(row.argmax()) for row in logits]  # a redraw, not the argmax
+
+
+def test_one_top_logprob_is_returned_beside_the_sampled_token():
+    from omnistage.sample.sampler import gather_logprobs
+
+    raw = torch.log_softmax(torch.tensor([[0.0, 2.0, 1.0]], dtype=torch.float64), dim=-1)
+    got = gather_logprobs(raw, torch.tensor([2]), k=1)
+    assert got.token_ids.tolist() == [[2, 1]]  # the sampled token, then the top one
+    assert got.logprobs.tolist() == [[raw[0, 2].item(), raw[0, 1].item()]]
+    assert got.ranks.tolist() == [2]
