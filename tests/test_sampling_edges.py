@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from omnistage.sample import RowSamplingState, Sampler, SamplingMetadata, row_seed
-from omnistage.sample.logits_processors import _token_counts, apply_penalties
+from omnistage.sample.logits_processors import _token_counts, apply_logit_bias, apply_penalties
 from omnistage.sample.repetition_aware import RESAMPLE_SALT, RepetitionAwareSampler
 from omnistage.sample.sampler import _apply_min_p
 from omnistage.sample.stage_transitions import SectionBudget, StageTransitions
@@ -167,3 +167,21 @@ def test_one_top_logprob_is_returned_beside_the_sampled_token():
     assert got.token_ids.tolist() == [[2, 1]]  # the sampled token, then the top one
     assert got.logprobs.tolist() == [[raw[0, 2].item(), raw[0, 1].item()]]
     assert got.ranks.tolist() == [2]
+
+
+def test_a_logit_bias_on_the_id_one_past_the_vocabulary_is_refused():
+    row = RowSamplingState(
+        SamplingParams(logit_bias={4: 1.0}), seed=0, prompt_token_ids=[1], output_token_ids=[]
+    )
+    md = SamplingMetadata.from_requests([row], device="cpu")
+    with _exactly("logit_bias: token ids [4] outside the vocabulary [0, 4)"):
+        apply_logit_bias(torch.zeros(1, 4), md)
+
+
+def test_logprobs_of_half_precision_logits_are_computed_in_float32():
+    from omnistage.sample.sampler import compute_logprobs
+
+    logits = torch.tensor([[0.0, 1.0, 2.0]], dtype=torch.bfloat16)
+    got = compute_logprobs(logits)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, torch.log_softmax(logits.float(), dim=-1))
