@@ -12,9 +12,16 @@ import pytest
 import torch
 
 from omnistage.sample import RowSamplingState, Sampler, SamplingMetadata, row_seed
-from omnistage.sample.logits_processors import _token_counts, apply_logit_bias, apply_penalties
+from omnistage.sample.logits_processors import (
+    _token_counts,
+    apply_logit_bias,
+    apply_logits_processors,
+    apply_min_tokens,
+    apply_penalties,
+)
+from omnistage.sample.metadata import check_histories_current
 from omnistage.sample.repetition_aware import RESAMPLE_SALT, RepetitionAwareSampler
-from omnistage.sample.sampler import _apply_min_p
+from omnistage.sample.sampler import _apply_min_p, _apply_top_p
 from omnistage.sample.stage_transitions import SectionBudget, StageTransitions
 from omnistage.sampling_params import SamplingParams
 
@@ -118,9 +125,9 @@ def test_one_kind_of_penalty_given_alone_applies_alone():
     row = RowSamplingState(SamplingParams(), seed=0, prompt_token_ids=[1], output_token_ids=[2])
     md = SamplingMetadata.from_requests([row], device="cpu")
     md.presence_penalties = torch.tensor([0.5])
-    logits = torch.zeros(1, 4, dtype=torch.float64)
+    logits = torch.ones(1, 4, dtype=torch.float64)
     apply_penalties(logits, md)
-    assert logits.tolist() == [[0.0, 0.0, -0.5, 0.0]]
+    assert logits.tolist() == [[1.0, 1.0, 0.5, 1.0]]  # no repetition or frequency penalty
 
 
 # -- repetition-aware sampling --------------------------------------------------------------
@@ -185,3 +192,98 @@ def test_logprobs_of_half_precision_logits_are_computed_in_float32():
     got = compute_logprobs(logits)
     assert got.dtype == torch.float32
     assert torch.allclose(got, torch.log_softmax(logits.float(), dim=-1))
+
+
+def test_a_budget_does_not_read_the_history_from_its_end():
+    """No close yet and `after` only as the last token: the section just opened."""
+    budget = SectionBudget(close=7, max_tokens=2, after=5)
+    assert budget.forced_token([1, 2, 3, 5]) is None
+
+
+def test_stage_transitions_may_be_given_as_ids():
+    rules = StageTransitions.from_config({5: [6, 7]}, lambda text: None)
+    assert rules.forced_token([1, 5]) == 6 and rules.forced_token([5, 6]) == 7
+
+
+def test_a_forced_token_masked_before_is_still_the_one_sampled():
+    """The forced token's logit was -inf (e.g. a logit_bias of -inf): it gets a finite one."""
+    rules = StageTransitions({(5,): (6,)})
+    logits = torch.zeros(1, 8)
+    logits[0, 6] = float("-inf")
+    rules.apply(logits, [[5]])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [6]
+
+
+def test_min_tokens_reaches_rows_after_one_without_it():
+    rows = [
+        RowSamplingState(SamplingParams(), seed=0, prompt_token_ids=[1], output_token_ids=[]),
+        RowSamplingState(
+            SamplingParams(min_tokens=2),
+            seed=0,
+            prompt_token_ids=[1],
+            output_token_ids=[],
+            eos_token_id=3,
+        ),
+    ]
+    md = SamplingMetadata.from_requests(rows, device="cpu")
+    logits = torch.zeros(2, 4)
+    apply_min_tokens(logits, md)
+    assert torch.isinf(logits).nonzero().tolist() == [[1, 3]]
+
+
+def test_min_tokens_on_an_id_past_the_vocabulary_is_refused_by_name():
+    row = RowSamplingState(
+        SamplingParams(min_tokens=2),
+        seed=0,
+        prompt_token_ids=[1],
+        output_token_ids=[],
+        eos_token_id=9,
+    )
+    md = SamplingMetadata.from_requests([row], device="cpu")
+    with _exactly("min_tokens: token ids [9] outside the vocabulary [0, 4)"):
+        apply_min_tokens(torch.zeros(1, 4), md)
+
+
+def test_a_logit_bias_is_added_in_the_logits_precision():
+    row = RowSamplingState(
+        SamplingParams(logit_bias={1: 0.1}), seed=0, prompt_token_ids=[1], output_token_ids=[]
+    )
+    md = SamplingMetadata.from_requests([row], device="cpu")
+    logits = torch.zeros(1, 3, dtype=torch.float64)
+    apply_logit_bias(logits, md)
+    assert logits[0, 1].item() == 0.1  # not float32's 0.10000000149
+
+
+def test_the_sampler_applies_penalties():
+    row = RowSamplingState(
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
+        seed=0,
+        prompt_token_ids=[0],
+        output_token_ids=[1],
+    )
+    md = SamplingMetadata.from_requests([row], device="cpu")
+    logits = torch.tensor([[1.0, 1.2]])
+    apply_logits_processors(logits, md)
+    assert logits.tolist() == [[1.0, pytest.approx(0.7)]]
+
+
+def test_a_top_p_of_one_keeps_tokens_float_rounding_would_drop():
+    """softmax([0, -40]) is [1.0, 4e-18] in float64: a cumulative mass of 1.0 after the
+    first token. A row with top_p 1 is left alone, not cut there."""
+    logits = torch.tensor([[0.0, -40.0], [0.0, -40.0]], dtype=torch.float64)
+    _apply_top_p(logits, torch.tensor([1.0, 0.5]))
+    assert torch.isfinite(logits).tolist() == [[True, True], [True, False]]
+
+
+def test_a_history_that_is_not_current_is_refused_with_the_invariant():
+    row = RowSamplingState(
+        SamplingParams(), seed=0, prompt_token_ids=[1], output_token_ids=[4], req_id="r"
+    )
+    message = (
+        "sampling: request 'r' samples output 2 but its token history holds 1 tokens; the "
+        "history must hold every token sampled before this step (DESIGN.md invariant 1)"
+    )
+    with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
+        check_histories_current([row], [2])
+    with pytest.raises(RuntimeError, match=r"^sampling: 2 output counts for 1 rows$"):
+        check_histories_current([row], [1, 1])
