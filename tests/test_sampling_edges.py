@@ -287,3 +287,84 @@ def test_a_history_that_is_not_current_is_refused_with_the_invariant():
         check_histories_current([row], [2])
     with pytest.raises(RuntimeError, match=r"^sampling: 2 output counts for 1 rows$"):
         check_histories_current([row], [1, 1])
+
+
+# -- the sampler's own steps ----------------------------------------------------------------
+def _splitmix64(seed: int, position: int) -> int:
+    """row_seed's definition, written out: splitmix64 of seed * 1000003 + position, 63 bits."""
+    mask = (1 << 64) - 1
+    z = (seed * 1_000_003 + position + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def test_row_seed_is_splitmix64_so_seeded_outputs_stay_the_same_across_versions():
+    for seed, position in ((0, 0), (1, 0), (0, 1), (123, 7), (2**62, 2**20), (-5, 3)):
+        assert row_seed(seed, position) == _splitmix64(seed, position)
+    assert row_seed(0, 0) == 7070836379803831727  # pinned: a change reseeds every request
+
+
+def _top_p_row(temperature: float, top_k: int, top_p: float, seed: int) -> RowSamplingState:
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    return RowSamplingState(params, seed=seed, prompt_token_ids=[1], output_token_ids=[])
+
+
+def test_a_top_p_first_sampler_filters_top_p_before_top_k():
+    """probs [0.5, 0.3, 0.2], top-p 0.6, top-k 2: top-p first keeps {0, 1} (then top-k keeps
+    both); top-k first keeps {0, 1}, renormalized [0.625, 0.375], then top-p keeps {0}."""
+    logits = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64).log()
+    drawn = set()
+    for seed in range(40):
+        md = SamplingMetadata.from_requests([_top_p_row(1.0, 2, 0.6, seed)], device="cpu")
+        drawn.add(int(Sampler(top_p_first=True)(logits.clone(), md)))
+        assert int(Sampler()(logits.clone(), md)) == 0
+    assert drawn == {0, 1}
+
+
+def test_half_precision_logits_are_sampled_in_float32():
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(1, 64, generator=gen).to(torch.bfloat16)
+    for seed in range(8):
+        md = SamplingMetadata.from_requests([_top_p_row(0.7, 0, 1.0, seed)], device="cpu")
+        probs = torch.softmax(logits.float() / 0.7, dim=-1)
+        expected = int((probs / Sampler.exponentials(probs, [(seed, 0)])).argmax())
+        assert int(Sampler()(logits, md)) == expected
+
+
+def test_top_p_of_one_unsorted_row_past_the_fast_prefix():
+    """One row whose nucleus is wider than the top-256 prefix, its logits in random order:
+    the full sort decides (a single unresolved row)."""
+    gen = torch.Generator().manual_seed(2)
+    weights = torch.arange(1000, 0, -1, dtype=torch.float64)
+    order = torch.randperm(1000, generator=gen)
+    logits = weights.log()[order].unsqueeze(0)
+    probs = torch.softmax(logits, dim=-1)[0]
+    ranked = probs.sort(descending=True).values
+    kept = 1 + int((ranked.cumsum(0)[:-1] < 0.9).sum())
+    cut = logits.clone()
+    _apply_top_p(cut, torch.tensor([0.9]))
+    assert int(torch.isfinite(cut).sum()) == kept
+    assert torch.isfinite(cut[0]).tolist() == (probs >= ranked[kept - 1]).tolist()
+
+
+def test_top_p_keeps_nothing_past_an_exact_mass():
+    """probs exactly [0.5, 0.25, 0.25] and top-p 0.5: the first token reaches the mass."""
+    logits = torch.tensor([[2.0, 1.0, 1.0]], dtype=torch.float64).log()
+    assert torch.softmax(logits, dim=-1).tolist() == [[0.5, 0.25, 0.25]]
+    _apply_top_p(logits, torch.tensor([0.5]))
+    assert torch.isfinite(logits).tolist() == [[True, False, False]]
+
+
+def test_min_p_compares_in_the_logits_precision():
+    """In float64, a logit just below max + log(min_p) is dropped (float32's log(0.5) would
+    keep it)."""
+    logits = torch.tensor([[0.0, -0.6931471815]], dtype=torch.float64)
+    _apply_min_p(logits, torch.tensor([0.5]))
+    assert torch.isfinite(logits).tolist() == [[True, False]]
+
+
+def test_top_p_may_keep_every_token():
+    logits = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64).log()
+    _apply_top_p(logits, torch.tensor([0.9]))  # 0.5 + 0.3 < 0.9: the last one is needed
+    assert torch.isfinite(logits).all()
