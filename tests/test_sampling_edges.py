@@ -368,3 +368,23 @@ def test_top_p_may_keep_every_token():
     logits = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64).log()
     _apply_top_p(logits, torch.tensor([0.9]))  # 0.5 + 0.3 < 0.9: the last one is needed
     assert torch.isfinite(logits).all()
+
+
+def test_a_repetition_penalty_alone_divides_positive_and_multiplies_negative_seen_logits():
+    row = RowSamplingState(
+        SamplingParams(repetition_penalty=2.0), seed=0, prompt_token_ids=[0], output_token_ids=[1]
+    )
+    md = SamplingMetadata.from_requests([row])  # the default device: the CPU
+    logits = torch.tensor([[-1.0, 3.0, 5.0]], dtype=torch.float64)
+    apply_penalties(logits, md)
+    assert logits.tolist() == [[-2.0, 1.5, 5.0]]  # prompt and output tokens are "seen"
+
+
+def test_metadata_keeps_a_temperature_of_exactly_the_epsilon_and_the_rows_params():
+    from omnistage.sample.metadata import SAMPLING_EPS
+
+    params = [SamplingParams(temperature=SAMPLING_EPS), SamplingParams(temperature=0.0)]
+    rows = [RowSamplingState(p, seed=0, prompt_token_ids=[1], output_token_ids=[]) for p in params]
+    md = SamplingMetadata.from_requests(rows)
+    assert float(md.temperature[0]) > 0 and float(md.temperature[1]) == 0.0
+    assert not md.all_greedy and md.sampling_params == params
