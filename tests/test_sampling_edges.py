@@ -388,3 +388,18 @@ def test_metadata_keeps_a_temperature_of_exactly_the_epsilon_and_the_rows_params
     md = SamplingMetadata.from_requests(rows)
     assert float(md.temperature[0]) > 0 and float(md.temperature[1]) == 0.0
     assert not md.all_greedy and md.sampling_params == params
+
+
+def test_a_temperature_of_exactly_the_epsilon_samples_a_tie_at_random():
+    """A random row, however cold: between two equal logits it draws either (a greedy row
+    would always take the lower id)."""
+    from omnistage.sample.metadata import SAMPLING_EPS
+
+    logits = torch.tensor([[1.0, 1.0, -5.0], [1.0, 1.0, -5.0]])
+    drawn = set()
+    for seed in range(16):  # beside a greedy row: the batch is neither all greedy nor random
+        rows = [_top_p_row(SAMPLING_EPS, 0, 1.0, seed), _top_p_row(0.0, 0, 1.0, seed)]
+        cold, greedy = Sampler()(logits.clone(), SamplingMetadata.from_requests(rows)).tolist()
+        drawn.add(cold)
+        assert greedy == 0
+    assert drawn == {0, 1}
