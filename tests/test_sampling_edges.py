@@ -403,3 +403,12 @@ def test_a_temperature_of_exactly_the_epsilon_samples_a_tie_at_random():
         drawn.add(cold)
         assert greedy == 0
     assert drawn == {0, 1}
+
+
+def test_a_frequency_penalty_alone_leaves_presence_at_zero():
+    row = RowSamplingState(SamplingParams(), seed=0, prompt_token_ids=[0], output_token_ids=[2, 2])
+    md = SamplingMetadata.from_requests([row])
+    md.frequency_penalties = torch.tensor([0.25])
+    logits = torch.ones(1, 3, dtype=torch.float64)
+    apply_penalties(logits, md)
+    assert logits.tolist() == [[1.0, 1.0, 0.5]]  # two occurrences, no presence penalty

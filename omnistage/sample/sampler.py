@@ -146,7 +146,7 @@ def _apply_top_k_top_p(
     logits: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
-    top_p_first: bool = False,
+    top_p_first: bool,
 ) -> None:
     """Set logits outside each row's top-k, then top-p (or top-p, then top-k), to -inf,
     in place."""
