@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from omnistage.models import code_frames
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
 
 PREFIX = "code2wav."
@@ -68,34 +69,10 @@ class Qwen3OmniCode2Wav(GenerationModel):
         return model
 
     def speech_frames(self, item: GenerationItem) -> torch.Tensor:
-        """The item's rows the vocoder decodes: its context and own rows up to the talker's
-        end frame (the first whose first code is `codec_eos`; it and every row after it are
-        not speech: transformers' `generate` cuts them off before `code2wav`), every code
-        checked.
-
-        A code outside its codebook (`0..codebook_size-1`) in a frame before the end is a
-        ValueError naming the frame and the codebook: the vocoder's embedding is one table
-        for all codebooks, so such a code would read a neighbouring codebook's row (a `-1`
-        placeholder the previous codebook's last one) or run off the table."""
-        rows = item.rows[: item.own_end]  # causal: right-context rows change nothing
-        if rows.ndim != 2 or rows.shape[1] != self.num_quantizers:
-            raise ValueError(
-                f"codes.audio: expected [frames, {self.num_quantizers}] codes, "
-                f"got {list(rows.shape)}"
-            )
-        ends = (rows[:, 0] == self.codec_eos_token_id).nonzero()
-        frames = rows[: int(ends[0, 0])] if ends.numel() else rows
-        bad = ((frames < 0) | (frames >= self.codebook_size)).nonzero()
-        if bad.numel():
-            frame, book = (int(i) for i in bad[0])
-            code = int(frames[frame, book])
-            what = "the talker's code" if book == 0 else "a code predictor's code"
-            raise ValueError(
-                f"codes.audio: frame {item.offset + frame}, codebook {book} ({what}): code "
-                f"{code} is outside the codebook 0..{self.codebook_size - 1}"
-                + (" (a placeholder?)" if code < 0 else "")
-            )
-        return frames
+        """The item's frames up to the talker's end frame, every code checked
+        (`models.code_frames.speech_frames`)."""
+        end = self.codec_eos_token_id
+        return code_frames.speech_frames(item, self.num_quantizers, self.codebook_size, end)
 
     def check_item(self, item: GenerationItem) -> None:
         if item.rows[: item.own_end].numel():
