@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from omnistage.models.generation import GenerationItem
+from omnistage.models.generation import GenerationItem, GenerationModel
 
 
 def speech_frames(
@@ -42,3 +42,22 @@ def speech_frames(
             + (" (a placeholder?)" if code < 0 else "")
         )
     return frames
+
+
+class CodeFrameVocoder(GenerationModel):
+    """A generation model decoding a talker's code frames: it sets `num_quantizers`,
+    `codebook_size` and `codec_eos_token_id` (None: the end is the first frame whose
+    first code is past the codebook); items are checked as they arrive (`check_item`),
+    so a bad one fails its own request."""
+
+    num_quantizers: int
+    codebook_size: int
+    codec_eos_token_id: int | None
+
+    def speech_frames(self, item: GenerationItem) -> torch.Tensor:
+        end = self.codec_eos_token_id
+        return speech_frames(item, self.num_quantizers, self.codebook_size, end)
+
+    def check_item(self, item: GenerationItem) -> None:
+        if item.rows[: item.own_end].numel():
+            self.speech_frames(item)

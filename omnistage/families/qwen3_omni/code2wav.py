@@ -30,14 +30,14 @@ from typing import Any
 
 import torch
 
-from omnistage.models import code_frames
-from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
+from omnistage.models.code_frames import CodeFrameVocoder
+from omnistage.models.generation import GenerationItem, load_part_module
 
 PREFIX = "code2wav."
 SAMPLE_RATE = 24000  # of the released model; not stored in its config
 
 
-class Qwen3OmniCode2Wav(GenerationModel):
+class Qwen3OmniCode2Wav(CodeFrameVocoder):
     architectures = ()  # a part of Qwen3OmniMoeForConditionalGeneration checkpoints
     output_modality = "audio"
 
@@ -67,16 +67,6 @@ class Qwen3OmniCode2Wav(GenerationModel):
         model = cls(hf_config.code2wav_config, dtype, eos)
         load_part_module(model.module, path, PREFIX, "code2wav")
         return model
-
-    def speech_frames(self, item: GenerationItem) -> torch.Tensor:
-        """The item's frames up to the talker's end frame, every code checked
-        (`models.code_frames.speech_frames`)."""
-        end = self.codec_eos_token_id
-        return code_frames.speech_frames(item, self.num_quantizers, self.codebook_size, end)
-
-    def check_item(self, item: GenerationItem) -> None:
-        if item.rows[: item.own_end].numel():
-            self.speech_frames(item)
 
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:

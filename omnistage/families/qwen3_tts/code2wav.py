@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from omnistage.families.qwen3_tts.codec_decoder import CodecDecoderConfig, Qwen3TTSCodecDecoder
-from omnistage.models import code_frames
-from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
+from omnistage.models.code_frames import CodeFrameVocoder
+from omnistage.models.generation import GenerationItem, load_part_module
 
 FOLDER = "speech_tokenizer"
 PREFIX = "decoder."
@@ -49,7 +49,7 @@ def read_speech_tokenizer_config(path: Path) -> dict[str, Any]:
     return config
 
 
-class Qwen3TTSCode2Wav(GenerationModel):
+class Qwen3TTSCode2Wav(CodeFrameVocoder):
     architectures = ()  # a part (`speech_tokenizer/`) of Qwen3-TTS checkpoints
     output_modality = "audio"
 
@@ -97,16 +97,6 @@ class Qwen3TTSCode2Wav(GenerationModel):
         model = cls(config, dtype, int(raw.get("output_sample_rate", 24000)), eos)
         load_part_module(model.module, folder, PREFIX, f"{WEIGHTS}: decoder")
         return model
-
-    def speech_frames(self, item: GenerationItem) -> torch.Tensor:
-        """The item's frames up to the talker's end frame, every code checked
-        (`models.code_frames.speech_frames`)."""
-        end = self.codec_eos_token_id
-        return code_frames.speech_frames(item, self.num_quantizers, self.codebook_size, end)
-
-    def check_item(self, item: GenerationItem) -> None:
-        if item.rows[: item.own_end].numel():
-            self.speech_frames(item)
 
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
