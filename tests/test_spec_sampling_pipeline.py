@@ -317,9 +317,11 @@ def test_processors_and_transitions_run_before_the_model_sampler(
     assert_nothing_held(engine)
 
 
-def test_a_history_one_token_behind_is_refused(checkpoints):
+def test_a_history_one_token_behind_is_refused(checkpoints, caplog):
     """The runner checks each sampled history against the step's positions: a history
-    that lacks the previous step's token (as if written late) stops the step by name."""
+    that lacks the previous step's token (as if written late) stops the step by name; the
+    engine pins the failed step on the request (`step_isolation`), which ends with
+    finish reason "error", the check's message in the log."""
     engine = LLMEngine(
         EngineConfig(
             model=checkpoints["plain"],
@@ -334,8 +336,10 @@ def test_a_history_one_token_behind_is_refused(checkpoints):
     engine.step()
     state = engine.core.executor.runner.requests["behind"]
     assert len(state.output_token_ids) == 2
-    newest = state.output_token_ids.pop()  # the history (only) is one token behind
-    with pytest.raises(RuntimeError, match="samples output 2 but its token history holds 1"):
-        engine.step()
-    state.output_token_ids.append(newest)
+    state.output_token_ids.pop()  # the history (only) is one token behind
+    (out,) = engine.step()
+    assert out.finished and out.outputs[0].finish_reason == "error"
+    assert "samples output 2 but its token history holds 1" in caplog.text
+    assert engine.core.scheduler.isolation.num_failed_steps == 1
+    assert engine.num_free_kv_blocks() == engine.num_usable_kv_blocks()
     engine.shutdown()

@@ -123,6 +123,7 @@ class EngineCore:
             logger.warning("a step of %d requests failed (%s); each runs alone", len(ran), exc)
             self.scheduler.isolation.suspect(ran)
             return []
+        logger.error("a step failed on request(s) %s", ran, exc_info=exc)
         raise StepFailed(ran, exc) from exc
 
     def flush(self) -> None:
