@@ -141,3 +141,10 @@ def test_a_runner_that_is_gone_is_not_contained(tiny_llama_f64):
     with pytest.raises(RunnerDied):
         llm.generate(_prompts()[:2], _params(2), use_tqdm=False)
     assert llm.engine.core.scheduler.isolation.num_failed_steps == 0
+
+
+def test_step_failed_names_the_cause():
+    from omnistage.core.step_isolation import StepFailed
+
+    failed = StepFailed(["a"], ValueError("bad rows"))
+    assert str(failed) == "ValueError: bad rows" and failed.blamed == ["a"]

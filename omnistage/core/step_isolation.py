@@ -40,8 +40,9 @@ class StepIsolation:
         """Steps whose model call raised (for counters and tests)."""
 
     def suspect(self, request_ids: Iterable[str]) -> None:
-        """Run each of `request_ids` alone before it joins a batch again."""
-        self.suspects += [r for r in request_ids if r not in self.suspects]
+        """Run each of `request_ids` alone before it joins a batch again. Called only when
+        no suspect is left: while there is one, every step runs one request."""
+        self.suspects = list(request_ids)
 
     def focus(self, live: Container[str]) -> str | None:
         """The suspect to run alone now (None: batch as usual), forgetting ended ones."""
