@@ -148,3 +148,39 @@ def test_step_failed_names_the_cause():
 
     failed = StepFailed(["a"], ValueError("bad rows"))
     assert str(failed) == "ValueError: bad rows" and failed.blamed == ["a"]
+
+
+def test_a_suspect_that_sampled_a_token_alone_is_cleared_and_the_next_runs_alone():
+    from omnistage.core.engine_core_output import EngineCoreOutput
+    from omnistage.core.step_isolation import StepIsolation
+
+    isolation = StepIsolation()
+    isolation.suspect(["a", "b", "c"])
+    assert isolation.focus({"a", "b", "c"}) == "a"
+    assert isolation.admits("a") and not isolation.admits("b")
+    isolation.cleared([EngineCoreOutput(request_id="a", new_token_ids=[])])  # a prompt chunk
+    assert isolation.suspects == ["a", "b", "c"]
+    isolation.cleared([EngineCoreOutput(request_id="a", new_token_ids=[7])])  # not finished
+    assert isolation.focus({"a", "b", "c"}) == "b"
+    assert isolation.focus({"c"}) == "c"  # b ended meanwhile
+    isolation.cleared([EngineCoreOutput(request_id="c", new_token_ids=[], finish_reason="stop")])
+    assert isolation.focus(set()) is None and isolation.admits("anyone")
+
+
+def test_the_token_budget_adds_up_what_it_gave():
+    from omnistage.core.token_budget import TokenBudget
+
+    budget = TokenBudget(10)
+    budget.take("a", 3)
+    budget.take("b", 4, num_spec=2)
+    assert (budget.left, budget.used) == (3, 7)
+    assert budget.scheduled == {"a": 3, "b": 4} and budget.spec == {"b": 2}
+
+
+def test_a_request_stops_when_it_fills_the_context_exactly(tiny_llama_f64):
+    """(max_tokens is capped at the context's room too, so the stop rule's own
+    `num_tokens >= max_model_len` is a second guard: its `>` mutant cannot fail this.)"""
+    llm = LLM(str(tiny_llama_f64), dtype="float64", max_model_len=8)
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    (out,) = llm.generate([{"prompt_token_ids": [5, 6, 7, 8, 9, 10]}], params, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 2 and out.outputs[0].finish_reason == "length"
