@@ -129,8 +129,9 @@ class Scheduler:
         self._schedule_running(budget, cached_reqs, preempted, new_conditioning, new_fill)
         if not preempted:
             self._schedule_waiting(budget, new_reqs)
-        preempted |= self._preempted_since_last_step
-        self._preempted_since_last_step = set()
+        if self._preempted_since_last_step:  # after a failed step (`preempt_running`)
+            preempted |= self._preempted_since_last_step
+            self._preempted_since_last_step = set()
         out = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,

@@ -46,6 +46,8 @@ class StepIsolation:
 
     def focus(self, live: Container[str]) -> str | None:
         """The suspect to run alone now (None: batch as usual), forgetting ended ones."""
+        if not self.suspects:  # every step asks: no work when nothing failed
+            return None
         self.suspects = [r for r in self.suspects if r in live]
         return self.suspects[0] if self.suspects else None
 
@@ -55,6 +57,8 @@ class StepIsolation:
 
     def cleared(self, outputs: Iterable[EngineCoreOutput]) -> None:
         """A suspect that sampled a token (or ended) alone is innocent."""
+        if not self.suspects:
+            return
         for out in outputs:
             if out.request_id in self.suspects and (out.new_token_ids or out.finished):
                 self.suspects.remove(out.request_id)
