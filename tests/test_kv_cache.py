@@ -90,3 +90,15 @@ def test_caching_off_never_hits():
     a = make_request("a", list(range(12)))
     kv.allocate_slots(a, 12)
     assert kv.get_computed_blocks(make_request("b", list(range(12))))[1] == 0
+
+
+def test_reset_prefix_cache_only_when_nothing_is_held_then_forgets_every_hash():
+    kv = manager()
+    a = make_request("a", list(range(12)))
+    kv.allocate_slots(a, 12)
+    assert not kv.reset_prefix_cache()  # a still holds its blocks
+    kv.free(a)
+    assert kv.get_computed_blocks(make_request("b", list(range(12))))[1] == 8  # still cached
+    assert kv.reset_prefix_cache()
+    assert all(block.block_hash is None for block in kv.pool.blocks)
+    assert kv.get_computed_blocks(make_request("c", list(range(12))))[1] == 0

@@ -95,6 +95,23 @@ def test_preemption_frees_and_recomputes_latest_arrival():
     assert s.kv.num_free_blocks == 4
 
 
+def test_preempt_running_preempts_everyone_in_running_order_and_counts_each():
+    s = make_scheduler()
+    s.add_request(req("a", 8, max_tokens=8))
+    s.add_request(req("b", 2, max_tokens=8, first=50))
+    fake_step(s)
+    assert [r.request_id for r in s.running] == ["a", "b"] and s.num_preemptions == 0
+    s.preempt_running()
+    assert s.num_preemptions == 2 and not s.running
+    assert [r.request_id for r in s.waiting] == ["a", "b"]  # a runs first again
+    assert all(s.requests[r].num_computed_tokens == 0 for r in "ab")
+    assert all(s.requests[r].output_token_ids == [7] for r in "ab")
+    assert s.kv.num_free_blocks == 63
+    so, _ = fake_step(s)
+    assert so.preempted_req_ids == {"a", "b"}  # the runner hears of it
+    assert set(so.num_scheduled_tokens) == {"a", "b"}  # and both are recomputed
+
+
 def test_stop_rules_and_release():
     s = make_scheduler()
     s.add_request(req("len", 2, max_tokens=3))

@@ -16,6 +16,7 @@ import pytest
 from omnistage import LLM, SamplingParams
 from omnistage.core.process_executor import RunnerDied
 from omnistage.core.sched_output import SchedulerOutput
+from omnistage.core.step_isolation import StepFailed
 
 BAD_MARK = 299
 """The bad request's prompt starts with this token."""
@@ -119,6 +120,35 @@ def test_a_step_of_one_request_blames_it_at_once(tiny_llama_f64):
     isolation = llm.engine.core.scheduler.isolation
     assert isolation.num_failed_steps == 1 and faulty.raised >= 1 and isolation.suspects == []
     assert llm.engine.num_free_kv_blocks() == llm.engine.num_usable_kv_blocks()
+
+
+def test_a_failed_step_of_two_runs_each_alone_and_the_blame_carries_the_cause(
+    tiny_llama_f64, alone_tokens
+):
+    """Two requests in the failed step (the smallest batch that must be split): the bad one
+    is blamed only after it failed alone, with the model's exception as the cause."""
+    llm = _engine(tiny_llama_f64, async_scheduling=False)
+    FaultyRunner(llm, after=0)
+    core, blamed = llm.engine.core, []
+    original = core.step
+
+    def step() -> Any:
+        try:
+            return original()
+        except StepFailed as failed:
+            blamed.append(failed)
+            raise
+
+    core.step = step
+    prompts = [_prompts()[0], {"prompt_token_ids": [BAD_MARK, *SHARED]}]
+    outs = llm.generate(prompts, _params(2), use_tqdm=False)
+    assert outs[0].outputs[0].token_ids == alone_tokens[0]
+    assert outs[1].outputs[0].finish_reason == "error"
+    assert core.scheduler.isolation.num_failed_steps == 2  # the pair, then the bad one alone
+    (failed,) = blamed
+    assert len(failed.blamed) == 1  # the bad one only
+    assert str(failed).startswith("RuntimeError: model failed on")
+    assert isinstance(failed.__cause__, RuntimeError)
 
 
 def test_n_sequences_of_a_failing_request_each_end_with_error(tiny_llama_f64):

@@ -149,7 +149,7 @@ def _check_value(key: str, spec: KeySpec, value: Any, where: str) -> None:
         # type() rather than isinstance(): bool is a subclass of int, and an int is no float.
         if type(value) is not _SCALAR_TYPES[spec.kind]:
             raise PayloadError(
-                f"{where}: payload key {key!r} expects {spec.kind}, got {_type_name(value)}"
+                f"{where}: payload key {key!r} expects {spec.describe()}, got {_type_name(value)}"
             )
         return
     if not isinstance(value, torch.Tensor):

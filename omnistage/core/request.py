@@ -73,7 +73,6 @@ class Request:
     """Tokens scheduled but not yet sampled (async scheduling). Accounting only."""
     num_cached_tokens: int = -1
     """Prompt tokens served from the prefix cache at first scheduling (-1: not yet)."""
-    num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     block_hashes: list[bytes] = field(default_factory=list)

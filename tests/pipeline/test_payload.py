@@ -134,10 +134,11 @@ def test_unknown_key_names_key_where_and_close_matches():
     ("payload", "words"),
     [
         ({"meta.chunk_index": True}, ["'meta.chunk_index'", "int", "bool"]),
-        ({"meta.finished": 1}, ["'meta.finished'", "bool", "int"]),
+        ({"meta.finished": 1}, ["'meta.finished'", "expects bool, got int"]),
         ({"meta.text": b"x"}, ["'meta.text'", "str", "bytes"]),
         ({"test_payload.ratio": 1}, ["'test_payload.ratio'", "float", "int"]),
-        ({"ids.prompt": [1, 2]}, ["'ids.prompt'", "tensor", "list"]),
+        ({"ids.prompt": [1, 2]}, ["'ids.prompt'", "expects 1-d int-dtype tensor", "list"]),
+        ({"codes.audio": 3}, ["'codes.audio'", "expects any-d int-dtype tensor", "got int"]),
         ({"meta.chunk_index": torch.tensor(1)}, ["'meta.chunk_index'", "int", "tensor"]),
         ({"ids.prompt": torch.zeros(3)}, ["'ids.prompt'", "integer", "float32"]),
         ({"ids.prompt": torch.zeros(3, dtype=torch.bool)}, ["'ids.prompt'", "integer", "bool"]),
@@ -180,8 +181,27 @@ def test_register_payload_key_rules():
         KeySpec("list")
     with pytest.raises(ValueError, match="dtype_kind"):
         KeySpec("tensor", "complex")
-    with pytest.raises(ValueError, match="tensor keys only"):
-        KeySpec("int", ndim=1)
+    only_tensors = "KeySpec.dtype_kind and KeySpec.ndim apply to tensor keys only"
+    for bad_scalar in [{"ndim": 1}, {"dtype_kind": "float"}, {"ndim": 0}]:
+        with pytest.raises(ValueError) as err:
+            KeySpec("int", **bad_scalar)
+        assert str(err.value) == only_tensors
+    assert KeySpec("int", "any").ndim is None and KeySpec("tensor", ndim=0).ndim == 0
+    for bad_ndim in [-1, 1.5, True, "2"]:
+        with pytest.raises(ValueError) as err:
+            KeySpec("tensor", ndim=bad_ndim)  # type: ignore[arg-type]
+        assert str(err.value) == f"KeySpec.ndim must be None or an int >= 0, got {bad_ndim!r}"
+    with pytest.raises(TypeError) as err:
+        register_payload_key("test_payload.loose", "tensor")  # type: ignore[arg-type]
+    assert (
+        str(err.value)
+        == "spec for payload key 'test_payload.loose' must be a KeySpec, got 'tensor'"
+    )
+
+
+def test_payload_nbytes_names_itself_in_its_errors():
+    with pytest.raises(PayloadError, match="^payload_nbytes: .*'no.such_key'"):
+        payload_nbytes({"no.such_key": 1})
 
 
 def test_schema_has_the_documented_keys():
