@@ -95,6 +95,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         limits = config.limits if isinstance(config, SlowClientConfig) else SlowClientLimits()
         self.header_timeout_s = limits.header_timeout_s
         self.header_timer: asyncio.TimerHandle | None = None
+        self.upgraded = False
         # uvicorn's own cap answers a plain-text 503: ours checks the same counts first.
         self.max_connections, self.limit_concurrency = self.limit_concurrency, None
         if self.max_connections is not None:
@@ -130,6 +131,13 @@ class HeaderTimeoutProtocol(H11Protocol):
         else:
             self._cancel_header_timer()
 
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        # The connection is the WebSocket protocol's from now on: its header is complete,
+        # and the timer must not close it later.
+        self.upgraded = True
+        self._cancel_header_timer()
+        super().handle_websocket_upgrade(event)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
@@ -139,7 +147,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         return self.cycle is None or self.cycle.response_complete
 
     def _arm_header_timer(self) -> None:
-        if self.header_timer is None and not self.transport.is_closing():
+        if self.header_timer is None and not self.upgraded and not self.transport.is_closing():
             self.header_timer = self.loop.call_later(self.header_timeout_s, self._header_late)
 
     def _cancel_header_timer(self) -> None:
