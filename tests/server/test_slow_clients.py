@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-from fastapi import Request
+from fastapi import Request, WebSocket
 from fastapi.responses import StreamingResponse
+from websockets.sync.client import connect
 
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
@@ -47,7 +48,13 @@ def url(tiny_llama) -> Iterator[str]:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        while True:
+            await websocket.send_text(await websocket.receive_text())
+
     app.add_api_route("/slow-stream", slow_stream, methods=["POST"])
+    app.add_api_websocket_route("/echo", echo)
     sock = socket.create_server(("127.0.0.1", 0))
     config = server_config(app, LIMITS, log_level="warning", timeout_graceful_shutdown=10)
     server = Server(config, client)
@@ -162,3 +169,13 @@ def test_limits_are_checked_by_name():
     ):
         with pytest.raises(ValueError, match=field):
             SlowClientLimits(**{field: value})
+
+
+def test_a_websocket_outlives_the_header_timeout(url):
+    """The header timer stops at the upgrade: it used to close a WebSocket (/v1/realtime)
+    `header_timeout_s` after it opened."""
+    with connect(url.replace("http", "ws") + "/echo", open_timeout=10) as ws:
+        for i in range(4):  # 2 s, 4x the header timeout
+            time.sleep(0.5)
+            ws.send(f"ping {i}")
+            assert ws.recv(5) == f"ping {i}"
