@@ -206,8 +206,17 @@ def test_a_new_response_or_a_cancel_interrupts_the_running_one(
         send(ws, "response.cancel", response_id=third)
         done = until(ws, "response.done")[-1]["response"]
         assert (done["id"], done["status"]) == (third, "cancelled")
+
+        send(ws, "response.create", response=LONG)
+        fourth = until(ws, "response.audio_transcript.delta")[0]["response"]["id"]
+        send(ws, "input_audio_buffer.append", audio=base64.b64encode(_sine_pcm16(0.2)).decode())
+        send(ws, "input_audio_buffer.commit")  # the user speaks over the response
+        events = until(ws, "input_audio_buffer.committed")
+        done = of(events, "response.done")[0]["response"]
+        assert (done["id"], done["status"]) == (fourth, "cancelled")
+        assert done["status_details"]["reason"] == "turn_detected"
     speech_server.wait_idle()
-    assert {first, third} <= set(aborted)
+    assert {first, third, fourth} <= set(aborted)
     assert _open_requests(speech_server) == 0
 
 
@@ -258,6 +267,28 @@ def test_bad_events_are_error_events_naming_the_field_and_the_session_goes_on(
             response={"modalities": ["text"], "max_response_output_tokens": 1},
         )
         assert until(ws, "response.done")[-1]["response"]["status"] in ("completed", "incomplete")
+
+
+def test_a_prompt_the_model_refuses_fails_the_response_and_the_session_goes_on(
+    speech_server: PipelineServer,
+):
+    with realtime(speech_server) as ws:
+        send(ws, "session.update", session={"instructions": "Be brief. " * 20000})
+        recv(ws)
+        send(ws, "conversation.item.create", item=user_text(HELLO))
+        recv(ws)
+        send(ws, "response.create", event_id="evt_9")
+        events = until(ws, "response.done")
+        (error,) = of(events, "error")
+        assert error["error"]["param"] == "conversation", error
+        assert error["error"]["event_id"] == "evt_9"
+        assert "context" in error["error"]["message"]
+        assert events[-1]["response"]["status"] == "failed"
+        send(ws, "session.update", session={"instructions": "", "max_response_output_tokens": 1})
+        recv(ws)
+        send(ws, "response.create", response={"modalities": ["text"]})
+        assert until(ws, "response.done")[-1]["response"]["status"] in ("completed", "incomplete")
+    speech_server.wait_idle()
 
 
 def test_malformed_messages_and_an_unknown_model(speech_server: PipelineServer):

@@ -23,8 +23,10 @@ response ends `failed`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any, Literal
 
 from omnistage.entrypoints.openai.client import DeltaStream, EngineDeadError
@@ -41,6 +43,8 @@ from omnistage.entrypoints.openai.serving import OpenAIServing, check_not_aborte
 from omnistage.entrypoints.openai.serving_chat import MEDIA_RENAMES
 from omnistage.entrypoints.openai.serving_speech import pcm16_base64
 from omnistage.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Status = Literal["completed", "cancelled", "incomplete", "failed"]
@@ -73,10 +77,13 @@ class RealtimeResponse:
         messages: list[dict[str, Any]],
         send: Send,
         add_item: Callable[[ItemObject], str | None],
+        event_id: str | None = None,
     ) -> None:
         self.serving, self.settings, self.messages = serving, settings, messages
         self.send, self.add_item = send, add_item
         self.id = new_id("resp")
+        self.event_id = event_id
+        """The `response.create` it answers (its errors name it)."""
         self.cancel_reason = "client_cancelled"
         """Why a cancelled response was (client_cancelled, turn_detected)."""
         self.item: ItemObject | None = None
@@ -85,6 +92,8 @@ class RealtimeResponse:
         self.usage = UsageObject()
         self.ended = False
         """Whether `response.done` was sent."""
+        self.finishing = False
+        """Whether its request ended and it is sending its `.done` events."""
 
     def describe(self, status: str, details: dict[str, Any] | None = None) -> ResponseObject:
         s = self.settings
@@ -121,10 +130,12 @@ class RealtimeResponse:
         except asyncio.CancelledError:
             await self._finish("cancelled", {"type": "cancelled", "reason": self.cancel_reason})
             raise
-        except (OpenAIError, EngineDeadError) as exc:
-            error = exc if isinstance(exc, OpenAIError) else OpenAIError(str(exc), 503)
-            await self.send(error_event(error))
+        except Exception as exc:  # the request failed (or a bug here): the session goes on
+            error = _as_openai_error(exc)
+            await self.send(error_event(error, self.event_id))
             status, details = "failed", {"type": "failed", "error": _error_details(error)}
+        # Its request has ended: an interruption now waits for this rather than cancel it.
+        self.finishing = True
         await self._finish(status, details)
 
     def sampling_params(self) -> SamplingParams:
@@ -221,6 +232,15 @@ class RealtimeResponse:
                 )
             )
         await self.send(server_event("response.done", response=self.describe(status, details)))
+
+
+def _as_openai_error(exc: Exception) -> OpenAIError:
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, EngineDeadError):
+        return OpenAIError(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+    logger.exception("a realtime response failed", exc_info=exc)
+    return OpenAIError(f"internal server error: {type(exc).__name__}", 500)
 
 
 def _error_details(error: OpenAIError) -> dict[str, Any]:

@@ -186,7 +186,9 @@ class RealtimeSession:
         settings = self._merge(event.response or GenerationConfig(), "response")
         await self._interrupt("client_cancelled")
         messages = self.conversation.messages(settings.instructions)
-        response = RealtimeResponse(self.serving, settings, messages, self.send, self._add_reply)
+        response = RealtimeResponse(
+            self.serving, settings, messages, self.send, self._add_reply, event.event_id
+        )
         self.response = response
         await response.created()
         self._task = asyncio.create_task(response.run())
@@ -212,8 +214,9 @@ class RealtimeSession:
         self._task = None
         if task is None or response is None or task.done():
             return
-        response.cancel_reason = reason
-        task.cancel()
+        if not response.finishing:  # else its request ended already: let it send its end
+            response.cancel_reason = reason
+            task.cancel()
         await asyncio.wait({task})
         await response.end_cancelled()  # if the task was cancelled before it began
 
