@@ -242,6 +242,20 @@ def test_a_new_response_or_a_cancel_interrupts_the_running_one(
             },
             "item.content[0].type",
         ),
+        (
+            {
+                "type": "conversation.item.create",
+                "item": {"role": "user", "content": [{"type": "input_text"}]},
+            },
+            "item.content[0].text",
+        ),
+        (
+            {
+                "type": "conversation.item.create",
+                "item": {"role": "user", "content": [{"type": "input_audio", "audio": "AA"}]},
+            },
+            "item.content[0].audio",
+        ),
     ],
 )
 def test_bad_events_are_error_events_naming_the_field_and_the_session_goes_on(

@@ -42,7 +42,9 @@ class Conversation:
     def last_id(self) -> str | None:
         return self.items[-1].id if self.items else None
 
-    def add(self, item: ItemObject, after: str | None = None, audio: dict[int, str] | None = None):
+    def add(
+        self, item: ItemObject, after: str | None = None, audio: dict[int, str] | None = None
+    ) -> str | None:
         """Insert `item` after the item `after` (None: at the end; "root": first); its
         user audio parts' WAVs are `audio` (part index -> base64 WAV). Returns the id of the
         item before it (None: it is first)."""
@@ -123,8 +125,10 @@ def client_item(item: ConversationItem) -> tuple[ItemObject, dict[int, str]]:
             content.append({"type": "input_audio", "transcript": part.transcript})
         elif part.type == "audio":
             content.append({"type": "audio", "transcript": part.transcript or ""})
+        elif part.text is None:
+            raise EventError(f"{where}.text: a {part.type} part needs text", f"{where}.text")
         else:
-            content.append({"type": part.type, "text": part.text or ""})
+            content.append({"type": part.type, "text": part.text})
     item_id = item.id or new_id("item")
     return ItemObject(id=item_id, role=item.role, content=content), audio
 
