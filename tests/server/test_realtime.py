@@ -100,6 +100,7 @@ def test_text_in_gives_the_chat_route_s_audio_and_transcript(speech_server: Pipe
             "response.done",
         ]
         done = events[-1]["response"]
+        assert done["voice"] == "ethan" and done["max_output_tokens"] == 6
         finish = chat.choices[0].finish_reason
         assert done["status"] == ("incomplete" if finish == "length" else "completed")
         assert done["output"][0]["content"] == [{"type": "audio", "transcript": transcript}]

@@ -104,7 +104,7 @@ class RealtimeResponse:
             output=[self.item] if self.item is not None else [],
             usage=self.usage if status != "in_progress" else None,
             modalities=list(s.modalities),
-            voice=s.voice,
+            voice=s.voice or getattr(self.serving.ctx.client, "default_voice", None),
             temperature=s.temperature,
             max_output_tokens="inf" if s.max_tokens is None else s.max_tokens,
         )
