@@ -19,6 +19,7 @@ import httpx
 import pytest
 from fastapi import Request, WebSocket
 from fastapi.responses import StreamingResponse
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from omnistage.config import EngineConfig
@@ -179,3 +180,22 @@ def test_a_websocket_outlives_the_header_timeout(url):
             time.sleep(0.5)
             ws.send(f"ping {i}")
             assert ws.recv(5) == f"ping {i}"
+
+
+def test_websockets_count_as_connections_and_one_beyond_the_cap_is_a_503(url):
+    ws_url = url.replace("http", "ws") + "/echo"
+    with contextlib.ExitStack() as stack:
+        # the cap counts the connection asking, as for a request (`_capped`)
+        for _ in range(LIMITS.max_connections - 1):
+            stack.enter_context(connect(ws_url, open_timeout=10))
+        with pytest.raises(InvalidStatus) as refused:
+            connect(ws_url, open_timeout=10)
+        assert refused.value.response.status_code == 503
+        assert b"its limit" in refused.value.response.body
+        assert _completion(url).status_code == 503
+    deadline = time.monotonic() + 5  # the server sees the sockets close
+    while _completion(url).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with connect(ws_url, open_timeout=10) as ws:
+        ws.send("again")
+        assert ws.recv(5) == "again"

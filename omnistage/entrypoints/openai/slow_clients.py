@@ -16,7 +16,8 @@ number of open connections is capped, so a few sockets that send a byte now and 
   take as long as it takes, while the server waits for the client to disconnect.
 - Connections: `max_connections`, uvicorn's `limit_concurrency` answered in OpenAI's
   shape: once that many connections are open, or requests are in flight, a new request
-  gets a 503 error body at once and its connection is closed.
+  gets a 503 error body at once and its connection is closed. An open WebSocket
+  (/v1/realtime) counts as a connection, and an upgrade beyond the cap is such a 503.
 
 `server_config` builds the uvicorn config `serve` runs with these bounds.
 """
@@ -136,7 +137,32 @@ class HeaderTimeoutProtocol(H11Protocol):
         # and the timer must not close it later.
         self.upgraded = True
         self._cancel_header_timer()
+        # uvicorn upgrades before any app runs, so `_capped` never sees the request: an open
+        # WebSocket counts as a connection, and one beyond the cap is refused here.
+        if self.max_connections is not None and len(self.connections) >= self.max_connections:
+            self._refuse_upgrade(self.max_connections)
+            return
         super().handle_websocket_upgrade(event)
+
+    def _refuse_upgrade(self, limit: int) -> None:
+        """A 503 in OpenAI's shape for a WebSocket upgrade over the cap; then close."""
+        logger.warning("connection limit (%d) reached: refusing a WebSocket upgrade", limit)
+        body = (
+            OpenAIError(
+                f"the server has {limit} connections open, its limit; try again later",
+                HTTPStatus.SERVICE_UNAVAILABLE,
+            )
+            .response()
+            .body
+        )
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for part in (
+            h11.Response(status_code=503, headers=headers, reason=b"Service Unavailable"),
+            h11.Data(data=bytes(body)),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(part) or b"")
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
