@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from fastapi import WebSocket
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from tests.server.conftest import LiveServer
 
@@ -52,6 +55,21 @@ def test_a_body_over_the_limit_is_a_413_and_the_server_goes_on(guarded):
     assert chunked.status_code == 413 and "and more" in chunked.json()["error"]["message"]
     ok = httpx.post(url, json=_chat("hello"), headers=auth, timeout=60)
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+def test_a_websocket_upgrade_wants_the_key(guarded):
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        await websocket.send_text("open")
+        await websocket.close()
+
+    guarded.app.add_api_websocket_route("/ws-probe", echo)
+    url = guarded.url.replace("http", "ws") + "/ws-probe"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, open_timeout=10)
+    assert refused.value.response.status_code == 403
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        assert ws.recv(10) == "open"
 
 
 def test_a_limit_below_one_byte_is_refused(tiny_llama):

@@ -17,8 +17,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-from fastapi import Request
+from fastapi import Request, WebSocket
 from fastapi.responses import StreamingResponse
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 from omnistage.config import EngineConfig
 from omnistage.engine.llm_engine import LLMEngine
@@ -47,7 +49,13 @@ def url(tiny_llama) -> Iterator[str]:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def echo(websocket: WebSocket) -> None:
+        await websocket.accept()
+        while True:
+            await websocket.send_text(await websocket.receive_text())
+
     app.add_api_route("/slow-stream", slow_stream, methods=["POST"])
+    app.add_api_websocket_route("/echo", echo)
     sock = socket.create_server(("127.0.0.1", 0))
     config = server_config(app, LIMITS, log_level="warning", timeout_graceful_shutdown=10)
     server = Server(config, client)
@@ -162,3 +170,32 @@ def test_limits_are_checked_by_name():
     ):
         with pytest.raises(ValueError, match=field):
             SlowClientLimits(**{field: value})
+
+
+def test_a_websocket_outlives_the_header_timeout(url):
+    """The header timer stops at the upgrade: it used to close a WebSocket (/v1/realtime)
+    `header_timeout_s` after it opened."""
+    with connect(url.replace("http", "ws") + "/echo", open_timeout=10) as ws:
+        for i in range(4):  # 2 s, 4x the header timeout
+            time.sleep(0.5)
+            ws.send(f"ping {i}")
+            assert ws.recv(5) == f"ping {i}"
+
+
+def test_websockets_count_as_connections_and_one_beyond_the_cap_is_a_503(url):
+    ws_url = url.replace("http", "ws") + "/echo"
+    with contextlib.ExitStack() as stack:
+        # the cap counts the connection asking, as for a request (`_capped`)
+        for _ in range(LIMITS.max_connections - 1):
+            stack.enter_context(connect(ws_url, open_timeout=10))
+        with pytest.raises(InvalidStatus) as refused:
+            connect(ws_url, open_timeout=10)
+        assert refused.value.response.status_code == 503
+        assert b"its limit" in refused.value.response.body
+        assert _completion(url).status_code == 503
+    deadline = time.monotonic() + 5  # the server sees the sockets close
+    while _completion(url).status_code == 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with connect(ws_url, open_timeout=10) as ws:
+        ws.send("again")
+        assert ws.recv(5) == "again"

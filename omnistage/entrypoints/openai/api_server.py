@@ -5,7 +5,8 @@
 
 Routes: the endpoints of each serving class (`DEFAULT_SERVINGS`: /v1/models,
 /v1/chat/completions, /v1/completions, and where the model draws or speaks
-/v1/images/generations and /v1/audio/speech), plus GET /health and GET /metrics.
+/v1/images/generations and /v1/audio/speech, and WebSocket /v1/realtime where it both
+writes text and speaks), plus GET /health and GET /metrics.
 With an API key, every route but /health and /metrics (open, as in vLLM) wants
 `Authorization: Bearer <key>` (401 otherwise), /docs and /openapi.json included; a
 request body over `--max-request-bytes` is a 413 (`http_guards.py`). Slow clients are
@@ -60,6 +61,7 @@ from omnistage.entrypoints.openai.serving_chat import ChatServing
 from omnistage.entrypoints.openai.serving_completion import CompletionServing
 from omnistage.entrypoints.openai.serving_images import ImagesServing
 from omnistage.entrypoints.openai.serving_models import ModelsServing
+from omnistage.entrypoints.openai.serving_realtime import RealtimeServing
 from omnistage.entrypoints.openai.serving_speech import SpeechServing
 from omnistage.entrypoints.openai.serving_voices import VoicesServing
 from omnistage.entrypoints.openai.slow_clients import (
@@ -77,6 +79,7 @@ DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (
     ImagesServing,
     SpeechServing,
     VoicesServing,
+    RealtimeServing,
 )
 """Endpoint families every app gets (each only where its `enabled` says so)."""
 

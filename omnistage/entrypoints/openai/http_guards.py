@@ -3,7 +3,8 @@
 - `ApiKeyMiddleware`: with `--api-key`, every route but `OPEN_PATHS` (the health check
   and the Prometheus scrape) needs `Authorization: Bearer <key>` — the OpenAI routes and
   also FastAPI's `/docs`, `/redoc` and `/openapi.json`, which describe the whole API.
-  A 401 in OpenAI's error shape otherwise.
+  A 401 in OpenAI's error shape otherwise; a WebSocket upgrade (/v1/realtime) without
+  it is refused (403).
 - `BodyLimitMiddleware`: a request body over `max_bytes` (`--max-request-bytes`) is a 413
   naming the limit: at once when its `Content-Length` says so, or, for a chunked body,
   as soon as the bytes received pass it (the route then sees its client gone, and what
@@ -35,9 +36,13 @@ class ApiKeyMiddleware:
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].rstrip("/") not in OPEN_PATHS:
+        guarded = scope["type"] in ("http", "websocket")
+        if guarded and scope["path"].rstrip("/") not in OPEN_PATHS:
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.expected):
+                if scope["type"] == "websocket":  # refused before the upgrade: a 403
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
                 response = error_response(
                     "invalid or missing API key: send the header Authorization: Bearer <key>",
                     HTTPStatus.UNAUTHORIZED,

@@ -229,11 +229,9 @@ async def _whole_audio(stream: DeltaStream, audio_format: str, transcript: str) 
 
 
 def _pcm16_base64(samples: Any) -> str:
-    """A chunk of float samples (a tensor) as base64 16-bit PCM."""
-    from omnistage.entrypoints.openai.serving_speech import _float32, to_pcm16
+    from omnistage.entrypoints.openai.serving_speech import pcm16_base64
 
-    pcm = to_pcm16(samples.to(dtype=_float32()).numpy())
-    return base64.b64encode(pcm).decode("ascii")
+    return pcm16_base64(samples)
 
 
 def _logprob_infos(entries: list[TokenLogprob]) -> list[TokenLogprobInfo]:

@@ -29,6 +29,7 @@ stage.
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import struct
 import time
@@ -209,6 +210,12 @@ def _float32() -> Any:
 def to_pcm16(samples: np.ndarray) -> bytes:
     """Float samples in [-1, 1] as 16-bit little-endian PCM."""
     return (np.clip(samples.reshape(-1), -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+def pcm16_base64(samples: Any) -> str:
+    """A chunk of float samples (a tensor) as base64 16-bit PCM (a streamed audio delta)."""
+    pcm = to_pcm16(samples.to(dtype=_float32()).numpy())
+    return base64.b64encode(pcm).decode("ascii")
 
 
 def wav_header(sample_rate: int, data_bytes: int) -> bytes:

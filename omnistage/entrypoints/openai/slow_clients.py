@@ -16,7 +16,8 @@ number of open connections is capped, so a few sockets that send a byte now and 
   take as long as it takes, while the server waits for the client to disconnect.
 - Connections: `max_connections`, uvicorn's `limit_concurrency` answered in OpenAI's
   shape: once that many connections are open, or requests are in flight, a new request
-  gets a 503 error body at once and its connection is closed.
+  gets a 503 error body at once and its connection is closed. An open WebSocket
+  (/v1/realtime) counts as a connection, and an upgrade beyond the cap is such a 503.
 
 `server_config` builds the uvicorn config `serve` runs with these bounds.
 """
@@ -95,6 +96,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         limits = config.limits if isinstance(config, SlowClientConfig) else SlowClientLimits()
         self.header_timeout_s = limits.header_timeout_s
         self.header_timer: asyncio.TimerHandle | None = None
+        self.upgraded = False
         # uvicorn's own cap answers a plain-text 503: ours checks the same counts first.
         self.max_connections, self.limit_concurrency = self.limit_concurrency, None
         if self.max_connections is not None:
@@ -130,6 +132,38 @@ class HeaderTimeoutProtocol(H11Protocol):
         else:
             self._cancel_header_timer()
 
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        # The connection is the WebSocket protocol's from now on: its header is complete,
+        # and the timer must not close it later.
+        self.upgraded = True
+        self._cancel_header_timer()
+        # uvicorn upgrades before any app runs, so `_capped` never sees the request: an open
+        # WebSocket counts as a connection, and one beyond the cap is refused here.
+        if self.max_connections is not None and len(self.connections) >= self.max_connections:
+            self._refuse_upgrade(self.max_connections)
+            return
+        super().handle_websocket_upgrade(event)
+
+    def _refuse_upgrade(self, limit: int) -> None:
+        """A 503 in OpenAI's shape for a WebSocket upgrade over the cap; then close."""
+        logger.warning("connection limit (%d) reached: refusing a WebSocket upgrade", limit)
+        body = (
+            OpenAIError(
+                f"the server has {limit} connections open, its limit; try again later",
+                HTTPStatus.SERVICE_UNAVAILABLE,
+            )
+            .response()
+            .body
+        )
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for part in (
+            h11.Response(status_code=503, headers=headers, reason=b"Service Unavailable"),
+            h11.Data(data=bytes(body)),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(part) or b"")
+        self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
@@ -139,7 +173,7 @@ class HeaderTimeoutProtocol(H11Protocol):
         return self.cycle is None or self.cycle.response_complete
 
     def _arm_header_timer(self) -> None:
-        if self.header_timer is None and not self.transport.is_closing():
+        if self.header_timer is None and not self.upgraded and not self.transport.is_closing():
             self.header_timer = self.loop.call_later(self.header_timeout_s, self._header_late)
 
     def _cancel_header_timer(self) -> None:
