@@ -9,6 +9,7 @@ exact), the engine holds nothing afterwards, and it serves the next request.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from omnistage.core.step_isolation import StepFailed
 
 BAD_MARK = 299
 """The bad request's prompt starts with this token."""
+MAX_FAILED_STEPS = 8
+"""More failed steps than isolation needs (async: the batch in flight fails too)."""
 SHARED = [7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71]
 
 
@@ -58,6 +61,8 @@ class FaultyRunner:
             num_outputs = outputs.get(req_id, len(held.output_token_ids) if held else 0)
             if num_outputs >= self.after:
                 self.raised += 1
+                if self.raised > MAX_FAILED_STEPS:  # a BaseException: never contained
+                    pytest.fail(f"the engine failed {self.raised} steps on {req_id}: no isolation")
                 raise RuntimeError(f"model failed on {req_id}")
         return self.original(so)
 
@@ -123,7 +128,7 @@ def test_a_step_of_one_request_blames_it_at_once(tiny_llama_f64):
 
 
 def test_a_failed_step_of_two_runs_each_alone_and_the_blame_carries_the_cause(
-    tiny_llama_f64, alone_tokens
+    tiny_llama_f64, alone_tokens, caplog
 ):
     """Two requests in the failed step (the smallest batch that must be split): the bad one
     is blamed only after it failed alone, with the model's exception as the cause."""
@@ -141,7 +146,8 @@ def test_a_failed_step_of_two_runs_each_alone_and_the_blame_carries_the_cause(
 
     core.step = step
     prompts = [_prompts()[0], {"prompt_token_ids": [BAD_MARK, *SHARED]}]
-    outs = llm.generate(prompts, _params(2), use_tqdm=False)
+    with caplog.at_level(logging.WARNING, logger="omnistage.core.engine_core"):
+        outs = llm.generate(prompts, _params(2), use_tqdm=False)
     assert outs[0].outputs[0].token_ids == alone_tokens[0]
     assert outs[1].outputs[0].finish_reason == "error"
     assert core.scheduler.isolation.num_failed_steps == 2  # the pair, then the bad one alone
@@ -149,6 +155,10 @@ def test_a_failed_step_of_two_runs_each_alone_and_the_blame_carries_the_cause(
     assert len(failed.blamed) == 1  # the bad one only
     assert str(failed).startswith("RuntimeError: model failed on")
     assert isinstance(failed.__cause__, RuntimeError)
+    warned, blamed_log = caplog.records  # the operator reads what failed and why
+    assert warned.getMessage().startswith("a step of 2 requests failed (model failed on")
+    assert blamed_log.getMessage() == f"a step failed on request(s) {failed.blamed}"
+    assert blamed_log.exc_info[1] is failed.__cause__
 
 
 def test_n_sequences_of_a_failing_request_each_end_with_error(tiny_llama_f64):
