@@ -34,8 +34,8 @@ from omnistage.entrypoints.verify.workload import VerifyRequest
 IDLE_TIMEOUT_S = 10.0
 WAIT_S = 600.0
 SHM_DIR = "/dev/shm"
-PROMPT_WORDS = 16
-"""A pipeline's prompts keep their first 16 words (a diffusion stage's text encoder
+PROMPT_WORDS = 6
+"""A pipeline's prompts keep their first 6 words (a diffusion stage's text encoder
 takes few tokens: demo-image's 128)."""
 
 
@@ -103,7 +103,9 @@ def draft_stages(omni: Any) -> tuple[set[str], set[str]]:
 
 def stage_params(spec: Any, request: VerifyRequest) -> dict[str, Any]:
     """Each stage's parameters: its deploy defaults with the request's seed (every stage
-    that samples is seeded), and the request's temperature on the entry stage."""
+    that samples is seeded), the request's temperature on the entry stage, and its
+    `max_tokens` as a cap on every `ar` stage but one whose text becomes the next
+    stage's prompt (demo-image's thinker must finish its caption)."""
     from omnistage.diffusion.params import DiffusionParams
     from omnistage.sampling_params import SamplingParams
 
@@ -116,6 +118,9 @@ def stage_params(spec: Any, request: VerifyRequest) -> dict[str, Any]:
         elif stage.kind == "ar":
             if stage.name == entry.name:
                 fields["temperature"] = request.temperature
+            if not any(e.transfer == "prompt" for e in spec.edges_from(stage.name)):
+                budget = fields.get("max_tokens") or request.max_tokens
+                fields["max_tokens"] = min(budget, request.max_tokens)
             params[stage.name] = SamplingParams(**fields)
     return params
 

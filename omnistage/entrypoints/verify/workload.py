@@ -5,7 +5,7 @@ the very same requests and their outputs are compared by key (`r0`, `r1`, ...). 
 lengths are mixed (2-40 words); half the requests are greedy, half sampled at a
 temperature > 0 with their own seed: sampling randomness depends only on (seed, output
 position), so a seeded request must also come out the same in every configuration.
-A fraction (`ABORT_FRACTION`) is aborted once its first stage has written
+The second request and a fraction (`ABORT_FRACTION`) of the others are aborted once its first stage has written
 `abort_after` tokens; those are never compared, but the engine must end holding
 nothing for them.
 """
@@ -16,8 +16,8 @@ import dataclasses
 import random
 
 ABORT_FRACTION = 0.25
-SIZES = {"short": (6, 4, 12), "full": (32, 8, 48)}
-"""Size -> (requests, fewest and most output tokens of a text model's request)."""
+SIZES = {"short": (4, 4, 12), "full": (32, 8, 48)}
+"""Size -> (requests, fewest and most output tokens of a request)."""
 _WORDS = str.split(
     "the a of and to in is it that was for on are with as his they be at one have this "
     "from by hot word but what some we can out other were all there when up use your how "
@@ -39,14 +39,16 @@ class VerifyRequest:
     seed: int
     """The request's seed (every sampling stage of a pipeline gets it, greedy or not)."""
     max_tokens: int
-    """A text model's output budget (a pipeline's stages keep their deploy's)."""
+    """The output budget (of each `ar` stage of a pipeline, where it is lower than the
+    stage's own; see `pipeline_runs.stage_params`)."""
     abort_after: int | None = None
     """Abort once the first stage has written this many tokens (None: never)."""
 
 
 def make_workload(num_requests: int, seed: int, size: str) -> list[VerifyRequest]:
     """`num_requests` requests drawn from `seed`; `size` (short or full) sets the output
-    lengths. The first request is never aborted, so there is always one to compare."""
+    lengths. The first request is never aborted, so there is always one to compare, and
+    the second always is, so there is always an abort."""
     if size not in SIZES:
         raise ValueError(f"size: expected one of {', '.join(SIZES)}, got {size!r}")
     if num_requests < 1:
@@ -58,7 +60,7 @@ def make_workload(num_requests: int, seed: int, size: str) -> list[VerifyRequest
         words = " ".join(rng.choices(_WORDS, k=rng.randint(2, 40)))
         greedy = i % 2 == 0
         abort = None
-        if i > 0 and rng.random() < ABORT_FRACTION:
+        if i == 1 or (i > 1 and rng.random() < ABORT_FRACTION):
             abort = rng.randint(1, 3)
         requests.append(
             VerifyRequest(
