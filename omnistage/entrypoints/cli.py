@@ -1,4 +1,4 @@
-"""The `omnistage` command line: generate, serve, models, bench.
+"""The `omnistage` command line: generate, serve, models, bench, verify.
 
 omnistage generate "PROMPT" [--model smollm2] [--chat] [--max-tokens N] [--temperature T] ...
 omnistage generate "PROMPT" --deploy FILE|NAME [--model PATH] [--modalities text,audio] [--out DIR]
@@ -12,6 +12,7 @@ omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --out
 omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
 omnistage bench omni [--concurrency 1,16] [--thinker-tokens 32] [--talker-frames 128] [--repeat 2]
 omnistage bench soak [--generations 20480] [--concurrency 16] [--abort-fraction 0.2] [--out FILE]
+omnistage verify [--model smollm2|demo-omni|PATH] [--deploy FILE|NAME] [--short] [--requests N] [--json]
 """
 
 from __future__ import annotations
@@ -158,6 +159,18 @@ def _benchmark(name: str) -> Any:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     return _benchmark(args.bench).main(args)
+
+
+def _add_verify_arguments(parser: argparse.ArgumentParser) -> None:
+    from omnistage.entrypoints.verify.command import add_arguments
+
+    add_arguments(parser)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from omnistage.entrypoints.verify.command import main as verify_main
+
+    return verify_main(args)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -337,6 +350,13 @@ def build_parser(benchmarks: Collection[str] | None = None) -> argparse.Argument
 
     models = sub.add_parser("models", help="list built-in models and supported architectures")
     models.set_defaults(func=cmd_models)
+
+    verify = sub.add_parser(
+        "verify",
+        help="check sync = async = speculative = alone on a model or pipeline (exit 1 if not)",
+    )
+    _add_verify_arguments(verify)
+    verify.set_defaults(func=cmd_verify)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

@@ -119,6 +119,14 @@ class _PipelineFrontend:
             ],
         )
 
+    def build_request(
+        self, prompt: PipelinePrompt, sampling_params: SamplingArg, request_id: str
+    ) -> PipelineRequest:
+        """One request checked as `generate` checks it, for a caller that submits it to
+        `self.orchestrator` itself (`omnistage verify`: to abort it mid-way, or to collect
+        stages that are not final)."""
+        return self._request(prompt, sampling_params, None, request_id)
+
     def stage_counters(self) -> dict[str, dict[str, int]]:
         """Resource counters of every stage (KV blocks, accumulator and coordinator entries,
         pending connector buffers); all zero when nothing is running."""
