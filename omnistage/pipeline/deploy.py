@@ -20,9 +20,13 @@ what was expected versus what was found. An example::
         output_keys: [hidden_states.output, ids.output]
         restart: {max_retries: 3, backoff_s: 0.5}   # when its process dies or hangs
                                       # (also max_backoff_s, reset_after_s, hang_timeout_s)
+        backend: process              # process (default) | inprocess | ray
       - id: 1
         name: talker
         kind: ar
+        backend: ray                  # Ray actors (docs/deploy.md); its edges go over TCP
+        ray: {num_cpus: 1, num_gpus: 0, replicas: 2, max_restarts: 3,
+              resources: {}, labels: {node: b}}
     edges:
       - from: thinker                 # stage name or stage id
         to: talker
@@ -57,6 +61,7 @@ import yaml
 from omnistage.models import registry
 from omnistage.pipeline.deploy_parse import DeployReader, parse_deploy
 from omnistage.pipeline.deploy_spec import (  # noqa: F401 (re-exported: the deploy API)
+    BACKENDS,
     CONNECTOR_KINDS,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_INPUT_TIMEOUT_S,
@@ -68,6 +73,7 @@ from omnistage.pipeline.deploy_spec import (  # noqa: F401 (re-exported: the dep
     DeployError,
     DeploySpec,
     EdgeSpec,
+    RayOptions,
     RestartPolicy,
     StageSpec,
 )

@@ -21,6 +21,7 @@ from omnistage.config import EngineConfig
 from omnistage.core.edge_processor import collected_modes
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.pipeline.deploy_spec import (
+    BACKENDS,
     CONNECTOR_KINDS,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_INPUT_TIMEOUT_S,
@@ -32,6 +33,7 @@ from omnistage.pipeline.deploy_spec import (
     DeployError,
     DeploySpec,
     EdgeSpec,
+    RayOptions,
     RestartPolicy,
     StageSpec,
 )
@@ -42,6 +44,7 @@ _TOP_KEYS = ("name", "stages", "edges", "connectors")
 _STREAM_KEYS = ("chunk_size", "first_chunk_size", "left_context", "right_context")
 _EDGE_KEYS = ("from", "to", "processor", "transfer", "connector", *_STREAM_KEYS)
 _RESTART_KEYS = tuple(f.name for f in dataclasses.fields(RestartPolicy))
+_RAY_KEYS = tuple(f.name for f in dataclasses.fields(RayOptions))
 _NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -189,7 +192,19 @@ def _stage(r: DeployReader, raw: Any, path: str) -> StageSpec:
         restart=RestartPolicy(
             **r.fields_of(d.get("restart"), f"{path}.restart", RestartPolicy, _RESTART_KEYS)
         ),
+        backend=r.choice(d.get("backend", "process"), f"{path}.backend", BACKENDS),
+        ray=_ray_options(r, d, path),
     )
+
+
+def _ray_options(r: DeployReader, d: dict, path: str) -> RayOptions | None:
+    """A stage's `ray` mapping: only with `backend: ray` (which gets the defaults without)."""
+    backend = d.get("backend", "process")
+    if backend != "ray":
+        if "ray" in d:
+            r.fail(f"{path}.ray", f"only valid with backend: ray, got backend: {backend}")
+        return None
+    return RayOptions(**r.fields_of(d.get("ray"), f"{path}.ray", RayOptions, _RAY_KEYS))
 
 
 def _edge(

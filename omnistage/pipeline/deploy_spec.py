@@ -19,6 +19,7 @@ STAGE_KINDS = ("ar", "generation", "diffusion")
 OUTPUT_TYPES = ("text", "audio", "image", "tokens", "latents")
 TRANSFERS = ("prompt", "payload", "stream")
 CONNECTOR_KINDS = ("inproc", "shm", "zmq")
+BACKENDS = ("process", "inprocess", "ray")
 IMPLICIT_CONNECTORS = ("inproc", "shm")
 DEFAULT_INPUT_TIMEOUT_S = 60.0
 DEFAULT_CHUNK_SIZE = 16
@@ -99,6 +100,54 @@ class RestartPolicy:
 
 
 @dataclass(frozen=True)
+class RayOptions:
+    """Where and how a stage with `backend: ray` runs (a stage's `ray` mapping): each
+    replica is a Ray actor placed by these resources (see docs/deploy.md)."""
+
+    num_cpus: float = 1.0
+    """CPUs each replica's actor reserves (also its torch threads, unless engine_args
+    set num_threads)."""
+
+    num_gpus: float = 0.0
+    """GPUs each replica's actor reserves."""
+
+    resources: dict[str, float] = field(default_factory=dict)
+    """Custom Ray resources each replica reserves (e.g. {"talker_node": 1})."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    """Node labels a replica's node must carry (Ray's label_selector)."""
+
+    replicas: int = 1
+    """Actors serving the stage; the orchestrator gives each request to the one with the
+    fewest requests in flight."""
+
+    max_restarts: int = 3
+    """Times Ray restarts a replica's actor that died (0: never); its requests fail."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_cpus", "num_gpus"):
+            if not _finite_at_least(getattr(self, name), 0.0, strict=False):
+                raise ValueError(
+                    f"{name}: expected a finite number >= 0, got {getattr(self, name)!r}"
+                )
+        for name, low in (("replicas", 1), ("max_restarts", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+        if not isinstance(self.resources, dict) or not all(
+            isinstance(k, str) and _finite_at_least(v, 0.0, strict=False)
+            for k, v in self.resources.items()
+        ):
+            raise ValueError(
+                f"resources: expected a mapping of name to a number >= 0, got {self.resources!r}"
+            )
+        if not isinstance(self.labels, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()
+        ):
+            raise ValueError(f"labels: expected a mapping of string to string, got {self.labels!r}")
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """One stage of the pipeline."""
 
@@ -137,6 +186,21 @@ class StageSpec:
 
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     """How a stage process that dies or hangs is restarted (stage processes only)."""
+
+    backend: str = "process"
+    """Where the stage runs: process (a process of its own on this host), inprocess (in
+    the orchestrator's thread) or ray (Ray actors, see `ray`)."""
+
+    ray: RayOptions | None = None
+    """backend ray only: resources, placement, replicas and restarts of its actors."""
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        """The names the orchestrator knows the stage's runners by: the stage's own name,
+        or `name#i` for each replica of a replicated Ray stage."""
+        if self.ray is None or self.ray.replicas == 1:
+            return (self.name,)
+        return tuple(f"{self.name}#{i}" for i in range(self.ray.replicas))
 
     def with_part_directory(self) -> StageSpec:
         """A checkpoint kept as a directory per part (thinker/, talker/, vocoder/ ...): the

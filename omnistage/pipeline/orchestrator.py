@@ -81,7 +81,8 @@ class Orchestrator:
         self._wake_out.connect(f"inproc://wake-{id(self)}")
         self._wake_lock = threading.Lock()
         self._poller = zmq.Poller()
-        self._poller.register(self.stages.inbox, zmq.POLLIN)
+        for socket in self.stages.sockets():  # the shared inbox, and each Ray replica's
+            self._poller.register(socket, zmq.POLLIN)
         self._poller.register(self._wake_in, zmq.POLLIN)
         self._thread = threading.Thread(
             target=self._run, name="omnistage-orchestrator", daemon=True
@@ -227,7 +228,7 @@ class Orchestrator:
         elif isinstance(event, StageStats):
             self._on_stats(event)
         elif isinstance(event, StageReady):
-            self.sample_rates[event.stage] = event.sample_rate
+            self.sample_rates[self.stages.stage_of(event.stage)] = event.sample_rate
 
     # -- stats --------------------------------------------------------------------------------------
     def _ask_stats(self, future: Future) -> None:

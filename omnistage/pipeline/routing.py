@@ -103,16 +103,29 @@ class RequestRouter:
     def stage_down(self, name: str, reason: str) -> None:
         """Stage `name` died, hung or is restarting: fail the requests that still need it,
         now and when they arrive, with `reason` (a 503: `unavailable`), and unlink their
-        shared-memory payloads (sent to or by the dead stage, they have no reader left)."""
-        self.dead[name] = reason
+        shared-memory payloads (sent to or by the dead stage, they have no reader left).
+
+        `name` may be one replica of a replicated stage (`talker#1`): then only the
+        requests it served fail (its TCP payloads died with it, so even those it had
+        finished), and new ones go to the other replicas; the stage is down only when
+        all its replicas are."""
+        stage = self.stages.stage_of(name)
+        balancer = self.stages.balancer
+        lost = set(balancer.down(name)) if balancer.replicated(stage) else set()
+        if not balancer.replicated(stage) or not balancer.any_live(stage):
+            self.dead[stage] = reason
         for tracked in list(self.tracked.values()):
-            if name in tracked.needed and name not in tracked.done:
+            rid = tracked.request.request_id
+            if rid in lost or (
+                stage in self.dead and stage in tracked.needed and stage not in tracked.done
+            ):
                 self.end(tracked, error=reason, unavailable=True)
-                self.stages.release_request(tracked.request.request_id)
+                self.stages.release_request(rid)
 
     def stage_up(self, name: str) -> None:
-        """Stage `name` serves again: requests that need it start as usual."""
-        self.dead.pop(name, None)
+        """Stage (or replica) `name` serves again: requests that need it start as usual."""
+        self.stages.balancer.up(name)
+        self.dead.pop(self.stages.stage_of(name), None)
 
     def start(self, request: PipelineRequest, sink: Sink) -> None:
         """Track a request and submit it to the entry stage; `sink` gets its outputs."""
@@ -284,6 +297,7 @@ class RequestRouter:
             for stage in tracked.started:
                 if stage not in self.dead:
                     self.stages.send(stage, AbortRequest(request_id=request_id))
+        self.stages.balancer.forget(request_id)
         final = update or OmniRequestOutput(request_id, {})
         final.outputs = _snapshot(tracked, tracked.request.final_stages)
         final.finished, final.error, final.aborted = True, error, aborted

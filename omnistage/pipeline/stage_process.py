@@ -7,7 +7,8 @@ never a re-import of the user's program), which talks to the orchestrator with
 msgspec messages over ZMQ: one PULL socket per stage for what it is sent, and
 a PUSH to the orchestrator's shared PULL for what it reports. The stage
 process exits on `Shutdown`, when the orchestrator's process is gone, or on an
-unrecoverable error (after reporting it as `StageFatal`).
+unrecoverable error (after reporting it as `StageFatal`). Its loop, `serve_stage`, is
+also what a Ray actor runs (`ray_stage.RayStageClient`, over TCP instead of ipc).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import contextlib
 import logging
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -101,6 +103,10 @@ class StageClient(ABC):
 
     def request_stop(self) -> None:  # noqa: B027 - optional: only process stages need it
         """Ask the stage to stop without waiting (`close` waits); nothing for in-process."""
+
+    def sockets(self) -> list[zmq.Socket]:
+        """Sockets of its own the orchestrator polls (a Ray stage's inbox); see `poll`."""
+        return []
 
     @abstractmethod
     def close(self, timeout: float = 10.0) -> None: ...
@@ -215,6 +221,26 @@ def run_stage(
     outbox = context.socket(zmq.PUSH)
     outbox.setsockopt(zmq.LINGER, 2000)
     outbox.connect(out_address)
+    try:
+        serve_stage(spec, deploy, namespace, inbox, outbox, lambda: os.getppid() == parent_pid)
+    finally:
+        inbox.close(linger=0)
+        outbox.close()
+        context.term()
+
+
+def serve_stage(
+    spec: StageSpec,
+    deploy: DeploySpec,
+    namespace: str,
+    inbox: zmq.Socket,
+    outbox: zmq.Socket,
+    keep_going: Callable[[], bool],
+) -> None:
+    """The stage loop of a stage process or a Ray actor: build the core, report ready, then
+    handle what `inbox` brings and step until `Shutdown` or `keep_going()` is false;
+    everything it reports goes to `outbox`. An error is reported as `StageFatal`, then
+    raised."""
 
     def report(events: list[Any]) -> None:
         if events:
@@ -224,7 +250,7 @@ def run_stage(
     try:
         core = make_stage_core(spec, deploy, namespace)
         report([ready_message(core)])
-        while os.getppid() == parent_pid:
+        while keep_going():
             if inbox.poll(_poll_ms(core)) and not _drain(inbox, core, report):
                 return
             events = core.check_timeouts()
@@ -234,13 +260,10 @@ def run_stage(
     except Exception as exc:  # report, then exit: the orchestrator fails our requests
         message = f"{type(exc).__name__}: {exc}"
         report([StageFatal(stage=spec.name, message=message, pid=os.getpid())])
-        raise  # the child's death note carries the traceback to the parent
+        raise  # a stage process's death note carries the traceback to the parent
     finally:
         if core is not None:
             core.shutdown()
-        inbox.close(linger=0)
-        outbox.close()
-        context.term()
 
 
 def _drain(inbox: zmq.Socket, core: StageCore, report: Any) -> bool:

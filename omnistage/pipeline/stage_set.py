@@ -1,13 +1,16 @@
 """`StageSet`: the running stages of one pipeline and the sockets to reach them.
 
-It starts every stage (a spawned process each, or in this process), waits
-until all report ready, and gives the orchestrator what it needs to talk to
-them: `send`, the events they reported (`poll_clients` for in-process stages,
-`drain_inbox` for the shared ZMQ inbox of stage processes), their exit codes,
-`restart` (a stage process afresh, after the supervisor reaped the dead one with
-`reap`), `release_request` (the shared memory of a request that failed), and
-`close`, which stops every stage and unlinks any shared memory a crashed one left
-behind.
+It starts every stage (a spawned process each, in this process, or Ray actors,
+as each stage's `backend` says), waits until all report ready, and gives the
+orchestrator what it needs to talk to them: `send` (to a replicated stage: to the
+replica its `ReplicaBalancer` gave the request), the events they reported
+(`poll_clients` for in-process and Ray stages, `drain_inbox` for the shared ZMQ
+inbox of stage processes), their exit codes, `restart` (a stage process afresh, or
+a Ray replica once Ray restarted its actor, after the supervisor reaped the dead
+one with `reap`), `release_request` (the shared memory of a request that failed),
+and `close`, which stops every stage and unlinks any shared memory a crashed one
+left behind. Clients are keyed by instance: the stage's name, or `name#i` for
+replica i of a replicated Ray stage.
 """
 
 from __future__ import annotations
@@ -27,9 +30,17 @@ from omnistage.pipeline.messages import (
     FromStage,
     StageFatal,
     StageReady,
+    SubmitRequest,
     ToStage,
     from_stage_decoder,
 )
+from omnistage.pipeline.ray_stage import (
+    RayStageClient,
+    RayTransport,
+    with_tcp_edges,
+    with_zmq_host,
+)
+from omnistage.pipeline.replicas import ReplicaBalancer
 from omnistage.pipeline.stage_process import (
     InProcessStageClient,
     ProcessStageClient,
@@ -62,9 +73,21 @@ class StageSet:
         self.inbox.bind(self._address("orchestrator"))
         self.clients: dict[str, StageClient] = {}
         self.sample_rates: dict[str, int | None] = {}
+        self.transport: RayTransport | None = None
+        self.ray_deploy = self.local_deploy = deploy
+        """The deploy as Ray actors and as stages on this host run it (edges touching a Ray
+        stage moved to TCP, bound on each node's address)."""
+        self.balancer = ReplicaBalancer(
+            {s.name: self.instances(s) for s in deploy.stages if self._on_ray(s)}
+        )
         try:
+            if any(self._on_ray(s) for s in deploy.stages):
+                self.transport = RayTransport(context)
+                self.ray_deploy = with_tcp_edges(deploy)
+                self.local_deploy = with_zmq_host(self.ray_deploy, self.transport.host)
             for name in deploy.topological_order():
-                self.clients[name] = self._start(deploy.stage(name), context, in_process)
+                for instance in self.instances(deploy.stage(name)):
+                    self.clients[instance] = self._start(deploy.stage(name), instance)
             self._wait_ready(startup_timeout_s)
         except BaseException:
             self.close()
@@ -73,31 +96,59 @@ class StageSet:
     def _address(self, name: str) -> str:
         return f"ipc://{self._tmpdir.name}/{name}.sock"
 
-    def _start(self, spec: StageSpec, context: zmq.Context, in_process: bool) -> StageClient:
-        if in_process:
-            return InProcessStageClient(spec, self.deploy, self.namespace)
+    def _on_ray(self, spec: StageSpec) -> bool:
+        return spec.backend == "ray" and not self.in_process
+
+    def instances(self, spec: StageSpec) -> tuple[str, ...]:
+        """The names of the stage's runners (its replicas on Ray; else the stage's name)."""
+        return spec.instances if self._on_ray(spec) else (spec.name,)
+
+    @staticmethod
+    def stage_of(instance: str) -> str:
+        """The stage an instance (`talker#1`, or a stage's own name) runs."""
+        return instance.split("#", 1)[0]
+
+    def _start(self, spec: StageSpec, instance: str) -> StageClient:
+        if self.in_process or spec.backend == "inprocess":
+            return InProcessStageClient(spec, self.local_deploy, self.namespace)
+        num_stages = len(self.deploy.stages)
+        if self._on_ray(spec):
+            assert self.transport is not None  # made in __init__ when a stage is on Ray
+            spec = _with_thread_budget(spec, num_stages)
+            return RayStageClient(instance, spec, self.ray_deploy, self.namespace, self.transport)
         self._starts[spec.name] = self._starts.get(spec.name, 0) + 1
         return ProcessStageClient(
-            _with_thread_budget(spec, len(self.deploy.stages)),
-            self.deploy,
+            _with_thread_budget(spec, num_stages),
+            self.local_deploy,
             self.namespace,
-            context,
+            self.context,
             # A socket of its own per start: nothing queued for a dead one reaches the next.
             self._address(f"{spec.name}.{self._starts[spec.name]}"),
             self._address("orchestrator"),
         )
 
+    def sockets(self) -> list[zmq.Socket]:
+        """Every socket stages report on: the shared inbox and each Ray replica's own."""
+        return [self.inbox] + [s for c in self.clients.values() for s in c.sockets()]
+
     def restart(self, name: str) -> None:
-        """Start stage process `name` afresh (after `reap`): it reports `StageReady`, or
-        fails, like at start-up."""
-        if self.in_process:
+        """Start stage process `name` afresh (after `reap`), or wait for the actor Ray
+        restarts for a Ray instance: it reports `StageReady`, or fails, like at start-up."""
+        client = self.clients[name]
+        if isinstance(client, RayStageClient):
+            client.reattach()
+            return
+        if isinstance(client, InProcessStageClient):
             raise RuntimeError(f"stage {name!r} runs in this process: it cannot be restarted")
-        self.clients[name] = self._start(self.deploy.stage(name), self.context, False)
+        self.clients[name] = self._start(self.deploy.stage(name), name)
 
     def reap(self, name: str) -> str:
         """End stage process `name` (SIGKILL unless it has exited), close our ends of it,
-        and return how it ended (its traceback when it left one)."""
+        and return how it ended (its traceback when it left one). A Ray instance's actor is
+        killed unless it died (Ray restarts it); its sockets stay for the restarted one."""
         client = self.clients[name]
+        if isinstance(client, RayStageClient):
+            return client.reap()
         if client.exit_code() is None and isinstance(client, ProcessStageClient):
             client.kill()
         failure = client.failure()
@@ -122,7 +173,7 @@ class StageSet:
             for event in events:
                 if isinstance(event, StageReady):
                     waiting.discard(event.stage)
-                    self.sample_rates[event.stage] = event.sample_rate
+                    self.sample_rates[self.stage_of(event.stage)] = event.sample_rate
                 elif isinstance(event, StageFatal):
                     raise ChildError(
                         f"stage {event.stage!r} failed to start: {event.message}\n"
@@ -138,7 +189,23 @@ class StageSet:
 
     # -- talking to the stages ----------------------------------------------------------------
     def send(self, stage: str, msg: ToStage) -> None:
-        self.clients[stage].send(msg)
+        """Send `msg` to an instance, or to a stage: for a replicated one, to the replica
+        serving the message's request (chosen at its `SubmitRequest`). A message for a
+        request no replica serves (it ended, or its replica died) goes nowhere."""
+        if stage in self.clients:
+            self.clients[stage].send(msg)
+            return
+        request_id = getattr(msg, "request_id", None)
+        if request_id is None:  # not a request's: every replica gets it
+            for instance in self.balancer.instances(stage):
+                self.clients[instance].send(msg)
+            return
+        if isinstance(msg, SubmitRequest):
+            instance = self.balancer.assign(stage, request_id)
+        else:
+            instance = self.balancer.assigned(stage, request_id)
+        if instance is not None:
+            self.clients[instance].send(msg)
 
     def poll_clients(self) -> list[FromStage]:
         """In-process stages: run a step each and collect what they report."""
@@ -177,6 +244,8 @@ class StageSet:
                 logger.exception("closing stage %s", client.name)
         self._cleanup_connectors()
         self.inbox.close(linger=0)
+        if self.transport is not None:
+            self.transport.close()
         self._tmpdir.cleanup()
 
     def _cleanup_connectors(self) -> None:
@@ -201,4 +270,6 @@ def _with_thread_budget(spec: StageSpec, num_stages: int) -> StageSpec:
     if "num_threads" in spec.engine_args:
         return spec
     threads = max(1, (os.cpu_count() or 1) // num_stages)
+    if spec.ray is not None:  # an actor gets the CPUs Ray reserves for it
+        threads = max(1, int(spec.ray.num_cpus))
     return dataclasses.replace(spec, engine_args={**spec.engine_args, "num_threads": threads})

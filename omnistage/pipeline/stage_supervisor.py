@@ -20,13 +20,14 @@ orchestrator's process are not supervised: they cannot die on their own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from omnistage.pipeline.deploy import DeploySpec, RestartPolicy
+from omnistage.pipeline.deploy import DeploySpec, RestartPolicy, StageSpec
 from omnistage.pipeline.messages import FromStage, Ping, StageFatal, StageReady
 from omnistage.pipeline.stage_set import StageSet
 
@@ -85,9 +86,9 @@ class StageSupervisor:
         self.clock = clock
         now = clock()
         self._watches = {
-            name: _Watch(s.restart, pid=_pid(stages, name), up_since=now, last_heard=now)
+            name: _Watch(_policy(s, stages), pid=_pid(stages, name), up_since=now, last_heard=now)
             for name in stages.clients
-            for s in [deploy.stage(name)]
+            for s in [deploy.stage(stages.stage_of(name))]
         }
         self.health: dict[str, StageHealth] = {}
         """Each stage's health (a new dict at each change: safe to read from any thread)."""
@@ -111,7 +112,8 @@ class StageSupervisor:
         if not isinstance(event, StageReady | StageFatal):
             return
         starting = watch.state == "restarting" and watch.starting_since is not None
-        if isinstance(event, StageReady) and starting and event.pid == watch.pid:
+        if isinstance(event, StageReady) and starting and watch.pid in (0, event.pid):
+            watch.pid = event.pid  # a Ray actor's new pid is known only from its report
             self._now_up(event.stage, watch)
         elif isinstance(event, StageFatal) and self._current(watch, event.pid, starting):
             self._failed(event.stage, f"stage {event.stage!r} failed: {event.message}")
@@ -119,7 +121,9 @@ class StageSupervisor:
     @staticmethod
     def _current(watch: _Watch, pid: int, starting: bool) -> bool:
         """A report of the stage's current process (not a late word of one reaped)?"""
-        return pid in (0, watch.pid) and (watch.state == "up" or starting)
+        return (pid in (0, watch.pid) or starting and not watch.pid) and (
+            watch.state == "up" or starting
+        )
 
     def check(self) -> None:
         """Notice deaths, hangs and start-up failures; ping idle stages; start due tries."""
@@ -216,6 +220,14 @@ class StageSupervisor:
             name: StageHealth(w.state, w.restarts, w.failures, w.reason)
             for name, w in self._watches.items()
         }
+
+
+def _policy(spec: StageSpec, stages: StageSet) -> RestartPolicy:
+    """A Ray stage's replicas are restarted by Ray (`ray.max_restarts` times, with its own
+    backoff): the supervisor only waits for them to report ready again."""
+    if spec.ray is None or stages.in_process:
+        return spec.restart
+    return dataclasses.replace(spec.restart, max_retries=spec.ray.max_restarts, backoff_s=0.0)
 
 
 def _pid(stages: StageSet, name: str) -> int:

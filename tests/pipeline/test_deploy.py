@@ -605,3 +605,70 @@ def test_packaged_image_deploys_load():
     glm = load_deploy(packaged_deploy_path("glm-image"))
     assert glm.stage("prior").model_part == "vision_language_encoder"
     assert glm.edges_into("draw")[0].processor == "prior_tokens"
+
+
+# --- where stages run (backend, ray) ---------------------------------------------------------
+
+
+def test_ray_backend_options_load_with_defaults():
+    data = copy.deepcopy(VALID)
+    data["stages"][1].update(
+        backend="ray", ray={"num_cpus": 2, "replicas": 2, "labels": {"node": "b"}}
+    )
+    data["stages"][2]["backend"] = "ray"
+    spec = load_deploy(data)
+    talker, vocoder = spec.stage("talker"), spec.stage("vocoder")
+    assert spec.stage("thinker").backend == "process" and spec.stage("thinker").ray is None
+    assert (talker.ray.num_cpus, talker.ray.replicas, talker.ray.labels) == (2, 2, {"node": "b"})
+    assert talker.instances == ("talker#0", "talker#1")
+    assert (vocoder.ray.replicas, vocoder.ray.max_restarts, vocoder.ray.num_gpus) == (1, 3, 0.0)
+    assert vocoder.instances == ("vocoder",)
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [
+        ({"backend": "slurm"}, "stages[1].backend: expected one of process, inprocess, ray"),
+        (
+            {"ray": {"replicas": 2}},
+            "stages[1].ray: only valid with backend: ray, got backend: process",
+        ),
+        (
+            {"backend": "inprocess", "ray": {}},
+            "stages[1].ray: only valid with backend: ray, got backend: inprocess",
+        ),
+        (
+            {"backend": "ray", "ray": {"replicas": 0}},
+            "stages[1].ray.replicas: expected an integer >= 1, got 0",
+        ),
+        (
+            {"backend": "ray", "ray": {"replicas": True}},
+            "stages[1].ray.replicas: expected an integer >= 1, got True",
+        ),
+        (
+            {"backend": "ray", "ray": {"max_restarts": -1}},
+            "stages[1].ray.max_restarts: expected an integer >= 0, got -1",
+        ),
+        (
+            {"backend": "ray", "ray": {"num_gpus": -0.5}},
+            "stages[1].ray.num_gpus: expected a finite number >= 0, got -0.5",
+        ),
+        (
+            {"backend": "ray", "ray": {"labels": {"node": 3}}},
+            "stages[1].ray.labels: expected a mapping of string to string",
+        ),
+        ({"backend": "ray", "ray": {"gpus": 1}}, "stages[1].ray.gpus: unknown key 'gpus'"),
+    ],
+)
+def test_bad_backend_or_ray_options_are_refused(tmp_path, stage, expected):
+    _bad(tmp_path, lambda d: d["stages"][1].update(stage), expected)  # a DeployError: ValueError
+
+
+def test_ray_backend_without_ray_installed_names_the_setting(monkeypatch):
+    import sys
+
+    from omnistage.pipeline.ray_stage import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
+    with pytest.raises(ImportError, match="backend: ray needs the package 'ray'"):
+        import_ray()

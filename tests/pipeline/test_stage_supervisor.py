@@ -46,6 +46,10 @@ class FakeStages:
         self.next_pid += 1
         self.clients[name] = FakeClient(self.next_pid)
 
+    @staticmethod
+    def stage_of(instance: str) -> str:
+        return instance.split("#", 1)[0]
+
 
 class Clock:
     def __init__(self) -> None:
