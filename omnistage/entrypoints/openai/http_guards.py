@@ -29,15 +29,27 @@ DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 class ApiKeyMiddleware:
     """401 in OpenAI's shape for requests without `Authorization: Bearer <key>` (but
-    `OPEN_PATHS`)."""
+    `open_paths`, compared without a trailing slash, and paths under `open_prefixes`: the
+    playground's page, where it is served)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str,
+        open_paths: frozenset[str] = OPEN_PATHS,
+        open_prefixes: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.open_paths = open_paths
+        self.open_prefixes = open_prefixes
+
+    def is_open(self, path: str) -> bool:
+        return path.rstrip("/") in self.open_paths or path.startswith(self.open_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         guarded = scope["type"] in ("http", "websocket")
-        if guarded and scope["path"].rstrip("/") not in OPEN_PATHS:
+        if guarded and not self.is_open(scope["path"]):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.expected):
                 if scope["type"] == "websocket":  # refused before the upgrade: a 403
