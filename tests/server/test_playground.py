@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import soundfile
 
 from omnistage.entrypoints.cli import build_parser
 from tests.server.conftest import TINY, LiveServer, PipelineServer
@@ -204,6 +206,39 @@ def test_the_page_asks_for_the_api_key(page, tiny_llama) -> None:
         assert page.locator("#model option").text_content() == TINY
         assert _error_shown(page) == "" and page.locator("#chat-section").is_visible()
         assert page.locator("#mode-label").is_hidden()  # a text model does not speak
+
+
+@pytest.fixture(scope="module")
+def voices_ui(tmp_path_factory) -> Iterator[PipelineServer]:
+    """A tiny Qwen3-TTS Base checkpoint: it speaks (no chat) and clones uploaded voices."""
+    from omnistage.families.qwen3_tts.tiny import make_tiny_qwen3_tts
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path_factory.mktemp("voices-cache")))
+        ckpt = make_tiny_qwen3_tts(tmp_path_factory.mktemp("tts-base") / "base", 0, "base")
+        with PipelineServer(str(ckpt), ui=True) as live:
+            yield live
+
+
+def test_upload_a_voice_and_speak_with_it(page, voices_ui, tmp_path) -> None:
+    clip = tmp_path / "hum.wav"
+    t = np.arange(24000 * 2) / 24000
+    soundfile.write(clip, 0.3 * np.sin(2 * np.pi * 180 * t), 24000)
+    _open(page, voices_ui.url)
+    assert page.locator("#chat-section").is_hidden()  # a TTS model answers no chat
+    assert page.locator("#voices-section").is_visible()
+    page.set_input_files("#voice-file", str(clip))
+    page.fill("#voice-text", "A hum.")
+    page.fill("#voice-name", "hum")
+    page.click("#upload")
+    listed = page.wait_for_selector("#voice-list li")
+    assert "hum" in listed.text_content() and "2" in listed.text_content()
+    page.select_option("#voice", label="hum")
+    page.fill("#speech-input", "Hi.")
+    page.click("#speak")
+    _check_wav(page.wait_for_selector("#speech-output audio[controls]"))
+    assert _error_shown(page) == ""
+    voices_ui.wait_idle()
 
 
 # -- without --ui -------------------------------------------------------------------------------
