@@ -1,7 +1,8 @@
 """The server's guards in front of every route: the API key and the request body's size.
 
 - `ApiKeyMiddleware`: with `--api-key`, every route but `OPEN_PATHS` (the health check
-  and the Prometheus scrape) needs `Authorization: Bearer <key>` — the OpenAI routes and
+  and the Prometheus scrape; with `--ui` also the playground's page, which holds no
+  secret) needs `Authorization: Bearer <key>` — the OpenAI routes and
   also FastAPI's `/docs`, `/redoc` and `/openapi.json`, which describe the whole API.
   A 401 in OpenAI's error shape otherwise; a WebSocket upgrade (/v1/realtime) without
   it is refused (403).
