@@ -7,6 +7,7 @@ omnistage generate "PROMPT" --model demo-image|GLM_IMAGE_CHECKPOINT [--height H 
     (omni checkpoints and demos run their packaged pipeline, with the chat template)
 omnistage serve [--model smollm2] [--host 127.0.0.1] [--port 8000] [--api-key KEY] [--served-model-name NAME]
 omnistage serve --model demo-image|demo-omni|PIPELINE_CHECKPOINT | --deploy FILE|NAME [--in-process]
+omnistage serve --ui ...  (or omnistage playground ...): also a browser playground at /ui/
 omnistage models
 omnistage bench throughput [--model ...] [--num-prompts 64 --input-len 128 --output-len 64]
 omnistage bench pipeline [--concurrency 32] [--thinker-tokens 32] [--talker-tokens 64] [--repeat 2]
@@ -183,7 +184,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         read_timeout_s=args.read_timeout_s,
         max_connections=args.max_connections,
     )
-
+    if args.ui:
+        print(f"omnistage: playground at http://{args.host}:{args.port}/ui/", file=sys.stderr)
     return serve(
         args.model if args.deploy is not None else (args.model or DEFAULT_MODEL),
         _engine_kwargs(args),
@@ -197,6 +199,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         launched=launched,
         max_request_bytes=args.max_request_bytes,
         slow_clients=slow_clients,
+        ui=args.ui,
     )
 
 
@@ -219,7 +222,7 @@ def _early_text_worker(args: argparse.Namespace) -> Any:
         if not isinstance(load_hf_config(resolve_model(model)), PlainConfig):
             return None
         config = EngineConfig(model=model, **_engine_kwargs(args))
-    except ValueError:
+    except (ValueError, OSError):  # e.g. a pipeline folder without config.json (demo-image)
         return None  # the server reports it, as without the early start
     # Like `serve`'s own start: the worker inherits an ignored SIGINT (Ctrl-C reaches only
     # the server, which shuts the worker down).
@@ -248,8 +251,13 @@ def _connection_cap(text: str) -> int:
     return int(text)
 
 
-def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+def _add_serve_parser(sub: argparse._SubParsersAction, name: str = "serve") -> None:
+    """`omnistage serve`, or `omnistage playground`: the same with --ui on."""
+    playground = name == "playground"
+    help_text = "serve a model over an OpenAI-compatible HTTP API"
+    srv = sub.add_parser(
+        name, help=help_text + (" with the browser playground" if playground else "")
+    )
     srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (0.0.0.0: all)")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument(
@@ -284,6 +292,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         type=_connection_cap,
         default=1024,
         help="open connections beyond which a new request gets a 503",
+    )
+    srv.add_argument(
+        "--ui",
+        action="store_true",
+        default=playground,
+        help="also serve a browser playground at /ui/ (GET / redirects there)",
     )
     srv.add_argument("--seed", type=int, default=None, help="engine seed (unseeded requests)")
     srv.add_argument("--log-level", default="info", help="uvicorn log level")
@@ -347,6 +361,7 @@ def build_parser(benchmarks: Collection[str] | None = None) -> argparse.Argument
     gen.set_defaults(func=cmd_generate)
 
     _add_serve_parser(sub)
+    _add_serve_parser(sub, "playground")
 
     models = sub.add_parser("models", help="list built-in models and supported architectures")
     models.set_defaults(func=cmd_models)

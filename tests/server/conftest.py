@@ -69,13 +69,14 @@ class LiveServer(_ThreadedServer):
         name: str,
         api_key: str | None = None,
         max_request_bytes: int | None = None,
+        ui: bool = False,
         **engine_args: Any,
     ):
         engine = LLMEngine(EngineConfig(model=model, **engine_args))
         client = AsyncEngineClient(engine)
         self.name = name
         limit = {} if max_request_bytes is None else {"max_request_bytes": max_request_bytes}
-        app = build_app(client, [name], model_path=model, api_key=api_key, **limit)
+        app = build_app(client, [name], model_path=model, api_key=api_key, ui=ui, **limit)
         super().__init__(app, client)
 
     def openai(self, **kwargs: Any) -> openai.OpenAI:
@@ -101,12 +102,12 @@ class LiveServer(_ThreadedServer):
 class PipelineServer(_ThreadedServer):
     """`build_app` over a `PipelineClient` of `model` (its stages in this process)."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, ui: bool = False) -> None:
         spec = pipeline_deploy(model, None)
         assert spec is not None and len(spec.stages) > 1
         client = PipelineClient(spec, in_process=True)
         self.name = model
-        super().__init__(build_app(client, [model], model_path=model), client)
+        super().__init__(build_app(client, [model], model_path=model, ui=ui), client)
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)

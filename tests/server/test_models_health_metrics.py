@@ -11,7 +11,11 @@ def test_models(client, http):
     (card,) = client.models.list().data
     assert card.id == TINY and card.object == "model" and card.owned_by == "omnistage"
     assert client.models.retrieve(TINY).id == TINY
-    assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 256
+    listed = http.get("/v1/models").json()["data"][0]
+    assert listed["max_model_len"] == 256
+    # What the model takes and makes (extensions; the playground reads them).
+    assert listed["input_modalities"] == ["text"] and listed["output_modalities"] == ["text"]
+    assert listed["chat_modalities"] == ["text"]
 
 
 def test_health(http):

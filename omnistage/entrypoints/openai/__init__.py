@@ -16,6 +16,7 @@ serving_completion.py /v1/completions
 serving_speech.py     /v1/audio/speech (pipelines that speak)
 serving_images.py     /v1/images/generations (pipelines that draw)
 serving_models.py     /v1/models
+serving_playground.py the browser playground at /ui/ (`--ui`; its files in playground/)
 sse.py                server-sent events; aborting work when the client disconnects
 metrics.py            Prometheus metrics with a `stage` label
 api_server.py         build_app (FastAPI) and serve (uvicorn, graceful shutdown)

@@ -6,7 +6,8 @@
 Routes: the endpoints of each serving class (`DEFAULT_SERVINGS`: /v1/models,
 /v1/chat/completions, /v1/completions, and where the model draws or speaks
 /v1/images/generations and /v1/audio/speech, and WebSocket /v1/realtime where it both
-writes text and speaks), plus GET /health and GET /metrics.
+writes text and speaks), plus GET /health and GET /metrics; with `ui` (`--ui`) the
+playground page at /ui/ and a redirect there from GET / (`serving_playground.py`).
 With an API key, every route but /health and /metrics (open, as in vLLM) wants
 `Authorization: Bearer <key>` (401 otherwise), /docs and /openapi.json included; a
 request body over `--max-request-bytes` is a 413 (`http_guards.py`). Slow clients are
@@ -45,11 +46,13 @@ from fastapi.responses import JSONResponse, Response
 
 from omnistage.config import DEFAULT_MODEL, EngineConfig
 from omnistage.engine.worker_launch import LaunchedWorker
+from omnistage.entrypoints.openai import serving_playground as playground
 from omnistage.entrypoints.openai.client import EngineClient
 from omnistage.entrypoints.openai.engine_client import AsyncEngineClient
 from omnistage.entrypoints.openai.errors import error_response, install_error_handlers
 from omnistage.entrypoints.openai.http_guards import (
     DEFAULT_MAX_REQUEST_BYTES,
+    OPEN_PATHS,
     ApiKeyMiddleware,
     BodyLimitMiddleware,
 )
@@ -94,12 +97,14 @@ def build_app(
     metrics: ServerMetrics | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     slow_clients: SlowClientLimits | None = None,
+    ui: bool = False,
 ) -> FastAPI:
     """The app serving `client`'s model (a text model's engine, or a pipeline) under
     `served_model_names`. The app owns the client: its lifespan starts the engine thread
     and shuts it down (a pipeline's stage processes included). `servings` default:
     `DEFAULT_SERVINGS`; `slow_clients` (default `SlowClientLimits()`): the body's read
-    timeout (the header's is the server's, see `server_config`)."""
+    timeout (the header's is the server's, see `server_config`). `ui`: serve the
+    playground page at /ui/ (`serving_playground`)."""
     if not served_model_names:
         raise ValueError("served_model_names: give at least one name")
     if max_request_bytes < 1:
@@ -125,12 +130,19 @@ def build_app(
         if serving_class.enabled(ctx):
             serving_class(ctx).register(router)
     app.include_router(router)
+    if ui:
+        playground.mount_playground(app)
     # Outermost last: metrics (count every answer), the API key (before any body is read),
     # the body limit, the body's read timeout.
     app.add_middleware(BodyTimeoutMiddleware, limits=slow_clients or SlowClientLimits())
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        open_paths, open_prefixes = OPEN_PATHS, ()
+        if ui:  # the page holds no secret; what it calls wants the key
+            open_paths, open_prefixes = OPEN_PATHS | playground.OPEN_PATHS, playground.OPEN_PREFIXES
+        app.add_middleware(
+            ApiKeyMiddleware, api_key=api_key, open_paths=open_paths, open_prefixes=open_prefixes
+        )
     app.add_middleware(HttpMetricsMiddleware, metrics=metrics)
     app.state.serving = ctx
     return app
@@ -179,6 +191,7 @@ def serve(
     launched: LaunchedWorker | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     slow_clients: SlowClientLimits | None = None,
+    ui: bool = False,
 ) -> int:
     """Load `model` and serve it until SIGINT / SIGTERM (what `omnistage serve` runs).
     A multi-stage deploy (`deploy`, or the packaged one of a demo / pipeline checkpoint
@@ -186,7 +199,8 @@ def serve(
     `engine_args` do not apply: each stage's come from the deploy); anything else (None:
     the default model) as one `LLMEngine` (adopting `launched`, its runner worker started
     before this module was imported, see `cli._early_text_worker`). `slow_clients`
-    (default `SlowClientLimits()`): the header and body timeouts, the connection cap."""
+    (default `SlowClientLimits()`): the header and body timeouts, the connection cap.
+    `ui`: also serve the playground page at /ui/."""
     slow_clients = slow_clients or SlowClientLimits()
     client: EngineClient
     spec = pipeline_deploy(model, deploy)
@@ -213,6 +227,7 @@ def serve(
         api_key=api_key,
         max_request_bytes=max_request_bytes,
         slow_clients=slow_clients,
+        ui=ui,
     )
     config = server_config(app, slow_clients, host=host, port=port, log_level=log_level)
     # uvicorn re-raises the signal that stopped it once it is done; by then the shutdown was

@@ -1,7 +1,8 @@
 """The server's guards in front of every route: the API key and the request body's size.
 
 - `ApiKeyMiddleware`: with `--api-key`, every route but `OPEN_PATHS` (the health check
-  and the Prometheus scrape) needs `Authorization: Bearer <key>` — the OpenAI routes and
+  and the Prometheus scrape; with `--ui` also the playground's page, which holds no
+  secret) needs `Authorization: Bearer <key>` — the OpenAI routes and
   also FastAPI's `/docs`, `/redoc` and `/openapi.json`, which describe the whole API.
   A 401 in OpenAI's error shape otherwise; a WebSocket upgrade (/v1/realtime) without
   it is refused (403).
@@ -29,15 +30,27 @@ DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 class ApiKeyMiddleware:
     """401 in OpenAI's shape for requests without `Authorization: Bearer <key>` (but
-    `OPEN_PATHS`)."""
+    `open_paths`, compared without a trailing slash, and paths under `open_prefixes`: the
+    playground's page, where it is served)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str,
+        open_paths: frozenset[str] = OPEN_PATHS,
+        open_prefixes: tuple[str, ...] = (),
+    ) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.open_paths = open_paths
+        self.open_prefixes = open_prefixes
+
+    def is_open(self, path: str) -> bool:
+        return path.rstrip("/") in self.open_paths or path.startswith(self.open_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         guarded = scope["type"] in ("http", "websocket")
-        if guarded and scope["path"].rstrip("/") not in OPEN_PATHS:
+        if guarded and not self.is_open(scope["path"]):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not secrets.compare_digest(given, self.expected):
                 if scope["type"] == "websocket":  # refused before the upgrade: a 403

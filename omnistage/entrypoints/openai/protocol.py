@@ -330,6 +330,13 @@ class ModelCard(BaseModel):
     owned_by: str = "omnistage"
     root: str | None = None
     max_model_len: int | None = None
+    # Extensions (OpenAI's clients keep extra fields): what the model takes and makes.
+    input_modalities: list[str] = ["text"]
+    """What its prompts may carry: text, and audio / image parts of chat messages."""
+    output_modalities: list[str] = ["text"]
+    """What it produces through any endpoint: text, audio (speech), image."""
+    chat_modalities: list[str] = ["text"]
+    """What `/v1/chat/completions` may be asked for (`modalities`); empty: no chat."""
 
 
 class ModelList(BaseModel):

@@ -1,4 +1,12 @@
-"""GET /v1/models and GET /v1/models/{model}: the names this server answers to."""
+"""GET /v1/models and GET /v1/models/{model}: the names this server answers to.
+
+A card is OpenAI's (`id`, `object`, `created`, `owned_by`) with extensions that say
+what the model can do, read from the `EngineClient`: `max_model_len`,
+`input_modalities` (text, plus the media a chat message may carry),
+`output_modalities` (text where chat writes it, audio where it speaks, image where it
+draws) and `chat_modalities` (what a chat's `modalities` may ask for). The playground
+reads them to show only what the model answers.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +30,16 @@ class ModelsServing(OpenAIServing):
         )
 
     def _card(self, name: str) -> ModelCard:
+        client = self.ctx.client
+        makes = {"text": "text" in client.produces, "audio": client.speaks, "image": client.draws}
         return ModelCard(
             id=name,
             created=self.ctx.created,
             root=self.ctx.model_path,
-            max_model_len=self.ctx.client.max_model_len,
+            max_model_len=client.max_model_len,
+            input_modalities=["text", *sorted(client.input_modalities)],
+            output_modalities=[m for m, made in makes.items() if made],
+            chat_modalities=list(client.produces),
         )
 
     async def list_models(self) -> ModelList:
