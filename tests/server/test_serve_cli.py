@@ -112,3 +112,13 @@ def test_sigterm_aborts_the_stream_in_flight_and_exits(served):
     assert proc.wait(timeout=30) == 0
     output = proc.stdout.read().decode()
     assert "Traceback" not in output, output
+
+
+@pytest.mark.parametrize("model", ["demo-image", "demo-omni"])
+def test_the_early_text_worker_leaves_a_pipeline_to_the_server(model):
+    """`serve` starts a text model's worker before the server imports; a pipeline's folder
+    (demo-image has no config.json at its top) is left to the server, never a crash."""
+    from omnistage.entrypoints.cli import _early_text_worker, build_parser
+
+    args = build_parser().parse_args(["serve", "--model", model])
+    assert _early_text_worker(args) is None
