@@ -90,6 +90,7 @@ def test_caching_off_never_hits():
     a = make_request("a", list(range(12)))
     kv.allocate_slots(a, 12)
     assert kv.get_computed_blocks(make_request("b", list(range(12))))[1] == 0
+    assert all(block.block_hash is None for block in kv.pool.blocks)  # nothing recorded
 
 
 def test_reset_prefix_cache_only_when_nothing_is_held_then_forgets_every_hash():

@@ -81,3 +81,40 @@ def test_a_request_waiting_for_rows_is_not_scheduled(tiny_llama_f64):
         engine.add_conditioning("r", torch.zeros(2, 7), finished=False)
     engine.abort_request("r")
     assert engine.num_free_kv_blocks() == engine.num_usable_kv_blocks()
+
+
+def _with_fill(
+    engine: LLMEngine, total: torch.Tensor, fill: torch.Tensor | None, late: bool = False
+) -> list[int]:
+    """Feed `total` at once, then end the stream with `fill` for every later position: at
+    once, or (`late`) a few steps later, while the request runs."""
+    engine.add_tokenized_request("r", None, PROMPT, PARAMS, stream_conditioning=True)
+    engine.add_conditioning("r", total, finished=not late, fill=fill)
+    tokens, step = None, 0
+    while engine.has_unfinished_requests():
+        if late and step == 3:
+            engine.add_conditioning("r", total[:0], finished=True, fill=fill)
+        for out in engine.step():
+            if out.finished:
+                tokens = out.outputs[0].token_ids
+        step += 1
+    return tokens
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_fill_row_conditions_every_later_position(tiny_llama_f64, async_scheduling):
+    """A fill row equals sending that row for every position after the last one, whether it
+    comes with the rows or while the request runs, and it is sent again when a preempted
+    request is recomputed (a tiny KV pool preempts)."""
+    total, fill = rows(6), rows(1, seed=9)[0] * 3
+    args = {"async_scheduling": async_scheduling, "executor_backend": "thread"}
+    explicit = torch.cat([total, fill.expand(PARAMS.max_tokens, -1)])
+    spelled_out = run(make_engine(tiny_llama_f64, **args), [(0, len(explicit))], explicit)
+    filled = _with_fill(make_engine(tiny_llama_f64, **args), total, fill)
+    assert filled == spelled_out
+    assert _with_fill(make_engine(tiny_llama_f64, **args), total, fill, late=True) == filled
+    assert _with_fill(make_engine(tiny_llama_f64, **args), total, None) != filled
+    crowded = make_engine(tiny_llama_f64, num_kv_blocks=20, block_size=4, max_model_len=64, **args)
+    crowded.add_tokenized_request("other", None, list(range(3, 30)), PARAMS)
+    assert _with_fill(crowded, total, fill) == filled
+    assert crowded.core.scheduler.num_preemptions > 0

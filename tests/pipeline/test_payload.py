@@ -232,6 +232,57 @@ def test_unpack_rejects_bad_buffers():
         unpack_payload(raw, where="receive")
 
 
+def _laid_out(entries: list, data: bytes = b"", pad: bool = True) -> bytes:
+    """A buffer with this header (entries as the wire's arrays) and data after it."""
+    header = msgspec.msgpack.encode([1, entries])
+    raw = struct.pack("<Q", len(header)) + header
+    if pad:
+        raw += bytes((len(raw) + 63) // 64 * 64 - len(raw))
+    return raw + data
+
+
+@pytest.mark.parametrize(
+    ("buffer", "message"),
+    [
+        (b"", "unpack_payload: buffer of 0 bytes is too short"),
+        (b"\0" * 7, "unpack_payload: buffer of 7 bytes is too short"),
+        (struct.pack("<Q", 0), "unpack_payload: bad payload header"),
+        (struct.pack("<Q", 100) + b"x" * 10, "unpack_payload: header of 100 bytes overruns"),
+        (
+            _laid_out([["ids.output", "tensor", None, "int128", [2], 0, 16]], bytes(64)),
+            "unpack_payload: key 'ids.output' has unknown dtype 'int128'",
+        ),
+        (
+            _laid_out([["ids.output", "tensor", None, "int64", [-2], 0, 0]], bytes(64)),
+            "unpack_payload: key 'ids.output' has a negative dim [-2]",
+        ),
+        (
+            _laid_out([["ids.output", "tensor", None, "int64", [2], 0, 8]], bytes(64)),
+            "unpack_payload: key 'ids.output' (int64[2]) does not fit the buffer",
+        ),
+        (
+            _laid_out([["ids.output", "tensor", None, "int64", [2], 56, 16]], bytes(64)),
+            "unpack_payload: key 'ids.output' (int64[2]) does not fit the buffer",
+        ),
+    ],
+)
+def test_unpack_names_what_is_wrong_with_a_buffer(buffer, message):
+    with pytest.raises(PayloadError) as err:
+        unpack_payload(buffer)
+    assert str(err.value).startswith(message)
+
+
+def test_a_header_that_ends_the_buffer_exactly_unpacks():
+    """Scalars only, the header filling the buffer to its last byte (no data, no padding)."""
+    text = next(
+        "x" * n
+        for n in range(64)
+        if len(_laid_out([["meta.text", "str", "x" * n]], pad=False)) % 64 == 0
+    )
+    raw = _laid_out([["meta.text", "str", text]], pad=False)
+    assert unpack_payload(raw) == {"meta.text": text}
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_tensor_blob_round_trip(dtype):
     t = _tensor(dtype, (3, 4))[:, 1:]  # non-contiguous
@@ -241,10 +292,12 @@ def test_tensor_blob_round_trip(dtype):
     got = blob_to_tensor(decoded)
     assert got.dtype == dtype and _raw(got) == _raw(t)
     assert blob_to_tensor(tensor_to_blob(torch.tensor(5))).shape == ()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^tensor blob float32\[2\] needs 8 bytes, got 7$"):
         blob_to_tensor(TensorBlob("float32", [2], b"\0" * 7))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^unsupported tensor dtype torch.complex64$"):
         tensor_to_blob(torch.zeros(2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match=r"^unsupported tensor dtype 'complex64'$"):
+        blob_to_tensor(TensorBlob("complex64", [2], b"\0" * 16))
 
 
 _scalar_values = {
