@@ -24,6 +24,7 @@ from omnistage.core.payload import (
     unpack_payload,
     validate_payload,
 )
+from omnistage.core.tensor_blob import DTYPES as WIRE_DTYPES
 
 DTYPES = [
     torch.bfloat16,
@@ -197,6 +198,38 @@ def test_register_payload_key_rules():
         str(err.value)
         == "spec for payload key 'test_payload.loose' must be a KeySpec, got 'tensor'"
     )
+
+
+@pytest.mark.parametrize("first", [1, 64], ids=["one-byte", "one-block"])
+def test_the_wire_layout_aligns_the_data_and_each_tensor_to_64_bytes(first):
+    """8-byte length + a 77-byte header, padded to 128; the first tensor at data offset 0,
+    the next at the first multiple of 64 after it (64 for both a 1- and a 64-byte tensor)."""
+    payload = {
+        "test_payload.any": torch.arange(first, dtype=torch.uint8),
+        "test_payload.other": torch.tensor([200], dtype=torch.uint8),
+    }
+    packed = pack_payload(payload)
+    assert struct.unpack_from("<Q", packed, 0) == (77,)
+    assert len(packed) == payload_nbytes(payload) == 128 + 64 + 1
+    assert packed[128 + 64] == 200
+    got = unpack_payload(packed)
+    assert all(torch.equal(got[k], v) for k, v in payload.items())
+
+
+def test_pack_errors_name_where_and_what():
+    with pytest.raises(PayloadError, match="^pack_payload: a scalar does not fit in 64 bits"):
+        pack_payload({"meta.chunk_index": 2**64})
+    with pytest.raises(PayloadError, match="^pack_payload: unknown payload key"):
+        pack_payload({"no.such_key": 1})
+    with pytest.raises(PayloadError, match="^pack_payload: unknown payload key"):
+        PackedPayload({"no.such_key": 1})
+    with pytest.raises(PayloadError, match="^w: a payload must be a dict, got list$"):
+        validate_payload([], where="w")  # type: ignore[arg-type]
+    with pytest.raises(PayloadError) as err:
+        validate_payload({"latents": torch.zeros(2, dtype=torch.complex64)}, where="w")
+    assert str(err.value).endswith("supported: " + ", ".join(WIRE_DTYPES))
+    with pytest.raises(PayloadError, match=r"\(\[positions, hidden\] hidden states of output"):
+        validate_payload({"hidden_states.output": torch.zeros(3)}, where="w")
 
 
 def test_payload_nbytes_names_itself_in_its_errors():
