@@ -180,15 +180,20 @@ def _open_requests(server: PipelineServer) -> float:
 LONG = {"max_response_output_tokens": "inf"}
 
 
+def start_long_response(ws, until_event: str) -> str:
+    """Say hello and start a response with no token limit; its id once `until_event` came."""
+    send(ws, "conversation.item.create", item=user_text(HELLO))
+    recv(ws)
+    send(ws, "response.create", response=LONG)
+    return until(ws, until_event)[0]["response"]["id"]
+
+
 def test_a_new_response_or_a_cancel_interrupts_the_running_one(
     speech_server: PipelineServer, monkeypatch: pytest.MonkeyPatch
 ):
     aborted = record_aborts(speech_server, monkeypatch)
     with realtime(speech_server) as ws:
-        send(ws, "conversation.item.create", item=user_text(HELLO))
-        recv(ws)
-        send(ws, "response.create", response=LONG)
-        first = until(ws, "response.audio_transcript.delta")[0]["response"]["id"]
+        first = start_long_response(ws, "response.audio_transcript.delta")
         send(
             ws,
             "response.create",
@@ -325,10 +330,7 @@ def test_a_client_that_goes_away_mid_response_leaks_nothing(
 ):
     aborted = record_aborts(speech_server, monkeypatch)
     with realtime(speech_server) as ws:
-        send(ws, "conversation.item.create", item=user_text(HELLO))
-        recv(ws)
-        send(ws, "response.create", response=LONG)
-        response = until(ws, "response.audio.delta")[0]["response"]["id"]
+        response = start_long_response(ws, "response.audio.delta")
     speech_server.wait_idle()
     assert response in aborted
     assert _open_requests(speech_server) == 0
