@@ -153,7 +153,7 @@ def test_abort_frees_blocks_and_tells_runner():
     s.add_request(req("a", 10))
     s.add_request(req("w", 10, first=40))
     fake_step(s)
-    s.finish_requests(["a", "w", "unknown"], RequestStatus.FINISHED_ABORTED)
+    s.finish_requests(["unknown", "a", "w"], RequestStatus.FINISHED_ABORTED)  # unknown: skipped
     assert not s.has_unfinished_requests()
     assert s.kv.num_free_blocks == 63
     so = s.schedule()

@@ -183,6 +183,19 @@ def test_a_runner_that_is_gone_is_not_contained(tiny_llama_f64):
     assert llm.engine.core.scheduler.isolation.num_failed_steps == 0
 
 
+def test_blocks_still_held_after_a_failure_stop_the_engine(tiny_llama_f64, monkeypatch):
+    """The prefix cache can only be forgotten when nothing is held; if preempting everyone
+    left blocks held (a bug), the engine stops rather than serve from garbage KV."""
+    llm = _engine(tiny_llama_f64, async_scheduling=False)
+    FaultyRunner(llm, after=0)
+    monkeypatch.setattr(llm.engine.core.scheduler.kv, "reset_prefix_cache", lambda: False)
+    bad = {"prompt_token_ids": [BAD_MARK, 5, 6]}
+    with pytest.raises(RuntimeError) as err:
+        llm.generate([bad], _params(1), use_tqdm=False)
+    assert str(err.value) == "KV blocks still held after preempting every request"
+    assert str(err.value.__cause__).startswith("model failed on")
+
+
 def test_step_failed_names_the_cause():
     from omnistage.core.step_isolation import StepFailed
 
