@@ -153,8 +153,10 @@ def test_abort_frees_blocks_and_tells_runner():
     s.add_request(req("a", 10))
     s.add_request(req("w", 10, first=40))
     fake_step(s)
+    held = [s.requests["a"], s.requests["w"]]
     s.finish_requests(["unknown", "a", "w"], RequestStatus.FINISHED_ABORTED)  # unknown: skipped
     assert not s.has_unfinished_requests()
+    assert all(r.status == RequestStatus.FINISHED_ABORTED for r in held)  # for whoever holds it
     assert s.kv.num_free_blocks == 63
     so = s.schedule()
     assert so.finished_req_ids == {"a", "w"} and so.is_empty
