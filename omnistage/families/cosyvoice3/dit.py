@@ -156,7 +156,8 @@ class Attention(nn.Module):
         q, k, v = (y.view(batch, length, self.heads, -1).transpose(1, 2) for y in (q, k, v))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         # the reference then zeroes rows whose last mask row is False: never the case
-        # here (one unpadded utterance; the last frame's chunk sees every frame)
+        # for a real frame here (a row's last real frame sees all its real frames); the
+        # padded frames of a batch (flow_batch) are dropped by the caller
         return self.to_out[0](out.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -257,7 +258,8 @@ class DiT(nn.Module):
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """x, cond `[B, N, mel_dim]`, mu `[B, N, mu_dim]`, spks `[B, spk_dim]`, t `[B]`;
-        mask `[N, N]` bool (True: may attend) or None for full attention.
+        mask bool (True: may attend): `[N, N]` for every row, `[B, 1, N, N]` per row, or
+        None for full attention.
         Returns the velocity `[B, N, mel_dim]`."""
         t_emb = self.time_embed(t)
         h = self.input_embed(x, cond, mu, spks)

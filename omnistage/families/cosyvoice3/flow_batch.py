@@ -1,0 +1,78 @@
+"""How CosyVoice3's flow runs many requests as one batch: the request record, the
+right-padded layout and the per-row attention mask.
+
+Items of different lengths are right-padded to the longest, `[B, N_max, C]`, and the
+solver runs one DiT forward per Euler step for the whole batch (CFG doubles it to
+`2B` rows). A padded frame never changes a real frame of any row:
+
+- every op of the DiT but attention and the position conv is per frame;
+- the position conv is causal (left-padded), so a real frame sees only earlier,
+  real frames of its own row;
+- attention masks the padded keys of each row (`attention_mask`); a padded query row
+  attends to its row's real keys, so it stays finite (a NaN there would reach real
+  frames through `0 * NaN` in the value product);
+- the fixed noise is sliced from frame 0 for every row, so a row's real frames get
+  exactly the noise they get alone (`noise[:, :, :N]`).
+
+When every item has the same length and attention mode the mask is what one item
+alone uses (None for full attention, the `[N, N]` chunk mask when streaming), so a
+batch of one is exactly today's unbatched computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from omnistage.families.cosyvoice3.dit import chunk_mask
+
+
+@dataclass(frozen=True)
+class FlowRequest:
+    """One item of `CosyVoice3Flow.inference_batch` (the arguments of `inference`
+    without their batch dimension)."""
+
+    token: torch.Tensor
+    """`[T]` speech-token ids."""
+    prompt_token: torch.Tensor
+    """`[P]` the voice's speech-token ids (P may be 0)."""
+    prompt_feat: torch.Tensor
+    """`[P * token_mel_ratio, 80]` the voice's mel."""
+    embedding: torch.Tensor
+    """`[spk_embed_dim]` the voice's x-vector."""
+    streaming: bool
+    """Chunked attention (the streaming flow)."""
+    finalize: bool
+    """False: the last `pre_lookahead_len` tokens are right context only."""
+
+
+def pad_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """`[N_i, C]` tensors -> `[B, max N_i, C]`, zeros after each row's frames."""
+    longest = max(int(r.shape[0]) for r in rows)
+    out = rows[0].new_zeros((len(rows), longest, *rows[0].shape[1:]))
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out
+
+
+def attention_mask(
+    lengths: list[int], streaming: list[bool], chunk_size: int, device: torch.device
+) -> torch.Tensor | None:
+    """The DiT's attention mask for rows of `lengths` frames (True: may attend).
+
+    None (full attention) or `[N, N]` (the chunk mask) when all rows are alike, else
+    `[B, 1, N_max, N_max]`: row b attends to its own real frames only, within its chunk
+    when it streams. `chunk_size` 0 means full attention even when streaming."""
+    chunked = [s and chunk_size > 0 for s in streaming]
+    longest = max(lengths)
+    if len(set(lengths)) == 1 and len(set(chunked)) == 1:
+        return chunk_mask(longest, chunk_size, device) if chunked[0] else None
+    keys = torch.arange(longest, device=device)
+    full = torch.ones(longest, longest, dtype=torch.bool, device=device)
+    chunks = chunk_mask(longest, chunk_size, device) if any(chunked) else full
+    masks = [
+        (chunks if c else full) & (keys < n).unsqueeze(0)
+        for n, c in zip(lengths, chunked, strict=True)
+    ]
+    return torch.stack(masks).unsqueeze(1)
