@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from omnistage.families.cosyvoice3 import flow
 from omnistage.families.cosyvoice3.dit import chunk_mask
-from omnistage.families.cosyvoice3.flow_batch import attention_mask
+from omnistage.families.cosyvoice3.flow_batch import attention_mask, length_groups
 from omnistage.families.cosyvoice3.tiny import make_tiny_cosyvoice3
 from omnistage.models.generation import GenerationItem, load_generation_model
 from omnistage.models.loader import resolve_model
@@ -56,7 +57,15 @@ def _alone(model, items: list[GenerationItem]) -> list[torch.Tensor]:
     return [model.generate([item])[0] for item in items]
 
 
-def test_float64_batched_items_equal_each_item_alone(view):
+@pytest.fixture(params=["one group", "groups of similar lengths"])
+def slack(request, monkeypatch) -> None:
+    """Every request padded into one group (the strongest test of the masks), or the
+    default grouping."""
+    if request.param == "one group":
+        monkeypatch.setattr(flow, "PADDING_SLACK", 1e9)
+
+
+def test_float64_batched_items_equal_each_item_alone(view, slack):
     model = load_generation_model(view, torch.float64, part="token2wav")
     items = _mixed()
     batched = model.generate(items)
@@ -69,7 +78,7 @@ def test_float64_batched_items_equal_each_item_alone(view):
         assert torch.equal(together, alone)
 
 
-def test_float32_batched_items_are_within_tolerance_of_each_item_alone(view):
+def test_float32_batched_items_are_within_tolerance_of_each_item_alone(view, slack):
     model = load_generation_model(view, torch.float32, part="token2wav")
     items = _mixed()
     for together, alone in zip(model.generate(items), _alone(model, items), strict=True):
@@ -98,7 +107,7 @@ def _stream(model, tokens: torch.Tensor, cuts: list[int], others: bool) -> torch
     return torch.cat(audio)
 
 
-def test_a_stream_batched_with_other_requests_equals_it_alone(view):
+def test_a_stream_batched_with_other_requests_equals_it_alone(view, slack):
     model = load_generation_model(view, torch.float64, part="token2wav")
     tokens = _tokens(110, 30)
     batched = _stream(model, tokens, [28, 53, 78], others=True)
@@ -124,3 +133,9 @@ def test_padded_keys_are_masked_and_padded_queries_see_a_real_key():
         assert own[:, 0].all()  # every query, padded ones too, sees a real key
         expected = chunk_mask(10, 4, cpu) if streaming else torch.ones(10, 10, dtype=torch.bool)
         assert torch.equal(own[:n, :n], expected[:n, :n])
+
+
+def test_length_groups_bound_the_padding():
+    assert length_groups([100, 300, 105, 111, 310, 100], 0.1) == [[0, 5, 2], [3], [1, 4]]
+    assert length_groups([7, 9, 8], 1e9) == [[0, 2, 1]]
+    assert length_groups([], 0.1) == []

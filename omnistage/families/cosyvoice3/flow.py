@@ -34,7 +34,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.families.cosyvoice3.dit import DiT, rope_inv_freq
-from omnistage.families.cosyvoice3.flow_batch import FlowRequest, attention_mask, pad_rows
+from omnistage.families.cosyvoice3.flow_batch import (
+    PADDING_SLACK,
+    FlowRequest,
+    attention_mask,
+    length_groups,
+    pad_rows,
+)
 
 MEL_DIM = 80  # the reference's solver and fixed noise hard-code 80 mel bins
 NOISE_FRAMES = 50 * 300  # the fixed noise's length: 300 s of mel at 50 Hz
@@ -173,7 +179,11 @@ class FlowMatchingSolver(nn.Module):
         x = self.rand_noise[:, :, : mu.shape[1]].transpose(1, 2).to(mu.dtype)
         x = x.expand(batch, -1, -1)
         if mask is not None and mask.dim() == 4:
+            # additive once, not a bool converted again by every layer's attention
             mask = torch.cat((mask, mask))
+            mask = torch.zeros(mask.shape, dtype=mu.dtype, device=mu.device).masked_fill(
+                ~mask, float("-inf")
+            )
         mu_in = torch.cat((mu, torch.zeros_like(mu)))
         spks_in = torch.cat((spks, torch.zeros_like(spks)))
         cond_in = torch.cat((cond, torch.zeros_like(cond)))
@@ -266,8 +276,8 @@ class CosyVoice3Flow(nn.Module):
     @torch.inference_mode()
     def inference_batch(self, requests: list[FlowRequest]) -> list[torch.Tensor]:
         """`inference` for many requests at once: mel `[80, frames]` per request, from one
-        solver run over the right-padded batch (`flow_batch`), each equal to the request's
-        `inference` alone. ValueError names a bad argument."""
+        solver run per group of similar lengths over the right-padded group (`flow_batch`),
+        each equal to the request's `inference` alone. ValueError names a bad argument."""
         for r in requests:
             self._check(
                 r.token[None],
@@ -276,7 +286,16 @@ class CosyVoice3Flow(nn.Module):
                 r.embedding[None],
                 r.finalize,
             )
-        return self._solve(requests) if requests else []
+        mels: list[torch.Tensor] = [torch.empty(0)] * len(requests)
+        lengths = [self._frames(r) for r in requests]
+        for group in length_groups(lengths, PADDING_SLACK):
+            for i, mel in zip(group, self._solve([requests[i] for i in group]), strict=True):
+                mels[i] = mel
+        return mels
+
+    def _frames(self, request: FlowRequest) -> int:
+        kept = request.token.shape[0] - (0 if request.finalize else self.config.pre_lookahead_len)
+        return (request.prompt_token.shape[0] + kept) * self.config.token_mel_ratio
 
     def _condition(self, request: FlowRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One request's (mu `[N, 80]`, cond `[N, 80]`, spks `[80]`), computed alone."""

@@ -14,6 +14,10 @@ solver runs one DiT forward per Euler step for the whole batch (CFG doubles it t
 - the fixed noise is sliced from frame 0 for every row, so a row's real frames get
   exactly the noise they get alone (`noise[:, :, :N]`).
 
+Padding costs what it pads (attention grows with N_max squared), so requests are run
+in groups of similar lengths (`length_groups`): the longest of a group has at most
+`PADDING_SLACK` more frames than its shortest, relatively.
+
 When every item has the same length and attention mode the mask is what one item
 alone uses (None for full attention, the `[N, N]` chunk mask when streaming), so a
 batch of one is exactly today's unbatched computation.
@@ -26,6 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from omnistage.families.cosyvoice3.dit import chunk_mask
+
+PADDING_SLACK = 0.1
+"""A group's longest request has at most 10% more frames than its shortest."""
 
 
 @dataclass(frozen=True)
@@ -76,3 +83,16 @@ def attention_mask(
         for n, c in zip(lengths, chunked, strict=True)
     ]
     return torch.stack(masks).unsqueeze(1)
+
+
+def length_groups(lengths: list[int], slack: float) -> list[list[int]]:
+    """Indices of `lengths` in groups run together: sorted by length, a group ends where
+    the next length is more than `(1 + slack)` times the group's shortest."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lengths[i] <= (1 + slack) * lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
