@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistage.families.cosyvoice3.dit import DiT, rope_inv_freq
+from omnistage.families.cosyvoice3.dit import AttentionMask, DiT, RowMasks, rope_inv_freq
 from omnistage.families.cosyvoice3.flow_batch import (
     PADDING_SLACK,
     FlowRequest,
@@ -171,19 +171,15 @@ class FlowMatchingSolver(nn.Module):
         return t_span
 
     def forward(
-        self, mu: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor, mask: torch.Tensor | None
+        self, mu: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor, mask: AttentionMask
     ) -> torch.Tensor:
-        """mu, cond `[B, N, 80]`, spks `[B, 80]`, mask as `DiT.forward` (`[B, 1, N, N]`
-        per item); returns `[B, N, 80]`."""
+        """mu, cond `[B, N, 80]`, spks `[B, 80]`, mask as `DiT.forward` (`RowMasks` of the
+        B items); returns `[B, N, 80]`."""
         batch = mu.shape[0]
         x = self.rand_noise[:, :, : mu.shape[1]].transpose(1, 2).to(mu.dtype)
         x = x.expand(batch, -1, -1)
-        if mask is not None and mask.dim() == 4:
-            # additive once, not a bool converted again by every layer's attention
-            mask = torch.cat((mask, mask))
-            mask = torch.zeros(mask.shape, dtype=mu.dtype, device=mu.device).masked_fill(
-                ~mask, float("-inf")
-            )
+        if isinstance(mask, RowMasks):
+            mask = mask.repeated(2)
         mu_in = torch.cat((mu, torch.zeros_like(mu)))
         spks_in = torch.cat((spks, torch.zeros_like(spks)))
         cond_in = torch.cat((cond, torch.zeros_like(cond)))
@@ -191,9 +187,8 @@ class FlowMatchingSolver(nn.Module):
         # t and dt advance as the reference's do (t += dt; dt = t_span[k+1] - t)
         t, dt = t_span[:1], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            v = self.estimator(
-                torch.cat((x, x)), cond_in, mu_in, spks_in, t.expand(2 * batch), mask
-            )
+            # t: one row for the conditioned half, one for the unconditioned (as alone)
+            v = self.estimator(torch.cat((x, x)), cond_in, mu_in, spks_in, t.expand(2), mask)
             v = (1.0 + self.cfg_rate) * v[:batch] - self.cfg_rate * v[batch:]
             x = x + dt * v
             t = t + dt
