@@ -21,6 +21,11 @@ streamed, computed from each item alone (no state kept between a stream's chunks
   previous call returned. The last chunk's new frames come from the full-attention flow
   over everything, the frames before from the streaming flow, as in the reference.
 
+A call runs the flow once for all its items (`CosyVoice3Flow.inference_batch`: right-
+padded, grouped by length, one DiT forward per Euler step; every item's audio is bit
+for bit its audio alone, see `flow_batch.py`), then HiFT item by item (its cost is
+per-sample convolutions; batching it would pad waveforms for little gain on CPU).
+
 Both the reference and this redo the flow over the whole utterance per chunk, so a
 chunk's cost grows with the utterance; its boundary schedule is the reference's
 (25 tokens + the prompt's padding, then 50, then 100) only in effect — any chunking of
