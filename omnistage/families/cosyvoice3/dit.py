@@ -11,7 +11,8 @@ speaker vector `spks` and the flow time `t` to a velocity, all time-major `[B, N
 Module and parameter names equal the reference's, so the `decoder.estimator.*` tensors
 of CosyVoice3's `flow.pt` (including the persistent `rotary_embed.inv_freq` buffer)
 load as they are. This module owns the estimator network, the static chunk mask its
-streaming mode attends with and the per-row attention of a padded batch (`RowMasks`); the Euler solver that calls it lives in `flow.py`.
+streaming mode attends with and the per-row attention of a padded batch (`RowMasks`);
+the Euler solver that calls it lives in `flow.py`.
 
 Two reference behaviours kept on purpose (the weights were trained with them):
 - RoPE (x_transformers' `apply_rotary_pos_emb`, interleaved pairs) is applied to the
@@ -184,7 +185,7 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         # the reference then zeroes rows whose last mask row is False: never the case
         # for a real frame here (a row's last real frame sees all its real frames); the
-        # padded frames of a batch (flow_batch) are dropped by the caller
+        # padded frames of a batch (`RowMasks`) are zero and dropped by the caller
         return self.to_out[0](out.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -288,11 +289,13 @@ class DiT(nn.Module):
         t: torch.Tensor,
         mask: AttentionMask,
     ) -> torch.Tensor:
-        """x, cond `[B, N, mel_dim]`, mu `[B, N, mu_dim]`, spks `[B, spk_dim]`; t `[T]`
-        with B a multiple of T, time i for the B / T rows from i * B / T on (the time
-        embedding and its modulations are computed on T rows and repeated: a linear
-        layer's rows can round differently with the batch's shape, so a batch's rows
-        get exactly the bits of one item's); mask: `[N, N]` bool for every row (True: may attend), `RowMasks` per row of a
+        """x, cond `[B, N, mel_dim]`, mu `[B, N, mu_dim]`, spks `[B, spk_dim]`.
+
+        t `[T]`, B a multiple of T: time i is the time of the B / T rows from i * B / T
+        on. The time embedding and its modulations are computed on the T rows and then
+        repeated (a linear layer's rows can round differently with the batch's shape;
+        so a batch's rows get exactly the bits of one item's).
+        mask: `[N, N]` bool for every row (True: may attend), `RowMasks` per row of a
         padded batch, or None for full attention.
         Returns the velocity `[B, N, mel_dim]`."""
         t_emb = self.time_embed(t)
