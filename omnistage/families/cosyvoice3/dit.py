@@ -10,8 +10,9 @@ speaker vector `spks` and the flow time `t` to a velocity, all time-major `[B, N
 
 Module and parameter names equal the reference's, so the `decoder.estimator.*` tensors
 of CosyVoice3's `flow.pt` (including the persistent `rotary_embed.inv_freq` buffer)
-load as they are. This module owns the estimator network and the static chunk mask its
-streaming mode attends with; the Euler solver that calls it lives in `flow.py`.
+load as they are. This module owns the estimator network, the static chunk mask its
+streaming mode attends with and the per-row attention of a padded batch (`RowMasks`);
+the Euler solver that calls it lives in `flow.py`.
 
 Two reference behaviours kept on purpose (the weights were trained with them):
 - RoPE (x_transformers' `apply_rotary_pos_emb`, interleaved pairs) is applied to the
@@ -24,6 +25,7 @@ Two reference behaviours kept on purpose (the weights were trained with them):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +48,26 @@ def chunk_mask(length: int, chunk_size: int, device: torch.device) -> torch.Tens
     pos = torch.arange(length, device=device)
     chunk_end = (torch.div(pos, chunk_size, rounding_mode="trunc") + 1) * chunk_size
     return pos.unsqueeze(0) < chunk_end.unsqueeze(1)
+
+
+@dataclass(frozen=True)
+class RowMasks:
+    """The attention of a right-padded batch whose rows differ (`flow_batch`): row b
+    attends among its first `lengths[b]` frames only, with `masks[b]` (`[n, n]` bool, or
+    None: all of them), exactly as that row alone would (its own SDPA call on its own
+    frames: masking padded keys in one batched call changes the softmax's and the value
+    product's summation order in float32). Padded frames' outputs are zero."""
+
+    lengths: tuple[int, ...]
+    masks: tuple[torch.Tensor | None, ...]
+
+    def repeated(self, times: int) -> RowMasks:
+        """The masks of the batch stacked `times` over itself (classifier-free guidance)."""
+        return RowMasks(self.lengths * times, self.masks * times)
+
+
+AttentionMask = torch.Tensor | RowMasks | None
+"""`[N, N]` bool for every row (True: may attend), per-row `RowMasks`, or None (full)."""
 
 
 def _layer_norm(x: torch.Tensor) -> torch.Tensor:
@@ -147,16 +169,23 @@ class Attention(nn.Module):
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])  # [1] was a Dropout
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor | None
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: AttentionMask
     ) -> torch.Tensor:
         batch, length, _ = x.shape
         q = apply_rope(self.to_q(x), *rope)
         k = apply_rope(self.to_k(x), *rope)
         v = self.to_v(x)
         q, k, v = (y.view(batch, length, self.heads, -1).transpose(1, 2) for y in (q, k, v))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if isinstance(mask, RowMasks):
+            out = torch.zeros_like(q)
+            for row, (n, row_mask) in enumerate(zip(mask.lengths, mask.masks, strict=True)):
+                own = (y[row : row + 1, :, :n] for y in (q, k, v))
+                out[row : row + 1, :, :n] = F.scaled_dot_product_attention(*own, attn_mask=row_mask)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         # the reference then zeroes rows whose last mask row is False: never the case
-        # here (one unpadded utterance; the last frame's chunk sees every frame)
+        # for a real frame here (a row's last real frame sees all its real frames); the
+        # padded frames of a batch (`RowMasks`) are zero and dropped by the caller
         return self.to_out[0](out.transpose(1, 2).reshape(batch, length, -1))
 
 
@@ -183,8 +212,10 @@ class AdaLayerNormZero(nn.Module):
         super().__init__()
         self.linear = nn.Linear(dim, dim * 6)
 
-    def forward(self, t: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(m.unsqueeze(1) for m in self.linear(F.silu(t)).chunk(6, dim=1))
+    def forward(self, t: torch.Tensor, rows: int) -> tuple[torch.Tensor, ...]:
+        """Each `[T * rows, 1, dim]`: time row i modulates the `rows` rows after i * rows."""
+        out = self.linear(F.silu(t)).repeat_interleave(rows, dim=0)
+        return tuple(m.unsqueeze(1) for m in out.chunk(6, dim=1))
 
 
 class AdaLayerNormZeroFinal(nn.Module):
@@ -195,7 +226,8 @@ class AdaLayerNormZeroFinal(nn.Module):
         self.linear = nn.Linear(dim, dim * 2)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        scale, shift = self.linear(F.silu(t)).chunk(2, dim=1)
+        rows = x.shape[0] // t.shape[0]
+        scale, shift = self.linear(F.silu(t)).repeat_interleave(rows, dim=0).chunk(2, dim=1)
         return _layer_norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]
 
 
@@ -213,9 +245,10 @@ class DiTBlock(nn.Module):
         x: torch.Tensor,
         t: torch.Tensor,
         rope: tuple[torch.Tensor, torch.Tensor],
-        mask: torch.Tensor | None,
+        mask: AttentionMask,
     ) -> torch.Tensor:
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.attn_norm(t)
+        modulations = self.attn_norm(t, x.shape[0] // t.shape[0])
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = modulations
         norm = _layer_norm(x) * (1 + scale_msa) + shift_msa
         x = x + gate_msa * self.attn(norm, rope, mask)
         norm = _layer_norm(x) * (1 + scale_mlp) + shift_mlp
@@ -254,10 +287,16 @@ class DiT(nn.Module):
         mu: torch.Tensor,
         spks: torch.Tensor,
         t: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: AttentionMask,
     ) -> torch.Tensor:
-        """x, cond `[B, N, mel_dim]`, mu `[B, N, mu_dim]`, spks `[B, spk_dim]`, t `[B]`;
-        mask `[N, N]` bool (True: may attend) or None for full attention.
+        """x, cond `[B, N, mel_dim]`, mu `[B, N, mu_dim]`, spks `[B, spk_dim]`.
+
+        t `[T]`, B a multiple of T: time i is the time of the B / T rows from i * B / T
+        on. The time embedding and its modulations are computed on the T rows and then
+        repeated (a linear layer's rows can round differently with the batch's shape;
+        so a batch's rows get exactly the bits of one item's).
+        mask: `[N, N]` bool for every row (True: may attend), `RowMasks` per row of a
+        padded batch, or None for full attention.
         Returns the velocity `[B, N, mel_dim]`."""
         t_emb = self.time_embed(t)
         h = self.input_embed(x, cond, mu, spks)

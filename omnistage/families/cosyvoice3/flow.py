@@ -33,7 +33,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistage.families.cosyvoice3.dit import DiT, chunk_mask, rope_inv_freq
+from omnistage.families.cosyvoice3.dit import AttentionMask, DiT, RowMasks, rope_inv_freq
+from omnistage.families.cosyvoice3.flow_batch import (
+    PADDING_SLACK,
+    FlowRequest,
+    attention_mask,
+    length_groups,
+    pad_rows,
+)
 
 MEL_DIM = 80  # the reference's solver and fixed noise hard-code 80 mel bins
 NOISE_FRAMES = 50 * 300  # the fixed noise's length: 300 s of mel at 50 Hz
@@ -143,8 +150,10 @@ class PreLookaheadLayer(nn.Module):
 class FlowMatchingSolver(nn.Module):
     """Euler ODE solver from the fixed noise to mel, with classifier-free guidance.
 
-    Each step runs the estimator on a batch of 2: row 0 conditioned (mu, spks, cond),
-    row 1 with all three zero; the velocity is `(1 + rate) * v0 - rate * v1`."""
+    Each step runs the estimator once on `2B` rows: the B items conditioned (mu, spks,
+    cond), then the same B with all three zero; an item's velocity is
+    `(1 + rate) * v_cond - rate * v_uncond`. Every row starts from the same noise
+    `noise[:, :, :N]` (see `flow_batch` for rows padded to N)."""
 
     def __init__(self, estimator: DiT, noise: torch.Tensor, config: FlowConfig) -> None:
         super().__init__()
@@ -162,10 +171,15 @@ class FlowMatchingSolver(nn.Module):
         return t_span
 
     def forward(
-        self, mu: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor, mask: torch.Tensor | None
+        self, mu: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor, mask: AttentionMask
     ) -> torch.Tensor:
-        """mu, cond `[1, N, 80]`, spks `[1, 80]`, mask as `DiT.forward`; returns `[1, N, 80]`."""
+        """mu, cond `[B, N, 80]`, spks `[B, 80]`, mask as `DiT.forward` (`RowMasks` of the
+        B items); returns `[B, N, 80]`."""
+        batch = mu.shape[0]
         x = self.rand_noise[:, :, : mu.shape[1]].transpose(1, 2).to(mu.dtype)
+        x = x.expand(batch, -1, -1)
+        if isinstance(mask, RowMasks):
+            mask = mask.repeated(2)
         mu_in = torch.cat((mu, torch.zeros_like(mu)))
         spks_in = torch.cat((spks, torch.zeros_like(spks)))
         cond_in = torch.cat((cond, torch.zeros_like(cond)))
@@ -173,8 +187,9 @@ class FlowMatchingSolver(nn.Module):
         # t and dt advance as the reference's do (t += dt; dt = t_span[k+1] - t)
         t, dt = t_span[:1], t_span[1] - t_span[0]
         for step in range(1, len(t_span)):
-            v = self.estimator(x.expand(2, -1, -1), cond_in, mu_in, spks_in, t.expand(2), mask)
-            v = (1.0 + self.cfg_rate) * v[:1] - self.cfg_rate * v[1:]
+            # t: one row for the conditioned half, one for the unconditioned (as alone)
+            v = self.estimator(torch.cat((x, x)), cond_in, mu_in, spks_in, t.expand(2), mask)
+            v = (1.0 + self.cfg_rate) * v[:batch] - self.cfg_rate * v[batch:]
             x = x + dt * v
             t = t + dt
             if step < len(t_span) - 1:
@@ -247,28 +262,69 @@ class CosyVoice3Flow(nn.Module):
         Returns `[1, 80, (T or T - pre_lookahead_len) * token_mel_ratio]`, module dtype.
         ValueError names a bad argument."""
         self._check(token, prompt_token, prompt_feat, embedding, finalize)
+        request = FlowRequest(
+            token[0], prompt_token[0], prompt_feat[0], embedding[0], streaming, finalize
+        )
+        (mel,) = self._solve([request])
+        return mel[None]
+
+    @torch.inference_mode()
+    def inference_batch(self, requests: list[FlowRequest]) -> list[torch.Tensor]:
+        """`inference` for many requests at once: mel `[80, frames]` per request, from one
+        solver run per group of similar lengths over the right-padded group (`flow_batch`),
+        each equal to the request's `inference` alone. ValueError names a bad argument."""
+        for r in requests:
+            self._check(
+                r.token[None],
+                r.prompt_token[None],
+                r.prompt_feat[None],
+                r.embedding[None],
+                r.finalize,
+            )
+        mels: list[torch.Tensor] = [torch.empty(0)] * len(requests)
+        lengths = [self._frames(r) for r in requests]
+        for group in length_groups(lengths, PADDING_SLACK):
+            for i, mel in zip(group, self._solve([requests[i] for i in group]), strict=True):
+                mels[i] = mel
+        return mels
+
+    def _frames(self, request: FlowRequest) -> int:
+        kept = request.token.shape[0] - (0 if request.finalize else self.config.pre_lookahead_len)
+        return (request.prompt_token.shape[0] + kept) * self.config.token_mel_ratio
+
+    def _condition(self, request: FlowRequest) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One request's (mu `[N, 80]`, cond `[N, 80]`, spks `[80]`), computed alone."""
         cfg = self.config
         param = self.spk_embed_affine_layer.weight
-        prompt_feat = prompt_feat.to(device=param.device, dtype=param.dtype)
-        embedding = embedding.to(device=param.device, dtype=param.dtype)
-
+        prompt_feat = request.prompt_feat.to(device=param.device, dtype=param.dtype)
+        embedding = request.embedding[None].to(device=param.device, dtype=param.dtype)
         spks = self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
-        tokens = torch.cat((prompt_token.to(token.dtype), token), dim=1).to(param.device)
-        emb = self.input_embedding(tokens)
-        if finalize:
+        token = request.token
+        tokens = torch.cat((request.prompt_token.to(token.dtype), token)).to(param.device)
+        emb = self.input_embedding(tokens[None])
+        if request.finalize:
             h = self.pre_lookahead_layer(emb)
         else:
             lookahead = cfg.pre_lookahead_len
             h = self.pre_lookahead_layer(emb[:, :-lookahead], context=emb[:, -lookahead:])
-        mu = h.repeat_interleave(cfg.token_mel_ratio, dim=1)
-        n_prompt, length = prompt_feat.shape[1], mu.shape[1]
+        mu = h[0].repeat_interleave(cfg.token_mel_ratio, dim=0)
         cond = torch.zeros_like(mu)
-        cond[:, :n_prompt] = prompt_feat
-        mask = None
-        if streaming and cfg.static_chunk_size > 0:
-            mask = chunk_mask(length, cfg.static_chunk_size, mu.device)
+        cond[: prompt_feat.shape[0]] = prompt_feat
+        return mu, cond, spks[0]
+
+    def _solve(self, requests: list[FlowRequest]) -> list[torch.Tensor]:
+        conditions = [self._condition(r) for r in requests]
+        lengths = [int(mu.shape[0]) for mu, _, _ in conditions]
+        mu = pad_rows([c[0] for c in conditions])
+        cond = pad_rows([c[1] for c in conditions])
+        spks = torch.stack([c[2] for c in conditions])
+        streaming = [r.streaming for r in requests]
+        mask = attention_mask(lengths, streaming, self.config.static_chunk_size, mu.device)
         mel = self.decoder(mu, spks, cond, mask)
-        return mel[:, n_prompt:].transpose(1, 2)
+        return [
+            mel[i, r.prompt_feat.shape[0] : n].transpose(0, 1)
+            for i, (r, n) in enumerate(zip(requests, lengths, strict=True))
+        ]
 
     def _check(
         self,

@@ -21,6 +21,11 @@ streamed, computed from each item alone (no state kept between a stream's chunks
   previous call returned. The last chunk's new frames come from the full-attention flow
   over everything, the frames before from the streaming flow, as in the reference.
 
+A call runs the flow once for all its items (`CosyVoice3Flow.inference_batch`: right-
+padded, grouped by length, one DiT forward per Euler step; every item's audio is bit
+for bit its audio alone, see `flow_batch.py`), then HiFT item by item (its cost is
+per-sample convolutions; batching it would pad waveforms for little gain on CPU).
+
 Both the reference and this redo the flow over the whole utterance per chunk, so a
 chunk's cost grows with the utterance; its boundary schedule is the reference's
 (25 tokens + the prompt's padding, then 50, then 100) only in effect — any chunking of
@@ -29,6 +34,7 @@ the edge gives the same audio.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +42,7 @@ import torch
 
 from omnistage.families.cosyvoice3 import voices
 from omnistage.families.cosyvoice3.flow import CosyVoice3Flow, FlowConfig
+from omnistage.families.cosyvoice3.flow_batch import FlowRequest
 from omnistage.families.cosyvoice3.hift import CosyVoice3HiFT, HiFTConfig
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
 
@@ -52,6 +59,21 @@ def cut_silence(tokens: list[int], silent: frozenset[int], longest: int) -> list
             run = 0
         out.append(token)
     return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One item's work: its flow requests (run batched with the other items') and how
+    its audio is cut from their mel."""
+
+    done: int
+    """Tokens (past the prompt) whose audio earlier chunks returned."""
+    last: bool
+    """The stream's end (HiFT flushes)."""
+    calls: tuple[FlowRequest, ...]
+    """None (nothing new to speak); the flow over the tokens; or, for a stream's last
+    chunk, the full-attention flow over all tokens and the streaming flow over those
+    already spoken (whose frames the reference keeps)."""
 
 
 class CosyVoice3Token2Wav(GenerationModel):
@@ -105,17 +127,20 @@ class CosyVoice3Token2Wav(GenerationModel):
             return 0
         return max(0, (prompt_len + usable) // self.hop * self.hop - prompt_len)
 
-    def _flow(self, tokens: list[int], voice: voices.Voice, streaming: bool, finalize: bool):
-        return self.flow.inference(
-            torch.tensor([tokens], dtype=torch.long),
-            voice.speech_tokens[None],
-            voice.speech_feat[None].to(self.dtype),
-            voice.embedding[None].to(self.dtype),
+    def _request(
+        self, tokens: list[int], voice: voices.Voice, streaming: bool, finalize: bool
+    ) -> FlowRequest:
+        return FlowRequest(
+            torch.tensor(tokens, dtype=torch.long),
+            voice.speech_tokens,
+            voice.speech_feat.to(self.dtype),
+            voice.embedding.to(self.dtype),
             streaming=streaming,
             finalize=finalize,
         )
 
-    def speak(self, item: GenerationItem) -> torch.Tensor:
+    def plan(self, item: GenerationItem) -> _Plan:
+        """What the flow must run for `item` (none, one or two flow requests)."""
         voice = voices.voice(self.path, item.speaker)
         tokens = self._tokens(item.rows[: item.own_end])
         prompt_len = int(voice.speech_tokens.shape[0])
@@ -124,22 +149,43 @@ class CosyVoice3Token2Wav(GenerationModel):
             done = self._boundary(prompt_len, len(self._tokens(item.rows[: item.context_len])))
         if item.last:
             if not tokens:
-                return torch.zeros(0, dtype=torch.float32)
-            tail = self._flow(tokens, voice, streaming=False, finalize=True)
-            if done:
-                head = self._flow(tokens[: done + self.lookahead], voice, True, False)
-                mel = torch.cat([head, tail[:, :, done * self.mel_ratio :]], dim=2)
-            else:
-                mel = tail
+                return _Plan(done, last=True, calls=())
+            tail = self._request(tokens, voice, streaming=False, finalize=True)
+            if not done:
+                return _Plan(done, last=True, calls=(tail,))
+            head = self._request(tokens[: done + self.lookahead], voice, True, False)
+            return _Plan(done, last=True, calls=(tail, head))
+        end = self._boundary(prompt_len, len(tokens))
+        if end <= done:
+            return _Plan(done, last=False, calls=())
+        return _Plan(
+            done,
+            last=False,
+            calls=(self._request(tokens[: end + self.lookahead], voice, True, False),),
+        )
+
+    def vocode(self, plan: _Plan, mels: list[torch.Tensor]) -> torch.Tensor:
+        """The item's new audio from its flow requests' mel (`[80, frames]` each)."""
+        if not mels:
+            return torch.zeros(0, dtype=torch.float32)
+        if len(mels) == 2:  # the streamed head, then the full-attention tail's new frames
+            tail, head = mels
+            mel = torch.cat([head, tail[:, plan.done * self.mel_ratio :]], dim=1)
         else:
-            end = self._boundary(prompt_len, len(tokens))
-            if end <= done:
-                return torch.zeros(0, dtype=torch.float32)
-            mel = self._flow(tokens[: end + self.lookahead], voice, True, False)
-        wav = self.hift.inference(mel.float(), finalize=item.last)[0]
+            (mel,) = mels
+        wav = self.hift.inference(mel[None].float(), finalize=plan.last)[0]
+        done = plan.done
         already = self.hift.output_samples(done * self.mel_ratio, finalize=False) if done else 0
         return wav[already:].float()
 
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
-        return [self.speak(item) for item in items]
+        """One flow solver run for every item's flow requests together (padded, see
+        `flow_batch`), then HiFT item by item."""
+        plans = [self.plan(item) for item in items]
+        mels = self.flow.inference_batch([call for plan in plans for call in plan.calls])
+        out, start = [], 0
+        for plan in plans:
+            out.append(self.vocode(plan, mels[start : start + len(plan.calls)]))
+            start += len(plan.calls)
+        return out
