@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import math
 import os
 import sys
 from collections.abc import Collection
 from typing import Any
 
 from omnistage.config import DEFAULT_MODEL
+from omnistage.entrypoints.serve_options import add_serve_options
 
 
 def _add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -233,24 +233,6 @@ def _early_text_worker(args: argparse.Namespace) -> Any:
         signal.signal(signal.SIGINT, previous)
 
 
-def _positive_seconds(text: str) -> float:
-    """argparse type: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
-def _connection_cap(text: str) -> int:
-    """argparse type: an integer >= 2 (uvicorn counts the new connection itself)."""
-    if not text.strip().isdigit() or int(text) < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2, got {text!r}")
-    return int(text)
-
-
 def _add_serve_parser(sub: argparse._SubParsersAction, name: str = "serve") -> None:
     """`omnistage serve`, or `omnistage playground`: the same with --ui on."""
     playground = name == "playground"
@@ -258,60 +240,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction, name: str = "serve") -> N
     srv = sub.add_parser(
         name, help=help_text + (" with the browser playground" if playground else "")
     )
-    srv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (0.0.0.0: all)")
-    srv.add_argument("--port", type=int, default=8000)
-    srv.add_argument(
-        "--api-key", default=None, help="require Authorization: Bearer KEY (or $OMNISTAGE_API_KEY)"
-    )
-    srv.add_argument(
-        "--served-model-name",
-        nargs="+",
-        default=None,
-        help="name(s) requests give as `model` (default: the --model argument)",
-    )
-    srv.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=64 * 1024 * 1024,  # http_guards.DEFAULT_MAX_REQUEST_BYTES (not imported here)
-        help="larger request bodies get a 413 (default 64 MiB)",
-    )
-    srv.add_argument(
-        "--header-timeout-s",
-        type=_positive_seconds,
-        default=10.0,
-        help="close a connection whose request header is not complete in this time",
-    )
-    srv.add_argument(
-        "--read-timeout-s",
-        type=_positive_seconds,
-        default=30.0,
-        help="a request body not received in this time (+1 s per KiB) is a 408",
-    )
-    srv.add_argument(
-        "--max-connections",
-        type=_connection_cap,
-        default=1024,
-        help="open connections beyond which a new request gets a 503",
-    )
-    srv.add_argument(
-        "--ui",
-        action="store_true",
-        default=playground,
-        help="also serve a browser playground at /ui/ (GET / redirects there)",
-    )
-    srv.add_argument("--seed", type=int, default=None, help="engine seed (unseeded requests)")
-    srv.add_argument("--log-level", default="info", help="uvicorn log level")
-    srv.add_argument(
-        "--deploy",
-        default=None,
-        help="serve a multi-stage pipeline from a deploy file or packaged name (demo-image, "
-        "demo-omni, ...); demos and omni / image checkpoints given as --model get theirs",
-    )
-    srv.add_argument(
-        "--in-process",
-        action="store_true",
-        help="run a pipeline's stages in the server process (no stage processes)",
-    )
+    add_serve_options(srv, ui=playground)
     _add_engine_args(srv)
     srv.set_defaults(func=cmd_serve)
 
