@@ -1,6 +1,5 @@
 """`omnistage verify` (docs/verify.md): it passes on every built-in model and demo
-(`--short`; `pytest -m soak` for the full size and for demo-cosyvoice3, whose vocoder
-is too slow on 2 cores for the default suite), it fails, naming the first differing
+(`--short`; `pytest -m soak` for the full size), it fails, naming the first differing
 request, stage and token position, when one configuration's engine is broken on
 purpose, and bad arguments exit 2 naming the field."""
 
@@ -47,7 +46,12 @@ def test_verify_short_passes_on_smollm2(capsys):
 
 @pytest.mark.parametrize(
     ("demo", "speculates"),
-    [("demo-omni", True), ("demo-image", True), ("demo-qwen3-tts", False)],
+    [
+        ("demo-omni", True),
+        ("demo-image", True),
+        ("demo-qwen3-tts", False),
+        ("demo-cosyvoice3", True),
+    ],
 )
 def test_verify_short_passes_on_each_demo(capsys, demo, speculates):
     rows = assert_passes(capsys, "--model", demo, "--short")
@@ -58,12 +62,9 @@ def test_verify_short_passes_on_each_demo(capsys, demo, speculates):
 
 
 @pytest.mark.soak
-def test_verify_short_passes_on_demo_cosyvoice3(capsys):
-    assert_passes(capsys, "--model", "demo-cosyvoice3", "--short")
-
-
-@pytest.mark.soak
-@pytest.mark.parametrize("model", ["smollm2", "demo-omni", "demo-image", "demo-qwen3-tts"])
+@pytest.mark.parametrize(
+    "model", ["smollm2", "demo-omni", "demo-image", "demo-qwen3-tts", "demo-cosyvoice3"]
+)
 def test_verify_full(capsys, model):
     assert_passes(capsys, "--model", model)
 

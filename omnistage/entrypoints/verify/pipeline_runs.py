@@ -37,6 +37,10 @@ SHM_DIR = "/dev/shm"
 PROMPT_WORDS = 6
 """A pipeline's prompts keep their first 6 words (a diffusion stage's text encoder
 takes few tokens: demo-image's 128)."""
+SPOKEN_WORDS = 2
+"""A text-to-speech entry (it builds its own prompt) speaks its first 2 words: its model
+sets the speech budget from the text (CosyVoice3: up to 20 speech tokens per text token,
+each stream chunk re-running the flow over the utterance so far), not `max_tokens`."""
 
 
 def mode_spec(spec: Any, config: str, drafts: set[str], dtype: str | None) -> Any:
@@ -132,8 +136,10 @@ def entry_prompt(spec: Any, text: str) -> str:
     from omnistage.entrypoints.entry_prompt import entry_builds_its_prompt
     from omnistage.models.loader import load_tokenizer, resolve_model
 
+    if entry_builds_its_prompt(spec):
+        return " ".join(text.split()[:SPOKEN_WORDS])
     text = " ".join(text.split()[:PROMPT_WORDS])
-    if entry_builds_its_prompt(spec) or any(s.kind == "diffusion" for s in spec.stages):
+    if any(s.kind == "diffusion" for s in spec.stages):
         return text  # a diffusion stage draws the request's prompt: the user's words
     (entry,) = spec.entry_stages
     tokenizer = load_tokenizer(resolve_model(entry.with_part_directory().model))
