@@ -223,6 +223,8 @@ def test_pack_errors_name_where_and_what():
         pack_payload({"no.such_key": 1})
     with pytest.raises(PayloadError, match="^pack_payload: unknown payload key"):
         PackedPayload({"no.such_key": 1})
+    with pytest.raises(PayloadError, match="^edge a->b: unknown payload key"):
+        pack_payload({"no.such_key": 1}, where="edge a->b")
     with pytest.raises(PayloadError, match="^w: a payload must be a dict, got list$"):
         validate_payload([], where="w")  # type: ignore[arg-type]
     with pytest.raises(PayloadError) as err:
@@ -265,9 +267,9 @@ def test_unpack_rejects_bad_buffers():
         unpack_payload(raw, where="receive")
 
 
-def _laid_out(entries: list, data: bytes = b"", pad: bool = True) -> bytes:
+def _laid_out(entries: list, data: bytes = b"", pad: bool = True, version: int = 1) -> bytes:
     """A buffer with this header (entries as the wire's arrays) and data after it."""
-    header = msgspec.msgpack.encode([1, entries])
+    header = msgspec.msgpack.encode([version, entries])
     raw = struct.pack("<Q", len(header)) + header
     if pad:
         raw += bytes((len(raw) + 63) // 64 * 64 - len(raw))
@@ -281,6 +283,11 @@ def _laid_out(entries: list, data: bytes = b"", pad: bool = True) -> bytes:
         (b"\0" * 7, "unpack_payload: buffer of 7 bytes is too short"),
         (struct.pack("<Q", 0), "unpack_payload: bad payload header"),
         (struct.pack("<Q", 100) + b"x" * 10, "unpack_payload: header of 100 bytes overruns"),
+        (_laid_out([], version=2), "unpack_payload: payload format version 2 is unknown"),
+        (
+            _laid_out([["meta.text", "str", "a"], ["meta.text", "str", "b"]]),
+            "unpack_payload: key 'meta.text' appears twice",
+        ),
         (
             _laid_out([["ids.output", "tensor", None, "int128", [2], 0, 16]], bytes(64)),
             "unpack_payload: key 'ids.output' has unknown dtype 'int128'",
