@@ -263,7 +263,7 @@ def test_unpack_rejects_bad_buffers():
     header = msgspec.msgpack.encode([1, [["meta.finished", "int", 1, "", [], 0, 0]]])
     raw = struct.pack("<Q", len(header)) + header
     raw += bytes((len(raw) + 63) // 64 * 64 - len(raw))
-    with pytest.raises(PayloadError, match="'meta.finished' expects bool"):
+    with pytest.raises(PayloadError, match="^receive: payload key 'meta.finished' expects bool"):
         unpack_payload(raw, where="receive")
 
 
@@ -284,6 +284,10 @@ def _laid_out(entries: list, data: bytes = b"", pad: bool = True, version: int =
         (struct.pack("<Q", 0), "unpack_payload: bad payload header"),
         (struct.pack("<Q", 100) + b"x" * 10, "unpack_payload: header of 100 bytes overruns"),
         (_laid_out([], version=2), "unpack_payload: payload format version 2 is unknown"),
+        (
+            _laid_out([["ids.output", "tensor", None, "int64", [2], 0, 16]], bytes(17)),
+            "unpack_payload: buffer is 81 bytes, the header describes 80",
+        ),
         (
             _laid_out([["meta.text", "str", "a"], ["meta.text", "str", "b"]]),
             "unpack_payload: key 'meta.text' appears twice",
