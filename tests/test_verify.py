@@ -97,6 +97,29 @@ def test_verify_fails_naming_the_first_difference(capsys, monkeypatch, tiny_llam
     assert rows["sync = async"] == "FAIL" and rows["batched = alone"] == "pass"
 
 
+def test_verify_names_the_stage_of_a_pipeline_that_differs(capsys, monkeypatch):
+    """demo-omni's talker broken on purpose under async scheduling (its third code of r0
+    changed), its thinker intact: verify names r0, stage talker, position 2."""
+    original = AsyncScheduler.update_from_output
+
+    def corrupting(self, scheduler_output, runner_output):
+        request, row = self.requests.get("r0"), runner_output.req_id_to_index.get("r0")
+        talker = self.config.model_part == "talker"
+        if talker and request is not None and row is not None:
+            sampled = list(runner_output.sampled_token_ids[row])
+            if sampled and len(request.output_token_ids) == 2:
+                sampled[0] ^= 1
+                runner_output.sampled_token_ids[row] = sampled
+        return original(self, scheduler_output, runner_output)
+
+    monkeypatch.setattr(AsyncScheduler, "update_from_output", corrupting)
+    code, text, result = verify(capsys, "--model", "demo-omni", "--short", "--json")
+    assert code == 1, text
+    first = result["first_mismatch"]
+    assert first["check"] == "sync = async"
+    assert (first["request"], first["stage"], first["position"]) == ("r0", "talker", 2), first
+
+
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
