@@ -184,41 +184,38 @@ def _client_socket(context: zmq.Context, kind: int, keys: CurveKeys, address: st
     return sock
 
 
+@dataclasses.dataclass(frozen=True)
+class ActorWiring:
+    """What a stage actor needs to run its stage and reach the orchestrator."""
+
+    spec: StageSpec
+    deploy: DeploySpec
+    namespace: str
+    in_address: str
+    out_address: str
+    keys: CurveKeys
+
+
 class StageActor:
     """The body of a Ray stage actor. Its constructor starts the stage loop on a thread, so an
     actor Ray restarts serves (and reports ready) again by itself; `wait` returns when the
     loop ends: "" after `Shutdown`, else the traceback that ended it."""
 
-    def __init__(
-        self,
-        spec: StageSpec,
-        deploy: DeploySpec,
-        namespace: str,
-        in_address: str,
-        out_address: str,
-        keys: CurveKeys,
-    ) -> None:
+    def __init__(self, wiring: ActorWiring) -> None:
         self._done = threading.Event()
         self._error = ""
-        args = (spec, deploy, namespace, in_address, out_address, keys)
-        threading.Thread(target=self._serve, args=args, name="omnistage-stage", daemon=True).start()
+        threading.Thread(
+            target=self._serve, args=(wiring,), name="omnistage-stage", daemon=True
+        ).start()
 
-    def _serve(
-        self,
-        spec: StageSpec,
-        deploy: DeploySpec,
-        namespace: str,
-        in_address: str,
-        out_address: str,
-        keys: CurveKeys,
-    ) -> None:
+    def _serve(self, wiring: ActorWiring) -> None:
         context = zmq.Context()
-        inbox = _client_socket(context, zmq.PULL, keys, in_address)
-        outbox = _client_socket(context, zmq.PUSH, keys, out_address)
+        inbox = _client_socket(context, zmq.PULL, wiring.keys, wiring.in_address)
+        outbox = _client_socket(context, zmq.PUSH, wiring.keys, wiring.out_address)
         outbox.setsockopt(zmq.LINGER, 2000)
         try:
-            deploy = with_zmq_host(deploy, node_address())
-            serve_stage(spec, deploy, namespace, inbox, outbox, lambda: True)
+            deploy = with_zmq_host(wiring.deploy, node_address())
+            serve_stage(wiring.spec, deploy, wiring.namespace, inbox, outbox, lambda: True)
         except BaseException:
             self._error = traceback.format_exc()
         finally:
@@ -281,7 +278,9 @@ class RayStageClient(StageClient):
                     max_concurrency=2,  # `wait` runs beside the constructor's thread
                     name=None,
                 )
-                .remote(spec, deploy, namespace, in_address, out_address, transport.keys)
+                .remote(
+                    ActorWiring(spec, deploy, namespace, in_address, out_address, transport.keys)
+                )
             )
             self._watch = self.actor.wait.remote()
         except BaseException:
