@@ -45,9 +45,11 @@ def test_prefix_cache_hit_shares_blocks_and_leaves_one_token():
     a = make_request("a", list(range(12)))
     kv.allocate_slots(a, 12)
     b = make_request("b", list(range(12)))
+    assert (kv.prefix_queries, kv.prefix_hits) == (0, 0)
     hit, num = kv.get_computed_blocks(b)
     # 3 full blocks cached, but one token must be left to compute: 2 blocks hit.
     assert num == 8 and len(hit) == 2
+    assert (kv.prefix_queries, kv.prefix_hits) == (12, 8)  # tokens asked for, tokens found
     assert hit.block_ids == kv.block_ids("a")[:2]
     kv.allocate_slots(b, 4, hit)
     assert kv.block_ids("b")[:2] == kv.block_ids("a")[:2]

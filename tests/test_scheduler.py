@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from omnistage.config import EngineConfig
 from omnistage.core.kv_cache_manager import KVCacheManager
 from omnistage.core.request import Request, RequestStatus
@@ -110,6 +114,31 @@ def test_preempt_running_preempts_everyone_in_running_order_and_counts_each():
     so, _ = fake_step(s)
     assert so.preempted_req_ids == {"a", "b"}  # the runner hears of it
     assert set(so.num_scheduled_tokens) == {"a", "b"}  # and both are recomputed
+
+
+def test_a_request_that_can_only_preempt_itself_waits():
+    """5 usable blocks: a and b hold 2 each; both need a third. a takes the free one; b,
+    the tail of `running`, finds no one but itself to preempt: it waits, unscheduled."""
+    s = make_scheduler(num_blocks=6, block_size=4, budget=64)
+    s.add_request(req("a", 8, max_tokens=8))
+    s.add_request(req("b", 8, max_tokens=8, first=50))
+    fake_step(s)
+    so, _ = fake_step(s)
+    assert so.preempted_req_ids == {"b"} and set(so.num_scheduled_tokens) == {"a"}
+    assert s.requests["b"].status == RequestStatus.PREEMPTED
+    assert [r.request_id for r in s.waiting] == ["b"] and [r.request_id for r in s.running] == ["a"]
+    while s.has_unfinished_requests():
+        fake_step(s)
+    assert s.kv.num_free_blocks == 5
+
+
+def test_a_config_not_resolved_for_its_model_is_refused():
+    for unresolved in ({"max_model_len": None}, {"max_num_batched_tokens": None}):
+        resolved = EngineConfig(model="unused", max_model_len=64, max_num_batched_tokens=16)
+        config = dataclasses.replace(resolved, **unresolved)
+        with pytest.raises(ValueError) as err:
+            Scheduler(config, KVCacheManager(8, 4, 64, True))
+        assert str(err.value) == "Scheduler needs a config resolved for its model"
 
 
 def test_stop_rules_and_release():
