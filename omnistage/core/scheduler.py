@@ -310,7 +310,7 @@ class Scheduler:
         """Append sampled tokens, apply stop rules, free finished requests."""
         outputs: list[EngineCoreOutput] = []
         index = runner_output.req_id_to_index
-        hidden = _split_hidden_states(scheduler_output, runner_output)
+        hidden = _split_hidden_states(runner_output)
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
             if request is None or request.is_finished:
@@ -380,14 +380,10 @@ class Scheduler:
         self.spec_stats.record(num_drafts, num_accepted)
 
 
-def _split_hidden_states(
-    scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
-) -> list[torch.Tensor] | None:
-    """The step's hidden-state rows per request (runner order), when the runner sent them."""
+def _split_hidden_states(runner_output: ModelRunnerOutput) -> list[torch.Tensor] | None:
+    """The step's hidden-state rows per request (runner order), when the runner sent them
+    (always with `hidden_counts`: a rejected draft's row is not sent)."""
     if runner_output.hidden_states is None:
         return None
     rows = blob_to_tensor(runner_output.hidden_states)
-    counts = runner_output.hidden_counts
-    if counts is None:
-        counts = [scheduler_output.num_scheduled_tokens[r] for r in runner_output.req_ids]
-    return list(torch.split(rows, counts))
+    return list(torch.split(rows, runner_output.hidden_counts))
