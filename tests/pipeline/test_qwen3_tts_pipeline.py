@@ -112,6 +112,9 @@ def test_greedy_audio_equals_the_reference(checkpoints, reference, monkeypatch, 
 
 TEXTS = ["Hello there.", "A second, longer sentence to read.", "Three."]
 VOICES = ["vivian", "ryan", "uncle_fu"]
+SHORT_CONTEXT = {"max_model_len": 128, "block_size": 4}
+KV_ARGS = {**SHORT_CONTEXT, "num_kv_blocks": 33}
+"""Room for about one utterance of the tiny talker at a time."""
 
 
 def test_sync_and_async_scheduling_give_identical_audio(checkpoints):
@@ -212,3 +215,26 @@ def test_a_stream_finishes_once_and_bad_requests_name_their_field(checkpoints):
         # "stage talker: field: why" from the entry stage as a 400).
         assert error is not None and re.match(rf"(stage talker: )?{field}: ", error), error
     assert after.error is None and after.audio.size > 0
+
+
+def test_a_talker_preempted_mid_utterance_speaks_the_same(checkpoints, monkeypatch):
+    """A KV cache too small for every request at once preempts talkers mid-utterance; a
+    recomputed talker is sent its codes so far again (`NewRequestData.output_codes`) and
+    speaks exactly as with room to spare."""
+    from omnistage.core.scheduler import Scheduler
+
+    ckpt = checkpoints["custom_voice"]
+    roomy = _concurrent(tiny_speech_deploy("demo-qwen3-tts", ckpt).with_engine_args(SHORT_CONTEXT))
+    preempted, preempt = [], Scheduler._preempt
+
+    def counting(self, request):
+        if request.output_codes:
+            preempted.append(request.request_id)
+        return preempt(self, request)
+
+    monkeypatch.setattr(Scheduler, "_preempt", counting)
+    spec = tiny_speech_deploy("demo-qwen3-tts", ckpt).with_engine_args(KV_ARGS)
+    crowded = _concurrent(spec)
+    assert preempted, "the small KV cache preempted no talker mid-utterance"
+    for a, b in zip(roomy, crowded, strict=True):
+        assert np.array_equal(a, b)
