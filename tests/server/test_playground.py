@@ -199,6 +199,7 @@ def test_the_page_asks_for_the_api_key(page, tiny_llama) -> None:
         assert httpx.get(f"{live.url}/v1/models").status_code == 401  # the API: the key
         page.goto(live.url + "/ui/")
         page.wait_for_selector("#key-form", state="visible")
+        page.wait_for_selector("#error", state="visible")  # shown once the body is read
         assert "401" in _error_shown(page)
         page.fill("#api-key", KEY)
         page.click("#key-form button")
