@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import zmq
 
 from omnistage.core.tensor_blob import TensorBlob
 from omnistage.pipeline.connectors.base import PayloadHandle
@@ -161,3 +162,14 @@ to_stage_decoder = msgspec.msgpack.Decoder(ToStage)
 from_stage_encoder = to_stage_encoder
 from_stage_decoder = msgspec.msgpack.Decoder(list[FromStage])
 """A stage reports a step's events as one message (a list): one send per step, not per event."""
+
+
+def drain_reports(socket: zmq.Socket) -> list[FromStage]:
+    """Every report already queued on `socket` (never waits): each frame is one step's list."""
+    events: list[FromStage] = []
+    while True:
+        try:
+            frame = socket.recv(zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return events
+        events += from_stage_decoder.decode(frame.buffer)

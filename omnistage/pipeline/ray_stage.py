@@ -45,7 +45,7 @@ from omnistage.pipeline.messages import (
     StageReady,
     StageStats,
     ToStage,
-    from_stage_decoder,
+    drain_reports,
     to_stage_encoder,
 )
 from omnistage.pipeline.stage_process import StageClient, serve_stage
@@ -306,13 +306,7 @@ class RayStageClient(StageClient):
 
     def poll(self) -> list[FromStage]:
         """What the actor reported so far; events about the runner name the replica."""
-        events: list[FromStage] = []
-        while True:
-            try:
-                frame = self.pull.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            events += from_stage_decoder.decode(frame.buffer)
+        events = drain_reports(self.pull)
         for event in events:
             if isinstance(event, _INSTANCE_EVENTS):
                 event.stage = self.name

@@ -32,7 +32,7 @@ from omnistage.pipeline.messages import (
     StageReady,
     SubmitRequest,
     ToStage,
-    from_stage_decoder,
+    drain_reports,
 )
 from omnistage.pipeline.ray_stage import (
     RayStageClient,
@@ -216,13 +216,7 @@ class StageSet:
 
     def drain_inbox(self) -> list[FromStage]:
         """Everything stage processes reported so far (never waits)."""
-        events: list[FromStage] = []
-        while True:
-            try:
-                frame = self.inbox.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return events
-            events += from_stage_decoder.decode(frame.buffer)
+        return drain_reports(self.inbox)
 
     def busy(self) -> bool:
         return any(c.busy() for c in self.clients.values())
