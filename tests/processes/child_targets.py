@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import time
 from multiprocessing.connection import Connection
 
 
@@ -30,3 +31,45 @@ def crash_with_segfault(channel: Connection) -> None:
 
 def exit_quietly(code: int, channel: Connection) -> None:
     raise SystemExit(code)
+
+
+class CountingRunner:
+    """A model runner without a model, for `ProcessExecutor` tests: each step samples, per
+    scheduled request, the number of tokens scheduled for it; a request named "boom" makes
+    the step raise, one named "slow" makes it take a minute."""
+
+    def __init__(self, num_kv_blocks: int) -> None:
+        self.num_kv_blocks = num_kv_blocks
+        self.startup_phases = {"build": 0.25}
+        self.steps = 0
+
+    def execute_model(self, scheduler_output):
+        from omnistage.core.sched_output import ModelRunnerOutput
+
+        if "boom" in scheduler_output.num_scheduled_tokens:
+            raise RuntimeError("boom in the runner")
+        if "slow" in scheduler_output.num_scheduled_tokens:
+            time.sleep(60)
+        self.steps += 1
+        ids = list(scheduler_output.num_scheduled_tokens)
+        counts = [[scheduler_output.num_scheduled_tokens[r]] for r in ids]
+        return ModelRunnerOutput(req_ids=ids, sampled_token_ids=counts, logprobs=[None] * len(ids))
+
+    def stats(self) -> dict[str, int]:
+        return {"steps": self.steps}
+
+
+def counting_runner(num_kv_blocks: int) -> CountingRunner:
+    if num_kv_blocks < 1:
+        raise ValueError(f"num_kv_blocks: {num_kv_blocks} cannot hold a request")
+    return CountingRunner(num_kv_blocks)
+
+
+def ready_then_stats(channel: Connection) -> None:
+    """A worker that answers its first step with the wrong message (Stats, not StepDone)."""
+    from omnistage.core.process_executor import _ENCODER, Ready, Stats
+
+    channel.send_bytes(_ENCODER.encode(Ready(num_kv_blocks=3)))
+    channel.recv_bytes()
+    channel.send_bytes(_ENCODER.encode(Stats(values={"x": 1})))
+    channel.recv_bytes()

@@ -1,0 +1,102 @@
+"""`ProcessExecutor` against a runner without a model: the worker's replies come back in
+send order, its failures name themselves, and a shutdown is a clean exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from omnistage.child import start_child
+from omnistage.core.process_executor import ProcessExecutor, RunnerDied, RunnerFailed
+from omnistage.core.sched_output import CachedRequestData, SchedulerOutput
+
+RUNNER = "tests.processes.child_targets:counting_runner"
+
+
+def _step(**counts: int) -> SchedulerOutput:
+    return SchedulerOutput(
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=CachedRequestData(),
+        num_scheduled_tokens=counts,
+        total_num_scheduled_tokens=sum(counts.values()),
+        finished_req_ids=set(),
+        preempted_req_ids=set(),
+    )
+
+
+@pytest.fixture
+def executor():
+    executor = ProcessExecutor(RUNNER, 7)
+    yield executor
+    executor.shutdown()
+
+
+def test_steps_in_flight_come_back_in_send_order(executor):
+    assert executor.num_kv_blocks == -1 and executor.startup_phases == {}  # not ready yet
+    executor.wait_ready()
+    assert executor.num_kv_blocks == 7
+    assert executor.startup_phases == {"build": 0.25}
+    assert executor.child.name == "omnistage model runner worker"
+    first, second = executor.submit(_step(a=3, b=1)), executor.submit(_step(b=2))
+    assert second.result().sampled_token_ids == [[2]]  # waits for the first on the way
+    out = first.result()
+    assert (out.req_ids, out.sampled_token_ids) == (["a", "b"], [[3], [1]])
+    assert executor.runner_stats() == {"steps": 2}
+
+
+def test_a_failed_step_raises_the_runners_traceback_and_the_worker_serves_on(executor):
+    executor.wait_ready()
+    failing, after = executor.submit(_step(boom=1)), executor.submit(_step(c=5))
+    with pytest.raises(RunnerFailed, match="model runner worker failed:\n") as info:
+        failing.result()
+    text = str(info.value)
+    assert text.startswith("model runner worker failed:\nTraceback (most recent call last):\n")
+    assert text.rstrip().endswith("RuntimeError: boom in the runner")
+    assert "execute_model" in text  # the worker's own frame
+    assert after.result().sampled_token_ids == [[5]]
+
+
+def test_a_bad_runner_argument_stays_a_value_error_with_the_workers_traceback():
+    executor = ProcessExecutor(RUNNER, 0)
+    with pytest.raises(ValueError, match="^num_kv_blocks: 0 cannot hold a request$") as info:
+        executor.wait_ready()
+    cause = str(info.value.__cause__)
+    assert cause.startswith("model runner worker failed to start:\n")
+    assert "counting_runner" in cause
+    assert executor.child.join(5) is not None  # the failed worker was closed
+
+
+def test_a_dead_worker_is_named_with_how_it_ended(executor):
+    executor.wait_ready()
+    os.kill(executor.child.pid, signal.SIGKILL)
+    executor.child.join(5)
+    with pytest.raises(
+        RunnerDied, match="^model runner worker died: omnistage model runner worker"
+    ):
+        executor.submit(_step(a=1)).result()
+
+
+def test_a_reply_of_the_wrong_kind_fails_the_step_naming_it():
+    child = start_child("tests.processes.child_targets:ready_then_stats", name="odd worker")
+    executor = ProcessExecutor(RUNNER, child=child)
+    executor.wait_ready()
+    assert executor.num_kv_blocks == 3
+    with pytest.raises(RunnerFailed, match=r"unexpected reply Stats\(values=\{'x': 1\}\)"):
+        executor.execute_model(_step(a=1))
+    executor.shutdown()
+
+
+def test_shutdown_asks_the_worker_to_stop_and_it_exits_cleanly(executor):
+    executor.wait_ready()
+    executor.shutdown()
+    assert executor.child.exitcode == 0
+
+
+def test_a_worker_that_dies_during_a_step_fails_the_step_naming_the_signal(executor):
+    executor.wait_ready()
+    pending = executor.submit(_step(slow=1))
+    os.kill(executor.child.pid, signal.SIGKILL)
+    with pytest.raises(RunnerDied, match="^model runner worker died: .* was killed by SIGKILL"):
+        pending.result()
