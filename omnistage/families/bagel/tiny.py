@@ -161,3 +161,13 @@ def make_tiny_bagel(path: str | Path, seed: int = 0) -> Path:
     tokenizer = byte_tokenizer(list(SPECIAL_TOKENS[2:]))
     tokenizer.save_pretrained(str(path))
     return path
+
+
+def make_demo_bagel(path: str | Path, seed: int = 0) -> Path:
+    """The built-in demo: the tiny checkpoint in `path/bagel`, its served view in `path`."""
+    from omnistage.families.bagel.layout import convert
+
+    path = Path(path)
+    make_tiny_bagel(path / "bagel", seed)
+    convert(path / "bagel", path)
+    return path
