@@ -119,3 +119,21 @@ def test_handed_off_kv_is_exactly_syncs(ckpt, runs, max_tokens):
             sync[len(ids)][: len(ids)], context.to_rows(), rtol=0, atol=1e-12
         )
         assert context.rope == len(ids)
+
+
+def test_bagel_folder_served_through_its_view_and_bad_input_refused(
+    ckpt, runs, tmp_path, monkeypatch
+):
+    """The checkpoint in Bagel's own layout (no config.json) picks the bagel deploy through
+    its converted view and draws the same image; inputs it cannot serve are ValueErrors
+    naming the field, before any stage runs."""
+    monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path / "cache"))
+    with Omni(model=str(ckpt / "bagel"), in_process=True, dtype="float64") as omni:
+        assert [s.name for s in omni.deploy.stages] == ["understanding", "draw"]
+        (out,) = omni.generate(PROMPTS[:1], {"draw": _draw(3.0)})
+        assert np.array_equal(out.image_array, runs[False]["alone", 3.0])
+        with pytest.raises(ValueError, match="height: 18"):
+            omni.generate(["x"], {"draw": DiffusionParams(height=18, width=16)})
+        with pytest.raises(ValueError, match="width: 64"):
+            omni.generate(["x"], {"draw": DiffusionParams(height=16, width=64)})
+        assert all(not any(c.values()) for c in omni.stage_counters().values())

@@ -19,6 +19,7 @@ FAMILY = Family(
     diffusion_pipelines={PIPELINE: f"{_PKG}.draw:BagelDraw"},
     edges={"bagel_prompt_kv": f"{_PKG}.edges:BagelPromptKV"},
     deploys_by_pipeline_class={PIPELINE: "bagel"},
+    deploys_by_model_type={"bagel_understanding": "bagel"},
     layouts={"llm_config.json": f"{_PKG}.layout:convert"},
     demos={
         "demo-bagel": Demo(

@@ -7,10 +7,9 @@ keeps the view), copying no weights — every file is a relative symbolic link:
 - `out/*`: every file of `src` (the denoising stage reads the folder as Bagel's);
 - `out/model_index.json`: `_class_name: OmnistageBagelPipeline`, which picks the
   `bagel` deploy and the denoising stage's model (`draw.BagelDraw`);
-- `out/understanding/`: the AR stage's checkpoint — `config.json` (`llm_config.json`
-  with model type `bagel_understanding`), `model.safetensors` (a link to
-  `ema.safetensors`; `understanding.BagelUnderstanding` loads its expert's names from
-  it) and the tokenizer files.
+- `out/config.json`: `llm_config.json` with model type `bagel_understanding`: the
+  folder is also the AR stage's checkpoint (`understanding.BagelUnderstanding` takes its
+  expert's weights from `ema.safetensors` and ignores every other tensor).
 """
 
 from __future__ import annotations
@@ -23,17 +22,6 @@ from omnistage.families.bagel.config import LLM_CONFIG, WEIGHTS
 from omnistage.families.bagel.understanding import ARCHITECTURE, MODEL_TYPE
 
 PIPELINE_CLASS = "OmnistageBagelPipeline"
-PART = "understanding"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "merges.txt",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
 
 
 def _link(target: Path, link: Path) -> None:
@@ -51,15 +39,9 @@ def convert(src: Path, out: Path) -> None:
     for file in sorted(p for p in src.iterdir() if p.is_file()):
         if not (out / file.name).exists():
             _link(file, out / file.name)
-    index = {"_class_name": PIPELINE_CLASS, PART: ["omnistage", ARCHITECTURE]}
+    index = {"_class_name": PIPELINE_CLASS, "understanding": ["omnistage", ARCHITECTURE]}
     (out / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
     llm = json.loads((src / LLM_CONFIG).read_text())
     llm |= {"model_type": MODEL_TYPE, "architectures": [ARCHITECTURE], "qk_norm": True}
     llm["tie_word_embeddings"] = False
-    part = out / PART
-    part.mkdir(exist_ok=True)
-    (part / "config.json").write_text(json.dumps(llm, indent=2) + "\n")
-    _link(src / WEIGHTS, part / "model.safetensors")
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            _link(src / name, part / name)
+    (out / "config.json").write_text(json.dumps(llm, indent=2) + "\n")
