@@ -69,12 +69,35 @@ def _session(ckpt, async_scheduling: bool) -> dict:
             handed.clear()
             run(PROMPTS, 3.0, max_tokens=4)
             out["kv", 4] = dict(handed)
+            handed.clear()
+            stop = SamplingParams(temperature=0.0, max_tokens=8, stop_token_ids=[STOP[1]])
+            omni.generate(PROMPTS[:1], {"understanding": stop, "draw": _draw(3.0)})
+            out["kv", "stop"] = dict(handed)
             assert all(not any(c.values()) for c in omni.stage_counters().values())
     return out
 
 
+def _greedy(model: BagelImageModel, prompt: str, count: int) -> list[int]:
+    """The understanding expert's greedy continuation of `prompt` (the MoT alone)."""
+    lm = model.language_model
+    ids = torch.tensor(model.prompt_ids(prompt))
+    hidden, context = lm.prefill(ids, lm.empty_context())
+    out = []
+    for _ in range(count):
+        out.append(int(lm.compute_logits(hidden[-1:]).argmax()))
+        hidden, context = lm.prefill(torch.tensor(out[-1:]), context)
+    return out
+
+
+STOP: tuple[int, int] = (0, 0)
+"""(index, id) of the first greedy token of PROMPTS[0] after the first two that is new."""
+
+
 @pytest.fixture(scope="module")
 def runs(ckpt):
+    global STOP
+    tokens = _greedy(BagelImageModel(ckpt / "bagel", torch.float64), PROMPTS[0], 8)
+    STOP = next((i, t) for i, t in enumerate(tokens) if i >= 2 and t not in tokens[:i])
     return {mode: _session(ckpt, mode) for mode in (False, True)}
 
 
@@ -99,6 +122,16 @@ def test_guidance_and_prompt_change_the_image(runs):
     plain, guided = runs[False]["batched", 1.0], runs[False]["batched", 3.0]
     assert not np.array_equal(plain[0], plain[1])
     assert not np.array_equal(plain[1], guided[1])
+
+
+def test_a_step_scheduled_ahead_never_reaches_the_handed_off_kv(runs):
+    """The stage stops at a stop token it could not know of in advance: async scheduling
+    has already scheduled (and run) the step after it, and none of that step's KV may
+    reach the payload: the rows are exactly sync's, one per position before the stop."""
+    sync, asyn = runs[False]["kv", "stop"], runs[True]["kv", "stop"]
+    ((n, rows),) = sync.items()
+    assert rows.shape[0] == n + STOP[0]
+    assert torch.equal(rows, asyn[n])
 
 
 @pytest.mark.parametrize("max_tokens", [1, 4])
