@@ -28,7 +28,10 @@ class BagelPrompter:
     ) -> BagelPrompter:
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(str(path), local_files_only=True))
+        from omnistage.families.bagel.understanding import BagelUnderstandingConfig
+
+        config = BagelUnderstandingConfig.from_json_file(str(Path(path) / "config.json"))
+        return cls(AutoTokenizer.from_pretrained(str(path), config=config, local_files_only=True))
 
     def prompt_ids(self, prompt: str) -> list[int]:
         return [self.bos, *self.tokenizer.encode(prompt, add_special_tokens=False), self.eos]

@@ -47,7 +47,9 @@ class BagelImageModel:
         self.dtype = dtype
         self.generator = BagelGenerator.load(self.path, self.config, dtype)
         self.vae = AutoEncoder.load(self.path, self.config.vae, dtype)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            str(self.path), config=self.config.llm, local_files_only=True
+        )
         ids = [self.tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS]
         if any(i is None or i == self.tokenizer.unk_token_id for i in ids):
             raise ValueError(f"{self.path}: the tokenizer lacks one of {', '.join(SPECIAL_TOKENS)}")
