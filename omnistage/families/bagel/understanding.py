@@ -17,7 +17,7 @@ edge (`edges.BagelPromptKV`) passes exactly the prompt's rows on.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from transformers import Qwen2Config
@@ -40,7 +40,6 @@ class BagelUnderstandingConfig(Qwen2Config):
 class BagelUnderstanding(Qwen2ForCausalLM):
     architectures = (ARCHITECTURE,)
     qk_norm = True
-    llama_default_rope: ClassVar[bool] = True
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, dtype, max_positions)
