@@ -128,6 +128,10 @@ def deploy_for_model(model: str, engine_args: Mapping[str, Any] | None = None) -
         from omnistage.diffusion.model import pipeline_class_name
 
         path = Path(model).expanduser()
+        if path.is_dir() and registry.layout_converter(path) is not None:
+            from omnistage.models.loader import resolve_model
+
+            path = resolve_model(model).path  # a family's own layout: its HF view decides
         config = path / "config.json"
         model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
         name = registry.deploy_for_model_type(model_type)

@@ -1,0 +1,110 @@
+"""`BagelDraw`: Bagel's denoising stage as a `DiffusionModel` the diffusion engine runs.
+
+One request's state is its KV contexts (`text_to_image.Contexts`) and the layout of its
+image block; its latents are `[h, w, patch]` (a patch of `latent_patch_size`² latent
+pixels of every channel per token: the reference's packed noise, drawn from the
+request's seed alone). A request's conditioning is, in order of preference:
+
+- the prompt's KV rows an upstream understanding stage handed off
+  (`DiffusionInput.prior_token_ids`, see `edges.BagelPromptKV`): the context is those
+  rows, its next RoPE position their count;
+- else (the denoising stage alone) the prompt prefilled here, as the reference does.
+
+With guidance (`guidance_scale` > 1: the reference's `cfg_text_scale`), the context
+without the text is the empty one (position 0), as the reference's inferencer leaves it
+for a text-only prompt. `num_inference_steps` counts Euler steps (the reference's
+`num_timesteps` is one more: its schedule's points). Each request is evaluated on its
+own (its contexts differ in length), so its image does not depend on its batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnistage.diffusion.model import DiffusionInput, DiffusionModel
+from omnistage.diffusion.params import ResolvedDiffusionParams
+from omnistage.families.bagel.context import from_rows
+from omnistage.families.bagel.flow import FlowEulerScheduler, GuidanceSettings
+from omnistage.families.bagel.generator import ImageBlock
+from omnistage.families.bagel.layout import PIPELINE_CLASS
+from omnistage.families.bagel.text_to_image import BagelImageModel, Contexts
+
+DEFAULT_STEPS = 49
+"""The inferencer's `num_timesteps=50` schedule points."""
+DEFAULT_GUIDANCE = 4.0
+"""The inferencer's text-to-image `cfg_text_scale`."""
+MAX_TEXT_TOKENS = 4096
+
+
+class BagelDraw(DiffusionModel):
+    pipeline_class_names = (PIPELINE_CLASS,)
+
+    def __init__(self, model: BagelImageModel, device: torch.device) -> None:
+        self.model = model
+        self.dtype = model.dtype
+        self.device = device
+        config = model.config
+        self.down = config.latent_downsample
+        self.patch_dim = config.patch_latent_dim
+        self.max_size = config.max_latent_size * self.down
+        self.default_height = self.default_width = self.max_size
+        self.min_size = self.size_multiple = self.down
+        self.default_steps = DEFAULT_STEPS
+        self.default_guidance = DEFAULT_GUIDANCE
+        self.max_text_tokens = MAX_TEXT_TOKENS
+        self.settings = GuidanceSettings()
+
+    @classmethod
+    def load(cls, path: Path, dtype: torch.dtype, device: torch.device) -> BagelDraw:
+        return cls(BagelImageModel(path, dtype), device)
+
+    def count_text_tokens(self, prompt: str) -> int:
+        return len(self.model.prompt_ids(prompt))
+
+    def latent_shape(self, params: ResolvedDiffusionParams) -> tuple[int, ...]:
+        return (params.height // self.down, params.width // self.down, self.patch_dim)
+
+    def encode(self, inputs: list[DiffusionInput]) -> list[Any]:
+        lm = self.model.language_model
+        conditions = []
+        for item in inputs:
+            guidance = item.params.uses_guidance
+            if item.prior_token_ids is None:
+                contexts = self.model.contexts(item.prompt, guidance)
+            else:
+                rows = item.prior_token_ids.to(self.dtype)
+                full = from_rows(rows, lm.num_layers, lm.num_kv_heads, lm.head_dim)
+                contexts = Contexts(full, lm.empty_context() if guidance else None)
+            conditions.append(contexts)
+        return conditions
+
+    def new_scheduler(self, params: ResolvedDiffusionParams) -> FlowEulerScheduler:
+        return FlowEulerScheduler(params.num_inference_steps, self.model.config.timestep_shift)
+
+    def predict(
+        self,
+        latents: torch.Tensor,
+        timesteps: torch.Tensor,
+        conditions: list[Any],
+        guidance_scales: list[float],
+        pad_rows_to: int = 0,
+    ) -> torch.Tensor:
+        out = []
+        for x, t, contexts, scale in zip(
+            latents, timesteps, conditions, guidance_scales, strict=True
+        ):
+            block = ImageBlock(x.shape[0], x.shape[1], self.model.config.max_latent_size)
+            flat = x.reshape(-1, x.shape[-1])
+            v = self.model.velocity(flat, float(t), block, contexts, scale, self.settings)
+            out.append(v.reshape(x.shape))
+        return torch.stack(out)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        images = []
+        for x in latents:
+            block = ImageBlock(x.shape[0], x.shape[1], self.model.config.max_latent_size)
+            images.append(self.model.to_pixels(x.reshape(-1, x.shape[-1]), block))
+        return torch.stack(images)
