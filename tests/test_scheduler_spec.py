@@ -1,0 +1,115 @@
+"""The scheduler's side of speculative decoding, without a model: how many draft slots a
+decoding request gets (what the runner proposed, synchronously; the most, asynchronously),
+capped by max_tokens, max_model_len and the step's budget; and what a verified step gives
+back (rejected drafts' positions, draft and acceptance counts)."""
+
+from __future__ import annotations
+
+from omnistage.config import EngineConfig
+from omnistage.core.async_scheduler import AsyncScheduler
+from omnistage.core.kv_cache_manager import KVCacheManager
+from omnistage.core.request import Request
+from omnistage.core.sched_output import ModelRunnerOutput
+from omnistage.core.scheduler import Scheduler
+from omnistage.sampling_params import SamplingParams
+
+
+def _scheduler(cls=Scheduler, k=3, budget=32, max_model_len=64, method="ngram") -> Scheduler:
+    config = EngineConfig(
+        model="unused",
+        max_model_len=max_model_len,
+        max_num_batched_tokens=budget,
+        max_num_seqs=8,
+        block_size=4,
+        speculative_config={"method": method, "num_speculative_tokens": k},
+    )
+    return cls(config, KVCacheManager(64, 4, max_model_len, True))
+
+
+def _request(rid: str, n_prompt: int, max_tokens: int = 20) -> Request:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request(rid, list(range(1, n_prompt + 1)), params, 99, max_tokens, sample_seed=0)
+
+
+def _step(sched, sampled: dict[str, list[int]], proposed=None, verified=None):
+    """Schedule, then report `sampled` tokens (and the runner's proposals / verifications)."""
+    so = sched.schedule()
+    ids = list(so.num_scheduled_tokens)
+    out = ModelRunnerOutput(
+        req_ids=ids,
+        sampled_token_ids=[sampled.get(r, []) for r in ids],
+        logprobs=[None] * len(ids),
+        proposed_drafts=None if proposed is None else [proposed.get(r, 0) for r in ids],
+        verified_drafts=None if verified is None else [verified.get(r, 0) for r in ids],
+    )
+    return so, sched.update_from_output(so, out)
+
+
+def test_sync_gives_the_drafts_the_runner_proposed_and_takes_back_the_rejected():
+    s = _scheduler(k=3)
+    s.add_request(_request("a", 5))
+    so, _ = _step(s, {"a": [7]}, proposed={"a": 2})
+    assert so.scheduled_spec_tokens == {} and so.num_scheduled_tokens == {"a": 5}
+    a = s.requests["a"]
+    assert a.num_proposed_drafts == 2 and a.num_computed_tokens == 5
+    so, outs = _step(s, {"a": [8, 9]}, proposed={"a": 3}, verified={"a": 2})
+    assert so.num_scheduled_tokens == {"a": 3} and so.scheduled_spec_tokens == {"a": 2}
+    # 3 positions computed, one draft rejected: its position is computed again.
+    assert a.num_computed_tokens == 5 + 3 - 1
+    assert (a.num_draft_tokens, a.num_accepted_tokens) == (2, 1)
+    assert (outs[0].num_draft_tokens, outs[0].num_accepted_tokens) == (2, 1)
+    assert (s.spec_stats.num_draft_tokens, s.spec_stats.num_accepted_tokens) == (2, 1)
+    assert s.spec_stats.num_verifying_steps == 1
+    so, _ = _step(s, {"a": [1, 2, 3, 4]}, proposed={"a": 0})  # verified_drafts not sent
+    assert so.scheduled_spec_tokens == {"a": 3}
+    assert (a.num_draft_tokens, a.num_accepted_tokens) == (5, 4)
+    assert a.num_computed_tokens == 7 + 4
+    so, _ = _step(s, {"a": [5]})
+    assert so.scheduled_spec_tokens == {} and so.num_scheduled_tokens == {"a": 1}
+
+
+def test_drafts_stop_short_of_max_tokens_and_max_model_len():
+    s = _scheduler(k=4)
+    s.add_request(_request("a", 5, max_tokens=4))
+    _step(s, {"a": [7]}, proposed={"a": 4})
+    so, _ = _step(s, {"a": [8]}, proposed={"a": 4}, verified={"a": 2})
+    # 1 output, 4 allowed: 2 drafts and the bonus token at most.
+    assert so.scheduled_spec_tokens == {"a": 2}
+    s = _scheduler(k=4, max_model_len=9)
+    s.add_request(_request("b", 5))
+    _step(s, {"b": [7]}, proposed={"b": 4})
+    so, _ = _step(s, {"b": [8]}, proposed={"b": 4}, verified={"b": 2})
+    assert so.scheduled_spec_tokens == {"b": 2}  # 6 tokens of 9: 2 drafts and the bonus
+
+
+def test_a_step_budget_leaves_room_for_the_token_itself_and_other_requests_get_the_rest():
+    s = _scheduler(k=4, budget=8)
+    for rid in "ab":
+        s.add_request(_request(rid, 3))
+    _step(s, {"a": [7], "b": [7]}, proposed={"a": 4, "b": 4})
+    so, _ = _step(s, {"a": [8], "b": [8]}, proposed={"a": 4, "b": 4}, verified={"a": 4, "b": 2})
+    assert so.scheduled_spec_tokens == {"a": 4, "b": 2}
+    assert so.num_scheduled_tokens == {"a": 5, "b": 3}
+
+
+def test_a_prompt_still_being_computed_gets_no_draft_slots():
+    s = _scheduler(k=2, budget=4)
+    s.add_request(_request("a", 6))
+    so, _ = _step(s, {}, proposed={"a": 2})
+    assert so.num_scheduled_tokens == {"a": 4} and so.scheduled_spec_tokens == {}
+    so, _ = _step(s, {"a": [7]}, proposed={"a": 2})
+    assert so.num_scheduled_tokens == {"a": 2} and so.scheduled_spec_tokens == {}
+    so, _ = _step(s, {"a": [8]})
+    assert so.scheduled_spec_tokens == {"a": 2}
+
+
+def test_async_offers_the_most_drafts_before_the_runner_has_proposed_any():
+    s = _scheduler(AsyncScheduler, k=3)
+    s.add_request(_request("a", 5, max_tokens=3))
+    first = s.schedule()
+    second = s.schedule()  # the prompt's step is in flight; its token is a placeholder
+    assert first.scheduled_spec_tokens == {}
+    assert second.scheduled_spec_tokens == {"a": 1}  # 3 allowed, 1 in flight, 1 bonus
+    a = s.requests["a"]
+    assert a.num_output_placeholders == 1 + 1 + 1
+    assert a.num_proposed_drafts == 0
