@@ -1,0 +1,98 @@
+"""A tiny random-weight HunyuanImage-3 checkpoint: config.json with the real fields,
+safetensors with the real parameter names, a byte-level tokenizer with its special
+tokens.
+
+The decoder is the real one at toy size: grouped-query attention with RMSNorm on q
+and k, a dense first layer (`moe_layer_num_skipped: 1`) and MoE layers with top-2
+routing over 4 experts plus a shared expert (`use_mixed_mlp_moe`). Special token ids
+follow the byte tokenizer's layout (`omnistage.models.tiny_checkpoints`): 3 text
+specials, 256 bytes, then `special_token_names` in order from id 259.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from omnistage.families.hunyuan_image3.config import MODEL_TYPE, HunyuanImage3Config
+from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
+from omnistage.families.hunyuan_image3.tokens import special_token_names
+from omnistage.models.tiny_checkpoints import byte_tokenizer
+
+IMAGE_BASE_SIZE = 64
+"""`<img_size_64>`: the tiny model's base image size (real: 1024)."""
+FIRST_SPECIAL_ID = 259
+
+TINY_CONFIG: dict[str, Any] = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    attention_head_dim=16,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    rope_scaling={"type": "custom", "factor": 1.0},
+    use_qk_norm=True,
+    use_rotary_pos_emb=True,
+    num_experts=4,
+    moe_topk=2,
+    num_shared_expert=1,
+    use_mixed_mlp_moe=True,
+    moe_layer_num_skipped=1,
+    norm_topk_prob=True,
+    norm_type="rms",
+    hidden_act="silu",
+    attention_bias=False,
+    mlp_bias=False,
+    tie_word_embeddings=False,
+    image_base_size=IMAGE_BASE_SIZE,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def token_ids() -> dict[str, int]:
+    """The tiny tokenizer's ids of the special tokens."""
+    names = special_token_names(IMAGE_BASE_SIZE)
+    return {name: FIRST_SPECIAL_ID + i for i, name in enumerate(names)}
+
+
+def random_lm_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
+    """The decoder's tensors by checkpoint name, seeded, scaled so logits are well apart."""
+    shapes = HunyuanImage3Model(config, torch.float32, 8)
+    generator = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    named = [(f"model.{n}", p.shape) for n, p in shapes.named_parameters()]
+    named.append(("lm_head.weight", (config.vocab_size, config.hidden_size)))
+    for name, shape in named:
+        if len(shape) >= 2:
+            tensor = torch.randn(shape, generator=generator) * 0.2
+        elif "layernorm" in name or "ln_f" in name:
+            tensor = 1.0 + 0.1 * torch.randn(shape, generator=generator)
+        else:
+            tensor = 0.1 * torch.randn(shape, generator=generator)
+        out[name] = tensor.contiguous()
+    return out
+
+
+def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) -> Path:
+    """Write the checkpoint into `path` (created); returns it."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    values = {**TINY_CONFIG, **overrides}
+    config = HunyuanImage3Config(**values)
+    weights = random_lm_weights(config, seed)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    values.update(architectures=["HunyuanImage3ForCausalMM"], model_type=MODEL_TYPE)
+    (path / "config.json").write_text(json.dumps(values, indent=1))
+    byte_tokenizer(special_token_names(IMAGE_BASE_SIZE)).save_pretrained(path)
+    return path
