@@ -20,6 +20,7 @@ import pytest
 from safetensors.torch import load_file
 
 from omnistage import LLM, SamplingParams
+from omnistage.families.hunyuan_image3.model import IMAGE_HEAD_PREFIXES
 from omnistage.families.hunyuan_image3.tiny import make_tiny_hunyuan_image3, token_ids
 from omnistage.families.hunyuan_image3.tokens import NUM_RATIOS
 from tests.scheduling_probe import SchedulingProbe
@@ -27,7 +28,7 @@ from tests.scheduling_probe import SchedulingProbe
 IDS = token_ids()
 THINK, END_THINK = IDS["<think>"], IDS["</think>"]
 RECAPTION, END_RECAPTION = IDS["<recaption>"], IDS["</recaption>"]
-ANSWER, BOI, SIZE = IDS["<answer>"], IDS["<boi>"], IDS["<img_size_64>"]
+ANSWER, BOI, SIZE = IDS["<answer>"], IDS["<boi>"], IDS["<img_size_256>"]
 RATIOS = {IDS[f"<img_ratio_{i}>"] for i in range(NUM_RATIOS + 4)}
 EOS = 2
 # Favour closing each section and disfavour ending early, so the random thinker walks
@@ -90,6 +91,9 @@ def test_weights_load_by_checkpoint_names(ckpt, tmp_path):
     assert "model.layers.1.mlp.experts.3.gate_and_up_proj.weight" in names
     assert "model.layers.0.mlp.gate_and_up_proj.weight" in names  # the dense first layer
     assert {"model.wte.weight", "model.ln_f.weight", "lm_head.weight"} <= names
+    head = {n for n in names if n.startswith(IMAGE_HEAD_PREFIXES)}
+    assert "final_layer.model.1.2.weight" in head and "patch_embed.model.0.weight" in head
+    names -= head  # the image head's: not the AR stage's
     llm = make_llm(ckpt, False)
     model = llm.engine.core.executor.runner.model
     assert model.expected_weight_names() == names

@@ -28,7 +28,7 @@ from omnistage.layers.attention import attend, write_kv
 from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear
 from omnistage.layers.norm import RMSNorm
-from omnistage.layers.rotary import RotaryEmbedding
+from omnistage.layers.rotary import RotaryEmbedding, rotate
 
 
 class HunyuanAttention(nn.Module):
@@ -68,6 +68,26 @@ class HunyuanAttention(nn.Module):
         write_kv(self.kv_cache, k, v, meta.slot_mapping)
         out = attend(q.contiguous(), k, v, self.kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+    def dense(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """One whole sequence without the KV cache (the image head's denoising steps):
+        x [T, hidden], cos/sin [T, d] (2-D RoPE), mask [T, T] bool (True: may attend)."""
+        q, k, v = self.split_qkv(self.qkv_proj(x))
+        q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
+        if self.query_layernorm is not None:
+            q, k = self.query_layernorm(q), self.key_layernorm(k)
+        # Query head i reads KV head i // groups, as the reference's `repeat_kv`.
+        k, v = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1),
+            k.transpose(0, 1),
+            v.transpose(0, 1),
+            attn_mask=mask,
+            scale=self.scale,
+        )
+        return self.o_proj(out.transpose(0, 1).reshape(-1, self.num_heads * self.head_dim))
 
 
 class HunyuanMLP(nn.Module):
@@ -151,4 +171,11 @@ class HunyuanDecoderLayer(nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(positions, self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def dense(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """`forward` of one whole sequence without the KV cache (`HunyuanAttention.dense`)."""
+        x = x + self.self_attn.dense(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -19,12 +19,14 @@ import torch
 from safetensors.torch import save_file
 
 from omnistage.families.hunyuan_image3.config import MODEL_TYPE, HunyuanImage3Config
+from omnistage.families.hunyuan_image3.image_head import ImageHead
 from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
 from omnistage.families.hunyuan_image3.tokens import special_token_names
 from omnistage.models.tiny_checkpoints import byte_tokenizer
 
-IMAGE_BASE_SIZE = 64
-"""`<img_size_64>`: the tiny model's base image size (real: 1024)."""
+IMAGE_BASE_SIZE = 256
+"""`<img_size_256>`: the tiny model's base image size (real: 1024); with the VAE's 16x
+downsampling a 1:1 image is 16 x 16 latent tokens."""
 FIRST_SPECIAL_ID = 259
 
 TINY_CONFIG: dict[str, Any] = dict(
@@ -54,6 +56,11 @@ TINY_CONFIG: dict[str, Any] = dict(
     mlp_bias=False,
     tie_word_embeddings=False,
     image_base_size=IMAGE_BASE_SIZE,
+    img_proj_type="unet",
+    patch_size=1,
+    patch_embed_hidden_dim=32,
+    vae_downsample_factor=[16, 16],
+    vae={"latent_channels": 4, "ffactor_spatial": 16, "ffactor_temporal": 4},
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -69,14 +76,24 @@ def token_ids() -> dict[str, int]:
 def random_lm_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
     """The decoder's tensors by checkpoint name, seeded, scaled so logits are well apart."""
     shapes = HunyuanImage3Model(config, torch.float32, 8)
-    generator = torch.Generator().manual_seed(seed)
-    out: dict[str, torch.Tensor] = {}
     named = [(f"model.{n}", p.shape) for n, p in shapes.named_parameters()]
     named.append(("lm_head.weight", (config.vocab_size, config.hidden_size)))
+    return _random(named, seed)
+
+
+def random_image_head_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
+    """The image head's tensors (`image_head.ImageHead`) by checkpoint name, seeded."""
+    head = ImageHead(config, torch.float32)
+    return _random([(n, p.shape) for n, p in head.named_parameters()], seed + 1)
+
+
+def _random(named: list[tuple[str, Any]], seed: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
     for name, shape in named:
         if len(shape) >= 2:
             tensor = torch.randn(shape, generator=generator) * 0.2
-        elif "layernorm" in name or "ln_f" in name:
+        elif name.endswith(".weight"):  # a norm's scale (RMSNorm, GroupNorm)
             tensor = 1.0 + 0.1 * torch.randn(shape, generator=generator)
         else:
             tensor = 0.1 * torch.randn(shape, generator=generator)
@@ -90,7 +107,7 @@ def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) 
     path.mkdir(parents=True, exist_ok=True)
     values = {**TINY_CONFIG, **overrides}
     config = HunyuanImage3Config(**values)
-    weights = random_lm_weights(config, seed)
+    weights = {**random_lm_weights(config, seed), **random_image_head_weights(config, seed)}
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     values.update(architectures=["HunyuanImage3ForCausalMM"], model_type=MODEL_TYPE)
     (path / "config.json").write_text(json.dumps(values, indent=1))
