@@ -22,6 +22,7 @@ from omnistage.families.hunyuan_image3.config import MODEL_TYPE, HunyuanImage3Co
 from omnistage.families.hunyuan_image3.image_head import ImageHead
 from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
 from omnistage.families.hunyuan_image3.tokens import special_token_names
+from omnistage.families.hunyuan_image3.vae_decoder import VaeDecoder
 from omnistage.models.tiny_checkpoints import byte_tokenizer
 
 IMAGE_BASE_SIZE = 256
@@ -60,7 +61,18 @@ TINY_CONFIG: dict[str, Any] = dict(
     patch_size=1,
     patch_embed_hidden_dim=32,
     vae_downsample_factor=[16, 16],
-    vae={"latent_channels": 4, "ffactor_spatial": 16, "ffactor_temporal": 4},
+    vae=dict(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        block_out_channels=[32, 32, 32, 32, 32],
+        layers_per_block=1,
+        ffactor_spatial=16,
+        ffactor_temporal=2,
+        sample_size=256,
+        sample_tsize=8,
+        scaling_factor=0.75,
+    ),
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -87,6 +99,12 @@ def random_image_head_weights(config: HunyuanImage3Config, seed: int) -> dict[st
     return _random([(n, p.shape) for n, p in head.named_parameters()], seed + 1)
 
 
+def random_vae_decoder_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
+    """The VAE decoder's tensors (`vae.decoder.*`), seeded; the encoder is not written."""
+    vae = VaeDecoder(config.vae, torch.float32)
+    return _random([(f"vae.decoder.{n}", p.shape) for n, p in vae.named_parameters()], seed + 2)
+
+
 def _random(named: list[tuple[str, Any]], seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
@@ -107,7 +125,11 @@ def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) 
     path.mkdir(parents=True, exist_ok=True)
     values = {**TINY_CONFIG, **overrides}
     config = HunyuanImage3Config(**values)
-    weights = {**random_lm_weights(config, seed), **random_image_head_weights(config, seed)}
+    weights = {
+        **random_lm_weights(config, seed),
+        **random_image_head_weights(config, seed),
+        **random_vae_decoder_weights(config, seed),
+    }
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     values.update(architectures=["HunyuanImage3ForCausalMM"], model_type=MODEL_TYPE)
     (path / "config.json").write_text(json.dumps(values, indent=1))
