@@ -20,7 +20,12 @@ import torch
 from safetensors.torch import load_file
 
 from omnistage.families.hunyuan_image3.denoise import DenoiseRequest, HunyuanImageDenoiser
-from omnistage.families.hunyuan_image3.flow_match import NUM_TRAIN_TIMESTEPS, flow_sigmas
+from omnistage.families.hunyuan_image3.flow_match import (
+    NUM_TRAIN_TIMESTEPS,
+    FlowMatchEuler,
+    flow_sigmas,
+)
+from omnistage.families.hunyuan_image3.resolution import ratio_index, resolution_group
 from omnistage.families.hunyuan_image3.rope2d import image_positions
 from omnistage.families.hunyuan_image3.tiny import make_tiny_hunyuan_image3
 from omnistage.families.hunyuan_image3.vae_decoder import VaeDecoder
@@ -54,6 +59,29 @@ def test_schedule_matches_reference():
     torch.testing.assert_close(sigmas[:-1] * NUM_TRAIN_TIMESTEPS, FIXTURE["timesteps"])
     with pytest.raises(ValueError, match="num_inference_steps"):
         flow_sigmas(0, 3.0)
+
+
+def test_scheduler_steps_in_order_only():
+    scheduler = FlowMatchEuler(FIXTURE["steps"], FIXTURE["shift"])
+    torch.testing.assert_close(scheduler.timesteps, FIXTURE["timesteps"])
+    sample = torch.zeros(1, 4, 2, 2)
+    with pytest.raises(ValueError, match="not step 0"):
+        scheduler.step(torch.ones_like(sample), scheduler.timesteps[1], sample)
+    (moved,) = scheduler.step(torch.ones_like(sample), scheduler.timesteps[0], sample)
+    sigmas = flow_sigmas(FIXTURE["steps"], FIXTURE["shift"])
+    torch.testing.assert_close(moved, torch.full_like(sample, float(sigmas[1] - sigmas[0])))
+
+
+def test_resolution_group_is_the_references():
+    """Sizes `ResolutionGroup(base)` gives in the reference (checked when this was written:
+    33 sizes for bases 256 and 1024, the ones below among them)."""
+    group = resolution_group(1024)
+    assert len(group) == 33 and group[16] == (1024, 1024)
+    assert group[0] == (512, 2048) and group[32] == (2048, 512) and group[12] == (768, 1280)
+    assert resolution_group(256)[12] == (192, 320)  # the fixture's ratio 12: 12 x 20 tokens
+    assert ratio_index(256, 192, 320) == 12
+    with pytest.raises(ValueError, match="height/width: 200x300"):
+        ratio_index(256, 200, 300)
 
 
 def test_image_positions_are_centred_on_the_image_block():

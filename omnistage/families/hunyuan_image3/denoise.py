@@ -30,11 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from omnistage.families.hunyuan_image3.config import HunyuanImage3Config
-from omnistage.families.hunyuan_image3.flow_match import (
-    NUM_TRAIN_TIMESTEPS,
-    euler_step,
-    flow_sigmas,
-)
+from omnistage.families.hunyuan_image3.flow_match import FlowMatchEuler
 from omnistage.families.hunyuan_image3.image_head import ImageHead
 from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
 from omnistage.families.hunyuan_image3.rope2d import denoise_mask, image_positions, rope_tables
@@ -53,6 +49,16 @@ class DenoiseRequest:
     shift: float
 
 
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint folder's safetensors files, by name."""
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    if not weights:
+        raise ValueError(f"{path}: no safetensors files")
+    return weights
+
+
 class HunyuanImageDenoiser:
     def __init__(self, decoder: HunyuanImage3Model, head: ImageHead, config) -> None:
         self.decoder = decoder
@@ -66,15 +72,18 @@ class HunyuanImageDenoiser:
         """The decoder (without `lm_head`) and the image head of a checkpoint folder."""
         path = Path(path)
         config = HunyuanImage3Config(**json.loads((path / "config.json").read_text()))
-        weights: dict[str, torch.Tensor] = {}
-        for file in sorted(path.glob("*.safetensors")):
-            weights.update(load_file(str(file)))
+        return cls.from_weights(config, read_weights(path), dtype)
+
+    @classmethod
+    def from_weights(
+        cls, config: HunyuanImage3Config, weights: dict[str, torch.Tensor], dtype: torch.dtype
+    ) -> HunyuanImageDenoiser:
         decoder = HunyuanImage3Model(config, dtype, config.max_position_embeddings)
         decoder.requires_grad_(False)
         state = {k[len("model.") :]: v for k, v in weights.items() if k.startswith("model.")}
         missing = set(dict(decoder.named_parameters())) - set(state)
         if missing:
-            raise ValueError(f"{path}: decoder weights missing: {sorted(missing)[:5]}")
+            raise ValueError(f"checkpoint: decoder weights missing: {sorted(missing)[:5]}")
         decoder.load_state_dict(state, strict=False)
         head = ImageHead(config, dtype)
         head.load(weights)
@@ -97,18 +106,32 @@ class HunyuanImageDenoiser:
             x = layer.dense(x, cos, sin, mask)
         return self.head.final_layer(x[None, start : start + n], self.head.time_embed_2(t), h, w)
 
+    def guided_velocity(
+        self,
+        context: list[int],
+        uncond_context: list[int] | None,
+        latents: torch.Tensor,
+        t: torch.Tensor,
+        guidance_scale: float,
+    ) -> torch.Tensor:
+        """The velocity of one request, mixed with its unconditional one as the reference's
+        `ClassifierFreeGuidance` does when guidance applies (scale > 1)."""
+        work = torch.float64 if latents.dtype == torch.float64 else torch.float32
+        v = self.velocity(context, latents, t).to(work)
+        if uncond_context is None or guidance_scale <= 1.0:
+            return v
+        v_uncond = self.velocity(uncond_context, latents, t).to(work)
+        return v_uncond + guidance_scale * (v - v_uncond)
+
     @torch.no_grad()
     def generate(self, request: DenoiseRequest, noise: torch.Tensor) -> torch.Tensor:
         """Denoise `noise` [1, C, token_h, token_w]; returns the final latents."""
-        guided = request.uncond_context is not None and request.guidance_scale > 1.0
-        sigmas = flow_sigmas(request.steps, request.shift)
+        scheduler = FlowMatchEuler(request.steps, request.shift)
         latents = noise
-        work = torch.float64 if noise.dtype == torch.float64 else torch.float32
-        for i in range(request.steps):
-            t = (sigmas[i] * NUM_TRAIN_TIMESTEPS).reshape(1).to(latents.device)
-            v = self.velocity(request.context, latents, t).to(work)
-            if guided:
-                v_uncond = self.velocity(request.uncond_context, latents, t).to(work)
-                v = v_uncond + request.guidance_scale * (v - v_uncond)
-            latents = euler_step(latents, v, sigmas[i], sigmas[i + 1])
+        for t in scheduler.timesteps:
+            t = t.reshape(1).to(latents.device)
+            v = self.guided_velocity(
+                request.context, request.uncond_context, latents, t, request.guidance_scale
+            )
+            latents = scheduler.step(v, t, latents)[0]
         return latents

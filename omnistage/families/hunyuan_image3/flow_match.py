@@ -1,5 +1,6 @@
-"""The reference's `FlowMatchDiscreteScheduler` (Euler solver, `reverse=True`), as the two
-functions the denoising loop needs.
+"""The reference's `FlowMatchDiscreteScheduler` (Euler solver, `reverse=True`): its sigmas,
+an Euler step, and `FlowMatchEuler`, one request's scheduler with the diffusers-style
+`timesteps` / `step()` the diffusion engine drives.
 
 sigmas = linspace(1, 0, steps + 1) in float32, shifted by `shift` as SD3 does
 (s * t / (1 + (s - 1) * t)); the model is fed t = sigma * 1000; an Euler step moves the
@@ -29,3 +30,23 @@ def euler_step(
 ) -> torch.Tensor:
     dtype = torch.float64 if sample.dtype == torch.float64 else torch.float32
     return sample.to(dtype) + velocity.to(dtype) * (sigma_next - sigma).to(dtype)
+
+
+class FlowMatchEuler:
+    """One request's schedule: `timesteps` (sigma * 1000, float32) and `step()`, which
+    moves the sample from the current sigma to the next."""
+
+    def __init__(self, steps: int, shift: float) -> None:
+        self.sigmas = flow_sigmas(steps, shift)
+        self.timesteps = self.sigmas[:-1] * NUM_TRAIN_TIMESTEPS
+        self.index = 0
+
+    def step(
+        self, velocity: torch.Tensor, timestep: torch.Tensor, sample: torch.Tensor, **_: object
+    ) -> tuple[torch.Tensor]:
+        """The sample after the current step (`timestep` must be the current one)."""
+        if not torch.equal(timestep.reshape(()), self.timesteps[self.index]):
+            raise ValueError(f"timestep {float(timestep)} is not step {self.index} of the schedule")
+        sigma, sigma_next = self.sigmas[self.index], self.sigmas[self.index + 1]
+        self.index += 1
+        return (euler_step(sample, velocity, sigma, sigma_next),)

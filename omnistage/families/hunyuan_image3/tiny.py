@@ -1,6 +1,8 @@
 """A tiny random-weight HunyuanImage-3 checkpoint: config.json with the real fields,
-safetensors with the real parameter names, a byte-level tokenizer with its special
-tokens.
+safetensors with the real parameter names (decoder, image head, VAE decoder), a
+byte-level tokenizer with its special tokens whose chat template opens the answer with
+`<think>`, and the `model_index.json` omnistage's image stage reads
+(`pipeline.PIPELINE_CLASS`, a few denoising steps); the built-in `demo-hunyuan-image3`.
 
 The decoder is the real one at toy size: grouped-query attention with RMSNorm on q
 and k, a dense first layer (`moe_layer_num_skipped: 1`) and MoE layers with top-2
@@ -21,14 +23,21 @@ from safetensors.torch import save_file
 from omnistage.families.hunyuan_image3.config import MODEL_TYPE, HunyuanImage3Config
 from omnistage.families.hunyuan_image3.image_head import ImageHead
 from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
+from omnistage.families.hunyuan_image3.pipeline import PIPELINE_CLASS
 from omnistage.families.hunyuan_image3.tokens import special_token_names
 from omnistage.families.hunyuan_image3.vae_decoder import VaeDecoder
-from omnistage.models.tiny_checkpoints import byte_tokenizer
+from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, byte_tokenizer
 
 IMAGE_BASE_SIZE = 256
 """`<img_size_256>`: the tiny model's base image size (real: 1024); with the VAE's 16x
 downsampling a 1:1 image is 16 x 16 latent tokens."""
 FIRST_SPECIAL_ID = 259
+THINK_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>{% endif %}"
+)
+"""The byte tokenizer's template, the assistant turn opened with `<think>` (the reference's
+`bot_task: think` prefix)."""
+DRAW_SETTINGS = {"default_steps": 4, "default_guidance": 2.5, "flow_shift": 3.0}
 
 TINY_CONFIG: dict[str, Any] = dict(
     vocab_size=320,
@@ -79,9 +88,9 @@ TINY_CONFIG: dict[str, Any] = dict(
 )
 
 
-def token_ids() -> dict[str, int]:
-    """The tiny tokenizer's ids of the special tokens."""
-    names = special_token_names(IMAGE_BASE_SIZE)
+def token_ids(image_base_size: int = IMAGE_BASE_SIZE) -> dict[str, int]:
+    """The tiny tokenizer's ids of the special tokens (the same ids for every base size)."""
+    names = special_token_names(image_base_size)
     return {name: FIRST_SPECIAL_ID + i for i, name in enumerate(names)}
 
 
@@ -120,7 +129,8 @@ def _random(named: list[tuple[str, Any]], seed: int) -> dict[str, torch.Tensor]:
 
 
 def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) -> Path:
-    """Write the checkpoint into `path` (created); returns it."""
+    """Write the checkpoint into `path` (created); returns it. `overrides` replace config
+    fields (`image_base_size=64`: only 64 x 64 images, 4 x 4 latent tokens, for fast tests)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     values = {**TINY_CONFIG, **overrides}
@@ -133,5 +143,9 @@ def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) 
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     values.update(architectures=["HunyuanImage3ForCausalMM"], model_type=MODEL_TYPE)
     (path / "config.json").write_text(json.dumps(values, indent=1))
-    byte_tokenizer(special_token_names(IMAGE_BASE_SIZE)).save_pretrained(path)
+    index = {"_class_name": PIPELINE_CLASS, **DRAW_SETTINGS}
+    (path / "model_index.json").write_text(json.dumps(index, indent=1))
+    tokenizer = byte_tokenizer(special_token_names(config.image_base_size))
+    tokenizer.chat_template = THINK_CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
     return path

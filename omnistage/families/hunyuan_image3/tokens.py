@@ -32,6 +32,10 @@ class HunyuanTokens:
     ratios: tuple[int, ...]
     """Every ratio token allowed after the size token (the 33, then the extra ones)."""
     eos: int
+    cfg: int
+    """`<cfg>`: what the unconditional context has in place of each text token."""
+    specials: frozenset[int]
+    """Every added (special) token id; the others are text."""
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, image_base_size: int, eos: int) -> HunyuanTokens:
@@ -57,6 +61,8 @@ class HunyuanTokens:
             size=id_of(f"<img_size_{image_base_size}>"),
             ratios=tuple(id_of(t) for t in ratios),
             eos=eos,
+            cfg=id_of("<cfg>"),
+            specials=frozenset(int(i) for i in added.values()),
         )
 
 
@@ -76,4 +82,5 @@ def special_token_names(image_base_size: int) -> list[str]:
         "<timestep>",
         f"<img_size_{image_base_size}>",
         *ratios,
+        "<cfg>",
     ]
