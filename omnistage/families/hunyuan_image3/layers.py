@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistage.families.hunyuan_image3.config import HunyuanImage3Config
+from omnistage.families.hunyuan_image3.config import HunyuanImage3Config, LayerMoe
 from omnistage.layers.attention import attend, write_kv
 from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear
@@ -104,14 +104,14 @@ class HunyuanMLP(nn.Module):
 
 
 class HunyuanTopKGate(nn.Module):
-    def __init__(self, config: HunyuanImage3Config, dtype: torch.dtype) -> None:
+    def __init__(self, config: HunyuanImage3Config, moe: LayerMoe, dtype: torch.dtype) -> None:
         super().__init__()
-        self.top_k = config.moe_topk
-        self.normalize = config.norm_topk_prob and config.moe_topk > 1
+        self.top_k = moe.top_k
+        self.normalize = config.norm_topk_prob and moe.top_k > 1
         self.scaling = config.routed_scaling_factor
         # The reference keeps the router in float32 whatever the model's dtype.
         self.router_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        self.wg = Linear(config.hidden_size, config.num_experts, False, self.router_dtype)
+        self.wg = Linear(config.hidden_size, moe.num_experts, False, self.router_dtype)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, hidden] -> (weights [T, k] in x's dtype, experts [T, k])."""
@@ -125,16 +125,16 @@ class HunyuanTopKGate(nn.Module):
 
 
 class HunyuanMoE(nn.Module):
-    def __init__(self, config: HunyuanImage3Config, dtype: torch.dtype) -> None:
+    def __init__(self, config: HunyuanImage3Config, moe: LayerMoe, dtype: torch.dtype) -> None:
         super().__init__()
-        hidden, inner, bias = config.hidden_size, config.expert_intermediate_size, config.mlp_bias
-        self.gate = HunyuanTopKGate(config, dtype)
+        hidden, inner, bias = config.hidden_size, moe.intermediate, config.mlp_bias
+        self.gate = HunyuanTopKGate(config, moe, dtype)
         self.experts = nn.ModuleList(
-            HunyuanMLP(hidden, inner, bias, dtype) for _ in range(config.num_experts)
+            HunyuanMLP(hidden, inner, bias, dtype) for _ in range(moe.num_experts)
         )
         self.shared_mlp = None
         if config.use_mixed_mlp_moe:
-            shared = inner * config.num_shared_expert
+            shared = inner * moe.num_shared
             self.shared_mlp = HunyuanMLP(hidden, shared, bias, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,8 +163,9 @@ class HunyuanDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.self_attn = HunyuanAttention(config, dtype, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        if config.layer_is_moe(layer_idx):
-            self.mlp: nn.Module = HunyuanMoE(config, dtype)
+        moe = config.layer_moe(layer_idx)
+        if moe is not None:
+            self.mlp: nn.Module = HunyuanMoE(config, moe, dtype)
         else:
             hidden, bias = config.hidden_size, config.mlp_bias
             self.mlp = HunyuanMLP(hidden, config.intermediate_size, bias, dtype)
