@@ -8,7 +8,8 @@ the edge hands the whole context to the draw stage, which denoises and decodes i
   reference in tests/models/test_hunyuan_image3_image_head.py) on that context, cut
   after `<boi>` and given the request size's ratio token, with `<cfg>` in place of each
   text token for guidance, then the VAE decoder's;
-- a size outside the model's resolution group is refused up front, naming it.
+- a size outside the model's resolution group is refused up front, naming it;
+- an answer that ended before its `<boi>` is drawn from what it wrote.
 
 The checkpoint's base size is 64 (`image_base_size=64`): 64 x 64 images from 4 x 4
 latent tokens, so each image takes milliseconds.
@@ -112,3 +113,16 @@ def test_size_outside_the_resolution_group_is_refused_up_front(omni):
     with pytest.raises(ValueError, match="height/width: 64x48 is not one of"):
         omni.generate(["a cat"], DiffusionParams(height=64, width=48))
     assert all(not any(c.values()) for c in omni.stage_counters().values())
+
+
+def test_the_image_context_ends_with_boi_even_when_the_answer_was_cut(ckpt):
+    from omnistage.families.hunyuan_image3.pipeline import HunyuanImage3Pipeline
+
+    pipe = HunyuanImage3Pipeline.load(ckpt, torch.float64, torch.device("cpu"))
+    answer, boi = IDS["<answer>"], IDS["<boi>"]
+    full = [5, answer, boi, IDS["<img_size_64>"], IDS["<img_ratio_3>"], 2]
+    assert pipe.image_context(full) == [5, answer, boi]  # its own size and ratio dropped
+    assert pipe.image_context([5, 6, 2]) == [5, 6, answer, boi]  # ended before its image
+    assert pipe.image_context([5, answer]) == [5, answer, boi]  # cut by max_tokens
+    with pytest.raises(ValueError, match="prior_tokens: the context is empty"):
+        pipe.image_context([])

@@ -7,7 +7,9 @@ whole context. Here, per request:
 - the context is cut after its last `<boi>` and given the size token and the ratio
   token of the request's size (its `height` x `width` must be one of the model's
   resolution group, `resolution.py`; default base x base), as the reference does when
-  it is given an image size;
+  it is given an image size; an answer that ended before its `<boi>` (cut by
+  `max_tokens`, or a model that wrote no thought) is drawn from what it wrote, with
+  `<answer><boi>` appended (the reference's image section after a thought);
 - the unconditional context is the same tokens with every text token replaced by
   `<cfg>` (the reference's unconditional text; special tokens and positions stay);
 - `denoise.py` predicts the guided velocity each step, `flow_match.FlowMatchEuler`
@@ -134,15 +136,24 @@ class HunyuanImage3Pipeline(DiffusionModel):
     def encode(self, inputs: list[DiffusionInput]) -> list[HunyuanCondition]:
         out = []
         for item in inputs:
-            ids = [int(t) for t in item.prior_token_ids.tolist()]
-            if self.tokens.boi not in ids:
-                raise ValueError("prior_tokens: the autoregressive stage wrote no <boi>")
-            cut = len(ids) - ids[::-1].index(self.tokens.boi)
             ratio = ratio_index(self.base, item.params.height, item.params.width)
-            context = ids[:cut] + [self.tokens.size, self.tokens.ratios[ratio]]
+            context = self.image_context(item.prior_token_ids.tolist())
+            context += [self.tokens.size, self.tokens.ratios[ratio]]
             uncond = [t if t in self.tokens.specials else self.tokens.cfg for t in context]
             out.append(HunyuanCondition(context, uncond))
         return out
+
+    def image_context(self, ids: list[int]) -> list[int]:
+        """The context up to and including the image's `<boi>`."""
+        tokens = self.tokens
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise ValueError("prior_tokens: the context is empty")
+        if tokens.boi in ids:
+            return ids[: len(ids) - ids[::-1].index(tokens.boi)]
+        while ids and ids[-1] == tokens.eos:
+            ids.pop()
+        return ids + ([] if ids and ids[-1] == tokens.answer else [tokens.answer]) + [tokens.boi]
 
     def new_scheduler(self, params: ResolvedDiffusionParams) -> FlowMatchEuler:
         return FlowMatchEuler(params.num_inference_steps, self.shift)
