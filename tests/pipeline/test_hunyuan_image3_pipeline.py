@@ -126,3 +126,15 @@ def test_the_image_context_ends_with_boi_even_when_the_answer_was_cut(ckpt):
     assert pipe.image_context([5, answer]) == [5, answer, boi]  # cut by max_tokens
     with pytest.raises(ValueError, match="prior_tokens: the context is empty"):
         pipe.image_context([])
+
+
+def test_a_checkpoint_folder_is_served_with_the_packaged_deploy(ckpt):
+    from omnistage.pipeline.deploy import check_stage_models, deploy_for_model
+
+    spec = deploy_for_model(str(ckpt))
+    assert spec.name == "hunyuan-image3"
+    assert [(s.name, s.kind, s.model) for s in spec.stages] == [
+        ("thinker", "ar", str(ckpt)),
+        ("draw", "diffusion", str(ckpt)),
+    ]
+    check_stage_models(spec)  # both stages find what they run in the one folder
