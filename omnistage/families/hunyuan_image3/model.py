@@ -21,7 +21,7 @@ from torch import nn
 
 from omnistage.families.hunyuan_image3.layers import HunyuanDecoderLayer
 from omnistage.families.hunyuan_image3.sampler import HunyuanImage3Sampler
-from omnistage.families.hunyuan_image3.tokens import HunyuanTokens
+from omnistage.families.hunyuan_image3.tokens import HunyuanTokens, first_eos
 from omnistage.layers.linear import Embedding, Linear
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import DefaultRope, RotaryEmbedding
@@ -127,6 +127,4 @@ class HunyuanImage3ForCausalMM(CausalLM):
 def _tokens(config: Any) -> HunyuanTokens:
     """The sampler's token ids, from the tokenizer next to the checkpoint's config."""
     path = getattr(config, "_name_or_path", "") or ""
-    eos = config.eos_token_id
-    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-    return HunyuanTokens.from_checkpoint(path, config.image_base_size, int(eos))
+    return HunyuanTokens.from_checkpoint(path, config.image_base_size, first_eos(config))

@@ -11,7 +11,10 @@ whole context. Here, per request:
   `max_tokens`, or a model that wrote no thought) is drawn from what it wrote, with
   `<answer><boi>` appended (the reference's image section after a thought);
 - the unconditional context is the same tokens with every text token replaced by
-  `<cfg>` (the reference's unconditional text; special tokens and positions stay);
+  `<cfg>`, special tokens and positions kept (the reference's tokenizer wrapper puts
+  `<cfg>` in place of the text of the sections it marks unconditional; which sections
+  those are in its chat template, e.g. role prefixes, is not checked here: it needs
+  the real tokenizer);
 - `denoise.py` predicts the guided velocity each step, `flow_match.FlowMatchEuler`
   steps the latents, and the VAE decoder (`vae_decoder.py`) makes the pixels.
 
@@ -35,8 +38,8 @@ from omnistage.diffusion.params import ResolvedDiffusionParams
 from omnistage.families.hunyuan_image3.config import HunyuanImage3Config
 from omnistage.families.hunyuan_image3.denoise import HunyuanImageDenoiser, read_weights
 from omnistage.families.hunyuan_image3.flow_match import FlowMatchEuler
-from omnistage.families.hunyuan_image3.resolution import ratio_index, resolution_group
-from omnistage.families.hunyuan_image3.tokens import HunyuanTokens
+from omnistage.families.hunyuan_image3.resolution import ratio_index
+from omnistage.families.hunyuan_image3.tokens import HunyuanTokens, first_eos
 from omnistage.families.hunyuan_image3.vae_decoder import VaeDecoder
 
 PIPELINE_CLASS = "OmnistageHunyuanImage3Pipeline"
@@ -102,8 +105,7 @@ class HunyuanImage3Pipeline(DiffusionModel):
         denoiser.head.to(device)
         vae = VaeDecoder(config.vae, dtype)
         vae.load(weights)
-        eos = config.eos_token_id
-        tokens = HunyuanTokens.from_checkpoint(path, config.image_base_size, int(eos))
+        tokens = HunyuanTokens.from_checkpoint(path, config.image_base_size, first_eos(config))
         return cls(denoiser, vae.to(device).eval(), tokens, settings, device, dtype)
 
     @classmethod
@@ -129,9 +131,6 @@ class HunyuanImage3Pipeline(DiffusionModel):
 
     def count_text_tokens(self, prompt: str) -> int:
         return 0
-
-    def sizes(self) -> list[tuple[int, int]]:
-        return resolution_group(self.base)
 
     def encode(self, inputs: list[DiffusionInput]) -> list[HunyuanCondition]:
         out = []

@@ -84,3 +84,12 @@ def special_token_names(image_base_size: int) -> list[str]:
         *ratios,
         "<cfg>",
     ]
+
+
+def first_eos(config: object) -> int:
+    """The config's end id (the first, where it lists several)."""
+    eos = getattr(config, "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+    if eos is None:
+        raise ValueError("eos_token_id: HunyuanImage-3's sampler needs the end token's id")
+    return int(eos)
