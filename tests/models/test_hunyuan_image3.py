@@ -10,6 +10,8 @@ parameter names (`families/hunyuan_image3/tiny.py`).
   sampled in a step scheduled while the `</think>` was still in flight, and the sampler
   never sees a placeholder.
 - With n-gram speculative decoding, greedy output equals greedy output without it.
+- The config refuses, by field, what the decoder does not build (MLA, CLA, other RoPE,
+  per-layer lists of the wrong length, ...).
 """
 
 from __future__ import annotations
@@ -190,3 +192,24 @@ def test_greedy_with_ngram_speculation_equals_without(ckpt):
         stats = llm.engine.core.scheduler.spec_stats
         assert stats.num_accepted_tokens > 0 and stats.num_accepted_tokens < stats.num_draft_tokens
     assert sum(check_sections(t) for t in plain) >= 3
+
+
+def test_config_refuses_what_the_decoder_does_not_build_by_name():
+    from omnistage.families.hunyuan_image3.config import HunyuanImage3Config
+    from omnistage.families.hunyuan_image3.tiny import TINY_CONFIG
+
+    HunyuanImage3Config(**TINY_CONFIG)  # the tiny config is valid
+    for change, field in [
+        ({"use_mla": True}, "use_mla"),
+        ({"use_cla": True}, "use_cla"),
+        ({"moe_topk": [2, 2]}, "moe_topk"),  # one per layer: 3 layers
+        ({"moe_topk": 5}, "moe_topk"),  # more than the 4 experts
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+    ]:
+        with pytest.raises(ValueError, match=field):
+            HunyuanImage3Config(**{**TINY_CONFIG, **change})
+    layer = HunyuanImage3Config(**{**TINY_CONFIG, "moe_topk": 3}).layer_moe(1)
+    assert (layer.num_experts, layer.top_k, layer.intermediate, layer.num_shared) == (4, 3, 32, 1)
+    assert HunyuanImage3Config(**TINY_CONFIG).layer_moe(0) is None  # moe_layer_num_skipped
