@@ -21,6 +21,7 @@ only the speech ids and `<audio_eos>`.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -65,7 +66,7 @@ THINKER = dict(
     num_experts_per_tok=2,
     norm_topk_prob=True,
     moe_intermediate_size=32,
-    first_k_dense_replace=1,
+    first_k_dense_replace=0,  # as the real one; the reference crashes on dense layers
     multi_gate=True,
 )
 TALKER = dict(
@@ -169,9 +170,14 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
     weights["talker.model.lm_head.weight"][:text_vocab][torch.arange(text_vocab) != eos] = 0.0
     save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, path / "model.safetensors")
     config.save_pretrained(path)
-    thinker_tok.save_pretrained(path)
     talker_llm.save_pretrained(path / "talker")
-    talker_tok.save_pretrained(path / "talker")
+    for folder, tok in ((path, thinker_tok), (path / "talker", talker_tok)):
+        tok.save_pretrained(folder)
+        # The class any transformers release reads (the reference pins 4.45).
+        settings_file = folder / "tokenizer_config.json"
+        settings = json.loads(settings_file.read_text())
+        settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+        settings_file.write_text(json.dumps(settings, indent=2))
     luna = torch.randn(1, 192, generator=g)
     torch.save(luna.to(dtype), path / SPEAKERS_DIR / "luna.pt")
     return path
