@@ -34,7 +34,7 @@ FAMILY = Family(
     },
     edges={EDGE: f"{_PKG}.edges:MingThinkerToTalker"},
     voices={EDGE: Voices(f"{_PKG}.prompt:speaker_names", "luna", clones_uploads=False)},
-    deploys_by_model_type={MODEL_TYPE: "demo-ming-omni"},
+    deploys_by_model_type={MODEL_TYPE: "ming-omni"},
     demos={
         "demo-ming-omni": Demo(
             description=(
