@@ -8,7 +8,8 @@ float64 checkpoint: what scheduling and batching may and may not change.
   rounding: a batch runs other GEMM shapes).
 - Every request's thinker -> talker payload arrives once, with `meta.finished` set once;
   a streaming client sees one finished output per request.
-- A voice the checkpoint lacks is a ValueError naming `voice`, before any stage runs.
+- A voice the checkpoint lacks is a ValueError naming `voice`, before any stage runs; a
+  reply with no text to speak fails only its own request.
 """
 
 from __future__ import annotations
@@ -145,3 +146,17 @@ def test_an_unknown_voice_is_refused_naming_the_field(ckpt):
             omni.generate(PROMPTS[:1], PARAMS, voice="nobody")
         (ok,) = omni.generate(PROMPTS[:1], PARAMS, voice="luna")
     assert ok.error is None
+
+
+def test_a_reply_without_text_fails_only_its_request(ckpt):
+    """A thinker that ends at once (`<|im_end|>` forced) leaves the talker nothing to
+    speak: that request fails naming why, the other completes, nothing is left held."""
+    silent = SamplingParams(temperature=0.0, max_tokens=4, logit_bias={2: 100.0})
+    params = [{**PARAMS, "thinker": silent}, PARAMS]
+    with Omni(_deploy(ckpt, False), in_process=True) as omni:
+        mute, ok = omni.generate(PROMPTS[:2], params)
+        counters = omni.stage_counters()
+    assert mute.outputs["thinker"].token_ids == [2]
+    assert mute.error == "stage talker: the thinker generated no text to speak"
+    assert ok.error is None and ok.outputs["talker"].token_ids
+    assert all(v == 0 for c in counters.values() for v in c.values()), counters
