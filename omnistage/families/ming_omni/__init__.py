@@ -1,0 +1,49 @@
+"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text in; text
+and speech codes out, as thinker (Bailing-MoE) -> talker (Qwen2 over speech BPE ids).
+Its tiny checkpoint is the built-in `demo-ming-omni`."""
+
+from omnistage.models.family import Demo, Family, PartSpec, Voices
+
+_PKG = "omnistage.families.ming_omni"
+MODEL_TYPE = "bailingmm"
+EDGE = "ming_omni_thinker_to_talker"
+
+FAMILY = Family(
+    name="ming_omni",
+    models={
+        "BailingMoeForCausalLM": f"{_PKG}.thinker:BailingMoeForCausalLM",
+        "OmnistageMingThinker": f"{_PKG}.thinker:MingThinker",
+        "OmnistageMingTalker": f"{_PKG}.talker:MingTalker",
+    },
+    parts={
+        (MODEL_TYPE, "thinker"): PartSpec(
+            ("llm_config",),
+            "OmnistageMingThinker",
+            (("model.model.", "model."), ("model.lm_head.", "lm_head.")),
+        ),
+        (MODEL_TYPE, "bailing_talker"): PartSpec(
+            ("talker_qwen2",),
+            "OmnistageMingTalker",
+            (("talker.model.model.", "model."), ("talker.model.lm_head.", "lm_head.")),
+            eos_token_id=("talker_qwen2", "eos_token_id"),
+        ),
+    },
+    configs={
+        MODEL_TYPE: f"{_PKG}.config:BailingMMConfig",
+        "bailing_moe": f"{_PKG}.config:BailingMoeConfig",
+    },
+    edges={EDGE: f"{_PKG}.edges:MingThinkerToTalker"},
+    voices={EDGE: Voices(f"{_PKG}.prompt:speaker_names", "luna", clones_uploads=False)},
+    deploys_by_model_type={MODEL_TYPE: "ming-omni"},
+    demos={
+        "demo-ming-omni": Demo(
+            description=(
+                "a tiny random-weight Ming-Omni-architecture checkpoint (Bailing-MoE thinker "
+                "-> talker): the pipeline runs end to end, but its text and speech codes are "
+                "noise"
+            ),
+            maker=f"{_PKG}.tiny:make_tiny_ming_omni",
+            deploy="demo-ming-omni",
+        )
+    },
+)
