@@ -107,7 +107,9 @@ def batched(checkpoint):
 
 
 def test_sync_and_async_scheduling_are_identical(checkpoint, batched):
-    sync = run(tiny_speech_deploy("demo-mimo-audio", checkpoint, async_scheduling=False), PROMPTS, SAMPLED)
+    sync = run(
+        tiny_speech_deploy("demo-mimo-audio", checkpoint, async_scheduling=False), PROMPTS, SAMPLED
+    )
     for a, b in zip(sync[0], batched[0], strict=True):
         assert a.token_ids == b.token_ids
         assert a.audio.tobytes() == b.audio.tobytes() and a.audio.size > 0
@@ -123,7 +125,9 @@ def test_batched_equals_alone(checkpoint, batched):
 
 
 def _chunked(spec, steps: int):
-    edges = tuple(dataclasses.replace(e, first_chunk_size=steps, chunk_size=steps) for e in spec.edges)
+    edges = tuple(
+        dataclasses.replace(e, first_chunk_size=steps, chunk_size=steps) for e in spec.edges
+    )
     return dataclasses.replace(spec, edges=edges)
 
 

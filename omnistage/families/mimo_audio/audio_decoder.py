@@ -168,7 +168,9 @@ class _Vocoder(nn.Module):
         c = self.config
         x = self.embeddings(mel)
         n = x.shape[0]
-        cos, sin = rope(n, c.vocoder_dim // c.vocoder_attention_heads, c.rope_theta, x.dtype, x.device)
+        cos, sin = rope(
+            n, c.vocoder_dim // c.vocoder_attention_heads, c.rope_theta, x.dtype, x.device
+        )
         mask = window_mask(n, c.vocoder_attn_window_size, False, x.device)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)

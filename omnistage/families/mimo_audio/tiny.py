@@ -199,7 +199,10 @@ def random_lm_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
     head = out["lm_head.weight"]
     direction = out["model.norm.weight"] * sum(
         out[f"model.layers.{i}.self_attn.o_proj.weight"]
-        @ out[f"model.layers.{i}.self_attn.v_proj.bias"].view(2, -1).repeat_interleave(2, 0).flatten()
+        @ out[f"model.layers.{i}.self_attn.v_proj.bias"]
+        .view(2, -1)
+        .repeat_interleave(2, 0)
+        .flatten()
         for i in range(config["num_hidden_layers"])
     )
     head[EMPTY_ID] = EMPTY_LOGIT * direction / direction.norm()
