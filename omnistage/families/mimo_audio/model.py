@@ -28,6 +28,7 @@ code index), each channel's empty id never drawn.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -224,8 +225,6 @@ class MiMoAudioForCausalLM(Qwen2ForCausalLM):
 
 def _rows_of(md: SamplingMetadata, rows: list[int]) -> SamplingMetadata:
     """The per-request fields `code_predictor_metadata` reads, for a subset of rows."""
-    import dataclasses
-
     return dataclasses.replace(
         md,
         sampling_params=[md.sampling_params[r] for r in rows],
