@@ -165,7 +165,11 @@ def test_a_chunk_that_is_not_whole_segments_is_refused(checkpoint):
 def test_the_lm_speaks_only_at_empty_positions(batched):
     outputs, received = batched
     for i, out in enumerate(outputs):
-        rows = unpack_payload(received[i, 0])["codes.output"]
+        # Shorter than a chunk: one payload, the last, marked finished.
+        assert [k for k in received if k[0] == i] == [(i, 0)]
+        payload = unpack_payload(received[i, 0])
+        assert payload["meta.finished"] is True
+        rows = payload["codes.output"]
         speaking = rows[:, 0] == EMPTY_ID
         empty = torch.tensor([16, 16, 8, 8, 8, 8, 8, 8] * 4)
         assert (rows[~speaking, 1:] == empty).all()
