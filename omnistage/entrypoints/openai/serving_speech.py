@@ -92,6 +92,8 @@ class SpeechServing(OpenAIServing):
         """The request's voice as the checkpoint spells it; OpenAIError for what cannot be
         served."""
         self.check_model(body.model)
+        if not body.input.strip():  # an omni model would be asked to read nothing
+            raise OpenAIError("input: is blank; give the text to speak", param="input")
         voice = self.client.check_voice(body.voice, "voice")
         if body.response_format not in MEDIA_TYPES:
             raise OpenAIError(
