@@ -31,6 +31,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_demo_bagel",
             deploy="bagel",
+            version=2,
         )
     },
 )
