@@ -51,6 +51,9 @@ class DiffusionInput:
     prior_token_ids: torch.Tensor | None = None
     """Tokens from an upstream autoregressive stage that condition the image (GLM-Image's
     prior tokens: every token the prior generated, in order); None for text-only models."""
+    kv_context: Any = None
+    """The KV cache an upstream autoregressive stage prefilled, as its edge processor hands
+    it over (Bagel: `edges.BagelHandOff`); None where no stage hands one."""
 
 
 @dataclass(frozen=True)

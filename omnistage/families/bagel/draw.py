@@ -6,19 +6,22 @@ pixels of every channel per token: the reference's packed noise, drawn from the
 request's seed alone). A request's conditioning is, in order of preference:
 
 - the prompt's KV rows an upstream understanding stage handed off
-  (`DiffusionInput.prior_token_ids`, see `edges.BagelPromptKV`): the context is those
-  rows, its next RoPE position their count;
+  (`DiffusionInput.kv_context`, see `edges.BagelPromptKV`): the context is those rows,
+  its next RoPE position their count less what the input images' blocks share
+  (`BagelHandOff.layout`);
 - else (the denoising stage alone) the prompt prefilled here, as the reference does.
 
 With guidance (`guidance_scale` > 1: the reference's `cfg_text_scale`), the context
-without the text is the empty one (position 0), as the reference's inferencer leaves it
-for a text-only prompt. `num_inference_steps` counts Euler steps (the reference's
+without the text is the image blocks' rows (none for text-to-image: the empty context
+at position 0), and the context without the images (an edit's) is the text prefilled
+here alone, as the reference's inferencer builds them. `num_inference_steps` counts Euler steps (the reference's
 `num_timesteps` is one more: its schedule's points). Each request is evaluated on its
 own (its contexts differ in length), so its image does not depend on its batch.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,7 @@ import torch
 from omnistage.diffusion.model import DiffusionInput, DiffusionModel
 from omnistage.diffusion.params import ResolvedDiffusionParams
 from omnistage.families.bagel.context import from_rows
+from omnistage.families.bagel.edges import BagelHandOff
 from omnistage.families.bagel.flow import FlowEulerScheduler, GuidanceSettings
 from omnistage.families.bagel.generator import ImageBlock
 from omnistage.families.bagel.layout import PIPELINE_CLASS
@@ -68,18 +72,28 @@ class BagelDraw(DiffusionModel):
         return (params.height // self.down, params.width // self.down, self.patch_dim)
 
     def encode(self, inputs: list[DiffusionInput]) -> list[Any]:
-        lm = self.model.language_model
         conditions = []
         for item in inputs:
             guidance = item.params.uses_guidance
-            if item.prior_token_ids is None:
-                contexts = self.model.contexts(item.prompt, guidance)
+            if item.kv_context is None:
+                conditions.append(self.model.contexts(item.prompt, guidance))
             else:
-                rows = item.prior_token_ids.to(self.dtype)
-                full = from_rows(rows, lm.num_layers, lm.num_kv_heads, lm.head_dim)
-                contexts = Contexts(full, lm.empty_context() if guidance else None)
-            conditions.append(contexts)
+                conditions.append(self.handed_contexts(item.kv_context, item.prompt, guidance))
         return conditions
+
+    def handed_contexts(self, hand: BagelHandOff, prompt: str, guidance: bool) -> Contexts:
+        """The contexts of a request whose prompt (images, then text) an upstream stage
+        prefilled: `hand`'s rows, their prefix of image blocks, and the text alone."""
+        lm = self.model.language_model
+        prefix, blocks = hand.layout(self.model.start_of_image, self.model.end_of_image)
+        rows = hand.rows.to(self.dtype)
+        shape = (lm.num_layers, lm.num_kv_heads, lm.head_dim)
+        full = replace(from_rows(rows, *shape), rope=blocks + rows.shape[0] - prefix)
+        if not guidance:
+            return Contexts(full)
+        no_text = replace(from_rows(rows[:prefix], *shape), rope=blocks)
+        no_image = self.model.contexts(prompt, False).full if prefix else None
+        return Contexts(full, no_text, no_image)
 
     def new_scheduler(self, params: ResolvedDiffusionParams) -> FlowEulerScheduler:
         return FlowEulerScheduler(params.num_inference_steps, self.model.config.timestep_shift)
