@@ -34,9 +34,24 @@ def ckpt(tmp_path_factory):
     return make_demo_bagel(tmp_path_factory.mktemp("demo-bagel"), 0)
 
 
-def _draw(guidance: float, height: int = H, width: int = W) -> DiffusionParams:
+OPTIONS = {
+    "cfg_img_scale": 2.0,
+    "cfg_interval": [0.0, 1.0],
+    "cfg_renorm_type": "text_channel",
+    "cfg_renorm_min": 0.1,
+    "timestep_shift": 1.5,
+}
+"""The reference app's editing settings, shift changed: per-request `model_options`."""
+
+
+def _draw(guidance: float, options: dict | None = None) -> DiffusionParams:
     return DiffusionParams(
-        height=height, width=width, num_inference_steps=STEPS, guidance_scale=guidance, seed=SEED
+        height=H,
+        width=W,
+        num_inference_steps=STEPS,
+        guidance_scale=guidance,
+        seed=SEED,
+        model_options=options or {},
     )
 
 
@@ -59,6 +74,8 @@ def _session(ckpt, async_scheduling: bool) -> dict:
             for guidance in (1.0, 3.0):
                 (alone,) = omni.generate([edit], {"draw": _draw(guidance)}, modalities=["image"])
                 out["edit", guidance] = alone.image_array
+            (tuned,) = omni.generate([edit], {"draw": _draw(4.0, OPTIONS)}, modalities=["image"])
+            out["edit", "options"] = tuned.image_array
             handed.clear()
             both = omni.generate([edit, T2I], {"draw": _draw(3.0)}, modalities=["image"])
             out["batched"] = [o.image_array for o in both]
@@ -92,6 +109,30 @@ def test_edit_sync_async_batched_identical_and_equal_to_the_model_alone(runs, mo
     noise = torch.randn((1, block.h, block.w, 16), generator=torch.Generator().manual_seed(SEED))
     _, alone = model.generate(
         [_image(), EDIT], H, W, STEPS, noise.reshape(block.num_tokens, 16), text_scale=guidance
+    )
+    assert np.array_equal(alone.numpy(), reference)
+
+
+def test_per_request_guidance_options_reach_the_draw_stage(runs, model):
+    """`model_options` (image guidance, interval, renormalisation, shift) change the edit
+    exactly as they change `BagelImageModel`'s, sync and async alike."""
+    from omnistage.families.bagel.flow import read_options, settings_of
+
+    reference = runs[False]["edit", "options"]
+    assert np.array_equal(runs[True]["edit", "options"], reference)
+    assert not np.array_equal(reference, runs[False]["edit", 3.0])
+    block = model.generator.block(H, W)
+    noise = torch.randn((1, block.h, block.w, 16), generator=torch.Generator().manual_seed(SEED))
+    options = read_options(OPTIONS, 3.0)
+    _, alone = model.generate(
+        [_image(), EDIT],
+        H,
+        W,
+        STEPS,
+        noise.reshape(block.num_tokens, 16),
+        text_scale=4.0,
+        settings=settings_of(options),
+        shift=options["timestep_shift"],
     )
     assert np.array_equal(alone.numpy(), reference)
 

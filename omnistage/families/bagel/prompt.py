@@ -24,7 +24,8 @@ from omnistage.core.tensor_blob import blob_to_tensor
 from omnistage.families.bagel.config import SPECIAL_TOKENS
 
 MAX_IMAGES = 4
-MAX_ANSWER_TOKENS = 4096
+MAX_ANSWER_TOKENS = 256
+"""An understanding answer's length when the request names none."""
 
 
 class BagelPrompter:
