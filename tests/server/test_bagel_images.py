@@ -138,3 +138,43 @@ def test_bagel_oversized_image_is_400(bagel_server: PipelineServer, monkeypatch)
     )
     assert response.status_code == 400 and response.json()["error"]["param"] == "image"
     bagel_server.wait_idle()
+
+
+def test_bagel_chat_with_an_image_answers_in_text(bagel_server: PipelineServer) -> None:
+    """Chat completions with an image part: the understanding stage answers (greedy, the
+    understanding expert over the image's ViT block and the question), the same twice;
+    another image gives another answer; a corrupt image is a 400."""
+    client = bagel_server.openai()
+
+    def ask(array: np.ndarray) -> object:
+        url = "data:image/png;base64," + base64.b64encode(_upload(array)).decode()
+        content = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "describe the image"},
+        ]
+        return client.chat.completions.create(
+            model="demo-bagel",
+            messages=[{"role": "user", "content": content}],
+            max_tokens=5,
+            temperature=0.0,
+        )
+
+    first, again = ask(INPUT), ask(INPUT)
+    assert first.usage.completion_tokens == 5 and first.choices[0].finish_reason == "length"
+    assert first.choices[0].message.content == again.choices[0].message.content
+    other = ask(255 - INPUT)
+    assert other.choices[0].message.content != first.choices[0].message.content
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="demo-bagel",
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                        {"type": "text", "text": "x"},
+                    ],
+                }
+            ],
+        )
+    bagel_server.wait_idle()
