@@ -163,3 +163,25 @@ def test_understanding_answer_is_the_models_greedy_text(runs, model):
     assert len(set(expected)) > 2
     for mode in (False, True):
         assert runs[mode]["answers"] == [expected, expected]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_chunked_prefill_splits_the_image_blocks_and_changes_nothing(ckpt, runs, async_scheduling):
+    """With 16-token steps the image blocks (an edit: 50 VAE + 50 ViT tokens) are prefilled
+    in chunks, each taking its share of the given KV rows: the answer and the edit are the
+    same bytes as in one step."""
+    edit = {"prompt": EDIT, "multi_modal_data": {"image": _image()}}
+    question = {"prompt": QUESTION, "multi_modal_data": {"image": _image()}}
+    with Omni(
+        model=str(ckpt),
+        in_process=True,
+        dtype="float64",
+        async_scheduling=async_scheduling,
+        max_num_batched_tokens=16,
+    ) as omni:
+        (edited,) = omni.generate([edit], {"draw": _draw(3.0)}, modalities=["image"])
+        answer = SamplingParams(temperature=0.0, max_tokens=ANSWER)
+        (text,) = omni.generate([question], {"understanding": answer}, modalities=["text"])
+        assert all(not any(c.values()) for c in omni.stage_counters().values())
+    assert np.array_equal(edited.image_array, runs[False]["edit", 3.0])
+    assert list(text.token_ids) == runs[False]["answers"][0]
