@@ -85,6 +85,10 @@ def _session(ckpt, async_scheduling: bool) -> dict:
                 [question, question], {"understanding": answer}, modalities=["text"]
             )
             out["answers"] = [list(o.token_ids) for o in outs]
+            content = [{"type": "image", "image": _image()}, {"type": "text", "text": QUESTION}]
+            chat = {"messages": [{"role": "user", "content": content}]}
+            (asked,) = omni.generate([chat], {"understanding": answer}, modalities=["text"])
+            out["chat answer"] = list(asked.token_ids)
             assert all(not any(c.values()) for c in omni.stage_counters().values())
     return out
 
@@ -163,6 +167,7 @@ def test_understanding_answer_is_the_models_greedy_text(runs, model):
     assert len(set(expected)) > 2
     for mode in (False, True):
         assert runs[mode]["answers"] == [expected, expected]
+        assert runs[mode]["chat answer"] == expected  # a chat: the user's text, no template
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
