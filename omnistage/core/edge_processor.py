@@ -138,6 +138,12 @@ class EdgeProcessor:
         image (GLM-Image's prior tokens)."""
         raise ValueError(f"edge processor {self.name!r} does not feed diffusion stages")
 
+    def to_diffusion_input(self, payload: Payload) -> dict[str, Any]:
+        """Into a diffusion stage: the `DiffusionInput` fields the payload fills (by
+        default `prior_token_ids`; a processor handing over a KV cache fills
+        `kv_context`)."""
+        return {"prior_token_ids": self.to_prior_tokens(payload)}
+
 
 class ThinkerToTalker(EdgeProcessor):
     """What the omni thinker -> talker edges share: the thinker's prompt, reply, per-position

@@ -248,18 +248,23 @@ class PipelineClient(VoiceChoice):
     # -- requests ----------------------------------------------------------------------------
     def render_chat(self, messages: list[dict[str, Any]]) -> ChatPrompt:
         """The pipeline prompt of `messages` (rendered with the entry model's chat template,
-        as the prompt reader would: the text and its media in placeholder order), with the
+        as the prompt reader would: the text and its media in placeholder order; for an
+        entry stage that renders its own prompt, the last user message's text), with the
         tokens the thinker receives for it (see `count_prompt_tokens`). Blocks."""
         from jinja2 import TemplateError
 
+        from omnistage.multimodal.chat import LastUserText, render_chat
         from omnistage.multimodal.registry import render_model_chat
 
         reader = self.omni._prompts
         messages = [{k: v for k, v in m.items() if k != "name"} for m in messages]
         try:
-            chat = render_model_chat(
-                reader._path, self.tokenizer, messages, supported=reader.input_modalities
-            )
+            if self.entry_builds_its_prompt:  # its prompter wraps the text itself
+                chat = render_chat(LastUserText(), messages, supported=reader.input_modalities)
+            else:
+                chat = render_model_chat(
+                    reader._path, self.tokenizer, messages, supported=reader.input_modalities
+                )
         except TemplateError as exc:
             raise ValueError(f"messages: the chat template refused them: {exc}") from None
         has_media = bool(chat.audios or chat.images)

@@ -78,9 +78,24 @@ class ImagesServing(OpenAIServing):
             seeds = [secrets.randbelow(2**62) for _ in range(body.n)]
         else:
             seeds = [None]
+        fields: dict[str, Any] = {
+            "height": height,
+            "width": width,
+            "num_inference_steps": body.num_inference_steps,
+            "guidance_scale": body.guidance_scale,
+            "negative_prompt": body.negative_prompt or None,
+        }
+        return await self.draw_all(raw, self.prompt(body.prompt), body.prompt, fields, seeds)
+
+    async def draw_all(
+        self, raw: Request, prompt: Any, caption: str, fields: dict[str, Any], seeds: list
+    ) -> JSONResponse:
+        """One pipeline request per seed, run concurrently; the response of all images."""
         base_id = f"img-{uuid.uuid4().hex}"
         draws = [
-            asyncio.ensure_future(self.draw(body, height, width, seed, f"{base_id}-{i}"))
+            asyncio.ensure_future(
+                self.draw(prompt, caption, fields | {"seed": seed}, f"{base_id}-{i}")
+            )
             for i, seed in enumerate(seeds)
         ]
 
@@ -113,43 +128,31 @@ class ImagesServing(OpenAIServing):
         return height, width
 
     async def draw(
-        self,
-        body: ImageGenerationRequest,
-        height: int | None,
-        width: int | None,
-        seed: int | None,
-        request_id: str,
+        self, prompt: Any, caption: str, fields: dict[str, Any], request_id: str
     ) -> ImageData:
+        """One image of `prompt` (the entry stage's prompt) with the draw stage's `fields`
+        (None: the stage's default); `caption`: the revised prompt where no stage writes one."""
         from omnistage.diffusion.params import DiffusionParams
 
         stage = self.client.final_stage("image")
         assert stage is not None
-        fields: dict[str, Any] = {
-            "height": height,
-            "width": width,
-            "num_inference_steps": body.num_inference_steps,
-            "guidance_scale": body.guidance_scale,
-            "seed": seed,
-        }
-        if body.negative_prompt:
-            fields["negative_prompt"] = body.negative_prompt
         try:
             params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
         except ValueError as exc:
             raise OpenAIError.from_value_error(exc) from None
         renames = {"height": "size", "width": "size"}
-        image = caption = None
+        image = revised = None
         async for output in self.client.generate(
-            self.prompt(body.prompt), {stage.name: params}, ["image"], request_id, renames
+            prompt, {stage.name: params}, ["image"], request_id, renames
         ):
             if output.finished:
                 image = output.image
                 result = output.outputs.get(stage.name)
-                caption = result.text if result is not None and result.text else body.prompt
+                revised = result.text if result is not None and result.text else caption
         if image is None:
             raise OpenAIError("the pipeline drew no image", HTTPStatus.INTERNAL_SERVER_ERROR)
         png = await asyncio.to_thread(_png, image)
-        return ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=caption)
+        return ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=revised)
 
     def prompt(self, text: str) -> Any:
         if self.client.entry_builds_its_prompt:

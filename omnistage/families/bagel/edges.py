@@ -5,15 +5,19 @@ computed for good (`understanding.BagelUnderstanding.stage_hidden_states`); the 
 gets exactly the prompt's rows — the confirmed tokens' KV and nothing a step scheduled
 ahead wrote. The rows travel in the `hidden_states.output` payload key (one row per
 position, as hidden states do) through the edge's connector (shared memory in one
-machine); the denoising stage turns them into a `KVContext` whose next RoPE position is
-their count: the prefill's real length.
+machine).
 
-They reach the denoising model as the `prior_token_ids` of its `DiffusionInput` (the
-diffusion stage's one slot for what an upstream AR stage conditions on; for Bagel it
-holds float KV rows, not token ids).
+They reach the denoising model as the `kv_context` of its `DiffusionInput`: a
+`BagelHandOff` of the rows and the prompt's ids, from which the model reads where the
+input images' blocks end and which RoPE position follows (`layout`): a block takes
+one position whatever its length, so the next position is not the row count when the
+prompt holds images.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -23,13 +27,34 @@ from omnistage.core.payload import Payload
 KV_KEY = "hidden_states.output"
 
 
+@dataclass(frozen=True)
+class BagelHandOff:
+    """The prompt's KV rows (`[prompt tokens, row width]`) and ids."""
+
+    rows: torch.Tensor
+    prompt_ids: torch.Tensor
+
+    def layout(self, start_of_image: int, end_of_image: int) -> tuple[int, int]:
+        """(rows of the image blocks, RoPE position after them): the prompt starts with
+        `start_of_image … end_of_image` blocks (`image_prompt.py`), one position each."""
+        ids = self.prompt_ids.tolist()
+        blocks, at = 0, 0
+        while at < len(ids) and ids[at] == start_of_image:
+            try:
+                at = ids.index(end_of_image, at) + 1
+            except ValueError:
+                raise ValueError("kv_context: an image block without its end marker") from None
+            blocks += 1
+        return at, blocks
+
+
 class BagelPromptKV(EdgeProcessor):
     name = "bagel_prompt_kv"
 
     accumulate = {"ids.prompt": Accumulate.REPLACE, KV_KEY: Accumulate.CONCAT}
 
-    def to_prior_tokens(self, payload: Payload) -> torch.Tensor:
-        """The KV rows of the prompt's positions (`[prompt tokens, row width]`)."""
+    def to_diffusion_input(self, payload: Payload) -> dict[str, Any]:
+        """`kv_context`: the KV rows of the prompt's positions and the prompt's ids."""
         rows, prompt = payload.get(KV_KEY), payload.get("ids.prompt")
         if rows is None or prompt is None:
             raise ValueError(f"{self.name}: the payload lacks the prompt's ids or KV rows")
@@ -37,4 +62,4 @@ class BagelPromptKV(EdgeProcessor):
             raise ValueError(
                 f"{self.name}: {rows.shape[0]} KV rows for a prompt of {prompt.shape[0]} tokens"
             )
-        return rows[: prompt.shape[0]]
+        return {"kv_context": BagelHandOff(rows[: prompt.shape[0]], prompt)}
