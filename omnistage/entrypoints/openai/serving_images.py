@@ -14,7 +14,9 @@ files). `revised_prompt` is the caption the draw stage drew (a think -> recaptio
 pipeline's caption; the prompt itself where no stage rewrites it). The prompt reaches
 the entry stage through its chat template (as `omnistage generate` does), unless the
 entry stage renders its prompt itself (GLM-Image's prior). Extensions read by the draw
-stage: `num_inference_steps`, `guidance_scale`, `negative_prompt`, `seed`.
+stage: `num_inference_steps`, `guidance_scale`, `negative_prompt`, `seed`. An image stage
+that is no diffusion stage (Dynin-Omni's token2image decodes image codes) takes none of
+them, nor a size: each is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class ImagesServing(OpenAIServing):
                 "response_format: only b64_json is served (this server keeps no image files)",
                 param="response_format",
             )
+        self.check_fixed_drawing(body)
         height, width = self.parse_size(body.size)
         if body.seed is not None:
             seeds: list[int | None] = [body.seed + i for i in range(body.n)]
@@ -94,6 +97,22 @@ class ImagesServing(OpenAIServing):
         images = await until_disconnect(raw, all_images())
         response = ImageGenerationResponse(created=int(time.time()), data=images)
         return JSONResponse(response.model_dump())
+
+    def check_fixed_drawing(self, body: ImageGenerationRequest) -> None:
+        """An image stage that is no diffusion stage (Dynin-Omni's token2image decodes the
+        codes its producer wrote) draws its one size with no settings: asking for a size,
+        steps, guidance, a negative prompt or a seed is a 400 naming the field."""
+        stage = self.client.final_stage("image")
+        if stage is None or stage.kind == "diffusion":
+            return
+        for name in ("size", "num_inference_steps", "guidance_scale", "negative_prompt", "seed"):
+            value = getattr(body, name)
+            if value is not None and value not in ("auto", ""):
+                raise OpenAIError(
+                    f"{name}: stage {stage.name!r} decodes its producer's image codes at one "
+                    "fixed size, with no diffusion settings",
+                    param=name,
+                )
 
     def parse_size(self, size: str | None) -> tuple[int | None, int | None]:
         if size is None or size == "auto":
@@ -133,14 +152,17 @@ class ImagesServing(OpenAIServing):
         }
         if body.negative_prompt:
             fields["negative_prompt"] = body.negative_prompt
-        try:
-            params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
-        except ValueError as exc:
-            raise OpenAIError.from_value_error(exc) from None
+        sampling: dict[str, Any] = {}
+        if stage.kind == "diffusion":
+            try:
+                params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
+            except ValueError as exc:
+                raise OpenAIError.from_value_error(exc) from None
+            sampling = {stage.name: params}
         renames = {"height": "size", "width": "size"}
         image = caption = None
         async for output in self.client.generate(
-            self.prompt(body.prompt), {stage.name: params}, ["image"], request_id, renames
+            self.prompt(body.prompt), sampling, ["image"], request_id, renames
         ):
             if output.finished:
                 image = output.image
