@@ -54,10 +54,10 @@ class DyninToken2Text(GenerationModel):
 
     @classmethod
     def from_checkpoint(cls, path: Path, hf_config: Any, dtype: torch.dtype) -> DyninToken2Text:
-        from transformers import AutoTokenizer
+        from omnistage.models.registry import auto_config_and_tokenizer
 
         cfg = DyninOmniConfig.from_dict(json.loads((Path(path) / "config.json").read_text()))
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        _, tokenizer = auto_config_and_tokenizer(Path(path), "Dynin-Omni")
         model = cls(cfg, tokenizer, dtype)
         load_part_module(model.lm, Path(path), "", "Dynin-Omni LLaDA")
         return model.eval()
