@@ -136,7 +136,7 @@ class GenerationStageCore(StageCore):
                 f"{self.edge_name!r}"
             )
         rows = self.model.prompt_rows(msg.prompt, msg.prompt_token_ids)
-        item = GenerationItem(rows, meta=request_meta(msg))
+        item = GenerationItem(rows, seed=self._seed(msg, rows), meta=request_meta(msg))
         self.model.check_item(item)  # a ValueError fails this request (`handle`)
         self.queue.append(_WorkItem(msg.request_id, 0, item, True, self.outgoing_for(msg)))
         return []
@@ -149,12 +149,7 @@ class GenerationStageCore(StageCore):
         rows = payload[self.processor.input_key]
         stream = self.streams.get(rid)
         if stream is None:
-            seed = None
-            if self.model.takes_seeds_and_speakers:
-                sampling = {**self.spec.default_sampling, **(entry.submit.sampling or {})}
-                seed = sampling.get("seed")
-                if seed is None:
-                    seed = derived_seed(self.engine_seed, rows)
+            seed = self._seed(entry.submit, rows)
             speaker = entry.submit.voice if self.model.takes_seeds_and_speakers else None
             stream = _Stream(seed, self._prefix(payload, rows), rows[:0], speaker=speaker)
             stream.meta = self.processor.to_meta(payload)
@@ -185,6 +180,13 @@ class GenerationStageCore(StageCore):
         stream.held, stream.position = rows[own:], stream.position + own
         self.streams[rid] = stream
         return []
+
+    def _seed(self, submit: SubmitRequest, rows: torch.Tensor) -> int | None:
+        """A request's seed for a model that takes seeds (see the module docstring)."""
+        if not self.model.takes_seeds_and_speakers:
+            return None
+        seed = {**self.spec.default_sampling, **(submit.sampling or {})}.get("seed")
+        return derived_seed(self.engine_seed, rows) if seed is None else seed
 
     def _prefix(self, payload: Payload, rows: torch.Tensor) -> torch.Tensor:
         """The left context of a request's first rows: the frames its producer sent as

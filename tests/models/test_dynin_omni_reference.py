@@ -89,3 +89,15 @@ def test_magvit_decoder_equals_show_o(reference, checkpoint):
     assert np.array_equal(to_pixels(decoded).numpy(), reference["image_pixels"])
     (pixels,) = model.generate([GenerationItem(codes, meta={"detok_id": 1})])
     assert np.array_equal(pixels.numpy(), reference["image_pixels"])
+
+
+@pytest.mark.parametrize("task", ["image", "audio"])
+def test_sampled_image_codes_and_speech_units_equal_dynin(reference, text_model, task):
+    """Seeded: Dynin's `t2i_generate` (MaskGIT) and `t2s_generate_mmu_like` draw the same
+    codes from the same seed as our loops (one generator per request)."""
+    key = {"image": "image_tokens", "audio": "speech_units"}[task]
+    for i, seed in enumerate([0, 11, 12345]):
+        prompt = torch.from_numpy(reference[f"prompt/{i}"])
+        item = GenerationItem(prompt, seed=seed, meta={"modalities": task})
+        (ours,) = text_model.generate([item])
+        assert ours.tolist() == reference[f"{key}/{i}"].tolist(), (task, i)

@@ -97,7 +97,9 @@ class DyninOmniConfig:
     num_vq_tokens: int = 256
     """Image codes of one generated image (a square grid)."""
     image_steps: int = 16
-    """Denoising steps of an image."""
+    """Denoising steps of an image (MaskGIT)."""
+    image_temperature: float = 1.0
+    """Gumbel temperature of the image's re-masking, annealed to 0 over the steps."""
     audio_max_new_tokens: int = 128
     """Length of the masked speech-unit region."""
     audio_steps: int = 64

@@ -63,6 +63,7 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int) -> dict:
         "text_steps": 4,
         "text_block_length": 4,
         "image_steps": 4,
+        "image_temperature": 1.0,
         "audio_max_new_tokens": 8,
         "audio_steps": 4,
         "audio_block_length": 4,

@@ -4,11 +4,16 @@ masked diffusion, and names which decoder they are for (`detok_id`).
 The task follows from what the request wants out (`GenerationItem.meta["modalities"]`,
 the output types of its final stages): audio -> text-to-speech units, image -> text-to-
 image codes, otherwise text. Each task appends a masked region to the prompt and fills
-it (`unmask.fill_masks`):
+it (text greedily, `unmask.fill_masks`; image codes and speech units sampled from the
+request's seed, `sampled_fill`):
 
     text:  prompt  [mask] * text_max_new_tokens            (any id)
     image: prompt  <|soi|> [mask] * num_vq_tokens <|eoi|>  (image codes only)
-    audio: prompt  <|soa|> [mask] * audio_max_new_tokens   (speech units or <|eoa|>)
+    audio: prompt  <|soa|> [mask] * audio_max_new_tokens   (units, <|eoa|>, end of text)
+
+The loops are the reference's (see `unmask`, `sampled_fill`); the prompt around the
+region is this simple layout, not Dynin's `UniversalPrompting` templates (task tokens,
+padding to fixed lengths, classifier-free guidance prompts), which are not reproduced.
 
 The output is the region's ids relative to their codebook (image codes from 0, speech
 units from 0, cut at the first <|eoa|>; text ids cut at the first end of text), and the
@@ -25,6 +30,7 @@ import torch
 
 from omnistage.families.dynin_omni.config import DyninOmniConfig
 from omnistage.families.dynin_omni.llada import LLaDAModelLM
+from omnistage.families.dynin_omni.sampled_fill import maskgit_image, speech_units
 from omnistage.families.dynin_omni.unmask import fill_masks
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
 
@@ -41,6 +47,8 @@ class DyninToken2Text(GenerationModel):
     architectures: ClassVar[tuple[str, ...]] = ()
     output_modality: ClassVar[str] = "tokens"
     takes_prompts: ClassVar[bool] = True
+    takes_seeds_and_speakers: ClassVar[bool] = True
+    """Image codes and speech units are sampled from the request's seed (text is greedy)."""
 
     def __init__(self, cfg: DyninOmniConfig, tokenizer: Any, dtype: torch.dtype) -> None:
         super().__init__()
@@ -91,25 +99,20 @@ class DyninToken2Text(GenerationModel):
 
     def _generate_one(self, item: GenerationItem) -> torch.Tensor:
         task, prompt = task_of(item.meta), item.rows.long()
-        out = {"t2t": self._text, "t2i": self._image, "t2s": self._speech}[task](prompt)
+        generator = torch.Generator().manual_seed(0 if item.seed is None else int(item.seed))
+        out = {"t2t": self._text, "t2i": self._image, "t2s": self._speech}[task](prompt, generator)
         detok = {"t2t": DETOK_TEXT, "t2i": DETOK_IMAGE, "t2s": DETOK_AUDIO}[task]
         item.meta.update(task=task, detok_id=detok, prompt_length=int(prompt.numel()))
         return out
 
-    def _fill(self, seq: list[torch.Tensor], start: int, length: int, **kw: Any) -> torch.Tensor:
-        return fill_masks(
-            self.lm, torch.cat(seq), start, length, mask_id=self.cfg.mask_token_id, **kw
-        )
-
-    def _masks(self, n: int) -> torch.Tensor:
-        return torch.full((n,), self.cfg.mask_token_id, dtype=torch.long)
-
-    def _text(self, prompt: torch.Tensor) -> torch.Tensor:
+    def _text(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         c, n = self.cfg, self.cfg.text_max_new_tokens
-        x = self._fill(
-            [prompt, self._masks(n)],
+        x = fill_masks(
+            self.lm,
+            torch.cat([prompt, self._masks(n)]),
             prompt.numel(),
             n,
+            mask_id=c.mask_token_id,
             block_length=c.text_block_length,
             steps=c.text_steps,
         )
@@ -117,37 +120,40 @@ class DyninToken2Text(GenerationModel):
         ends = (answer == c.eos_token_id).nonzero()
         return answer[: int(ends[0])] if ends.numel() else answer
 
-    def _image(self, prompt: torch.Tensor) -> torch.Tensor:
+    def _image(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         c, n = self.cfg, self.cfg.num_vq_tokens
-        soi, eoi = torch.tensor([self.special["<|soi|>"]]), torch.tensor([self.special["<|eoi|>"]])
-        candidates = torch.arange(c.image_start, c.image_start + c.codebook_size)
-        start = prompt.numel() + 1
-        x = self._fill(
-            [prompt, soi, self._masks(n), eoi],
-            start,
-            n,
-            block_length=n,
+        soi, eoi = self._ids("<|soi|>"), self._ids("<|eoi|>")
+        return maskgit_image(
+            self.lm,
+            torch.cat([prompt, soi, self._masks(n), eoi]),
+            num_codes=n,
+            code_start=c.image_start,
+            codebook_size=c.codebook_size,
+            mask_id=c.mask_token_id,
             steps=c.image_steps,
-            candidates=candidates,
+            temperature=c.image_temperature,
+            generator=generator,
         )
-        return x[start : start + n] - c.image_start
 
-    def _speech(self, prompt: torch.Tensor) -> torch.Tensor:
+    def _speech(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         c, n = self.cfg, self.cfg.audio_max_new_tokens
-        eoa = self.special["<|eoa|>"]
-        units = torch.arange(c.audio_start, c.audio_start + c.audio_codebook_size)
-        candidates = torch.cat([units, torch.tensor([eoa])])
-        start = prompt.numel() + 1
-        seq = [prompt, torch.tensor([self.special["<|soa|>"]]), self._masks(n)]
-        x = self._fill(
-            seq,
-            start,
+        return speech_units(
+            self.lm,
+            torch.cat([prompt, self._ids("<|soa|>"), self._masks(n)]),
+            prompt.numel() + 1,
             n,
+            unit_start=c.audio_start,
+            num_units=c.audio_codebook_size,
+            eoa_id=self.special["<|eoa|>"],
+            eos_id=c.eos_token_id,
+            mask_id=c.mask_token_id,
             block_length=c.audio_block_length,
             steps=c.audio_steps,
-            candidates=candidates,
+            generator=generator,
         )
-        region = x[start:]
-        ends = (region == eoa).nonzero()
-        region = region[: int(ends[0])] if ends.numel() else region
-        return region - c.audio_start
+
+    def _ids(self, token: str) -> torch.Tensor:
+        return torch.tensor([self.special[token]], dtype=torch.long)
+
+    def _masks(self, n: int) -> torch.Tensor:
+        return torch.full((n,), self.cfg.mask_token_id, dtype=torch.long)
