@@ -9,7 +9,8 @@ its tiny checkpoint: seed 003's two hops of one data plane.
 - A consumer waiting for its second hop is parked (no queued work) and, when the
   producer fails, times out with an error naming the producer and the edge; nothing
   stays held.
-- float64: requests batched give the same tokens and images as each alone.
+- float64: requests batched give the same tokens and images as each alone; a seed (of
+  token2text, which samples image codes and speech units) reproduces an image.
 - Bad input fails the request with the field named; the pipeline goes on serving.
 """
 
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from omnistage import SamplingParams
 from omnistage.families.dynin_omni.tiny import make_tiny_dynin_omni
 from omnistage.families.dynin_omni.token2audio import MISSING
 from omnistage.models.generation import GenerationItem
@@ -207,6 +209,19 @@ def test_images_alone_equal_batched_through_the_pipeline_float64(checkpoint):
             np.testing.assert_array_equal(np.asarray(a.image), np.asarray(b.image))
         assert len({np.asarray(a.image).tobytes() for a in alone}) == len(prompts)
         assert all(v == 0 for s in omni.stage_counters().values() for v in s.values())
+
+
+def test_a_seed_reproduces_the_image_and_another_changes_it(checkpoint):
+    with Omni(deploy(checkpoint), in_process=True) as omni:
+        images = [
+            np.asarray(
+                omni.generate(
+                    "a cat", {"token2text": SamplingParams(seed=s)}, modalities=["image"]
+                )[0].image
+            )
+            for s in (3, 3, 4)
+        ]
+    assert np.array_equal(images[0], images[1]) and not np.array_equal(images[0], images[2])
 
 
 def test_bad_input_names_the_field_and_the_pipeline_serves_on(checkpoint):

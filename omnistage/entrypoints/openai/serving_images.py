@@ -16,7 +16,8 @@ the entry stage through its chat template (as `omnistage generate` does), unless
 entry stage renders its prompt itself (GLM-Image's prior). Extensions read by the draw
 stage: `num_inference_steps`, `guidance_scale`, `negative_prompt`, `seed`. An image stage
 that is no diffusion stage (Dynin-Omni's token2image decodes image codes) takes none of
-them, nor a size: each is a 400 naming it.
+them but the seed (given to the entry stage, which writes the codes), nor a size: each is
+a 400 naming it.
 """
 
 from __future__ import annotations
@@ -101,11 +102,12 @@ class ImagesServing(OpenAIServing):
     def check_fixed_drawing(self, body: ImageGenerationRequest) -> None:
         """An image stage that is no diffusion stage (Dynin-Omni's token2image decodes the
         codes its producer wrote) draws its one size with no settings: asking for a size,
-        steps, guidance, a negative prompt or a seed is a 400 naming the field."""
+        steps, guidance or a negative prompt is a 400 naming the field (a seed goes to the
+        entry stage, which writes the codes)."""
         stage = self.client.final_stage("image")
         if stage is None or stage.kind == "diffusion":
             return
-        for name in ("size", "num_inference_steps", "guidance_scale", "negative_prompt", "seed"):
+        for name in ("size", "num_inference_steps", "guidance_scale", "negative_prompt"):
             value = getattr(body, name)
             if value is not None and value not in ("auto", ""):
                 raise OpenAIError(
@@ -153,6 +155,11 @@ class ImagesServing(OpenAIServing):
         if body.negative_prompt:
             fields["negative_prompt"] = body.negative_prompt
         sampling: dict[str, Any] = {}
+        if stage.kind != "diffusion" and seed is not None:
+            from omnistage.sampling_params import SamplingParams
+
+            (entry,) = self.client.deploy.entry_stages
+            sampling = {entry.name: SamplingParams(seed=seed)}
         if stage.kind == "diffusion":
             try:
                 params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
