@@ -83,6 +83,11 @@ class GenerationModel(nn.Module):
         """An entry model's input rows from the request's prompt (ValueError if unusable)."""
         raise ValueError(f"{type(self).__name__} takes no prompts (it is no entry stage)")
 
+    def output_text(self, item: GenerationItem, output: torch.Tensor) -> str:
+        """The text of a finished item's output, for a model that writes text (Dynin-Omni's
+        token2text on a text task); "" for the others (the default)."""
+        return ""
+
     def check_item(self, item: GenerationItem) -> None:
         """Raise ValueError if `item` is no valid input (a code outside the model's table);
         the generation stage asks as each item arrives, so that its request alone fails,

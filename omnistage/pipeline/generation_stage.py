@@ -245,10 +245,13 @@ class GenerationStageCore(StageCore):
                 for edge, processor in item.feeds
             ]
             events += self.send_payloads(item.request_id, pieces)
+        text = self.model.output_text(item.item, out) if item.last else ""
         events.append(
             StageOutput(
                 stage=self.name,
                 request_id=item.request_id,
+                new_text=text,
+                new_token_ids=out.tolist() if text else [],
                 data=tensor_to_blob(out),
                 finished=item.last,
                 finish_reason="stop" if item.last else None,

@@ -9,7 +9,9 @@ its tiny checkpoint: seed 003's two hops of one data plane.
 - A consumer waiting for its second hop is parked (no queued work) and, when the
   producer fails, times out with an error naming the producer and the edge; nothing
   stays held.
-- float64: requests batched give the same tokens and images as each alone; a seed (of
+- A text task is token2text's own final output (the decoders never run); asking one
+  request for two outputs is refused, naming `modalities`.
+- float64: requests batched give the same tokens, texts and images as each alone; a seed (of
   token2text, which samples image codes and speech units) reproduces an image.
 - Bad input fails the request with the field named; the pipeline goes on serving.
 """
@@ -211,6 +213,18 @@ def test_images_alone_equal_batched_through_the_pipeline_float64(checkpoint):
         assert all(v == 0 for s in omni.stage_counters().values() for v in s.values())
 
 
+def test_text_answers_are_token2text_final_output(checkpoint):
+    prompts = ["hello", "a cat on a mat", "Why?"]
+    with Omni(deploy(checkpoint), in_process=True) as omni:
+        batched = omni.generate(prompts, modalities=["text"])
+        alone = [omni.generate(p, modalities=["text"])[0] for p in prompts]
+    for a, b in zip(alone, batched, strict=True):
+        assert a.error is None and b.error is None, (a.error, b.error)
+        assert a.text == b.text and a.outputs["token2text"].token_ids
+        assert set(a.outputs) == {"token2text"}  # the decoders never ran
+    assert len({a.text for a in alone}) == len(prompts)
+
+
 def test_a_seed_reproduces_the_image_and_another_changes_it(checkpoint):
     with Omni(deploy(checkpoint), in_process=True) as omni:
         images = [
@@ -228,8 +242,8 @@ def test_bad_input_names_the_field_and_the_pipeline_serves_on(checkpoint):
     with Omni(deploy(checkpoint, dtype="float32"), in_process=True) as omni:
         with pytest.raises(ValueError, match="prompt"):
             omni.generate("", modalities=["image"])
-        with pytest.raises(ValueError, match="modalities"):
-            omni.generate("hi", modalities=["text"])
+        (out,) = omni.generate("hi", modalities=["text", "image"])
+        assert out.error is not None and "modalities: Dynin-Omni writes one output" in out.error
         (out,) = omni.generate({"prompt_token_ids": [5, 100000]}, modalities=["image"])
         assert out.error is not None and "prompt_token_ids" in out.error
         (out,) = omni.generate("x" * 600, modalities=["image"])

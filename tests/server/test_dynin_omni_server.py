@@ -1,5 +1,6 @@
 """The built-in demo-dynin-omni served through the existing endpoints: listed by
-`omnistage models`; `/v1/images/generations` returns token2image's MAGVITv2 decode as a
+`omnistage models`; chat completions answer with token2text's text (one output per
+request: asking text and audio is a 400 naming `modalities`); `/v1/images/generations` returns token2image's MAGVITv2 decode as a
 PNG (the same prompt and seed, the same image; the seed goes to token2text, which samples
 the codes); asking its fixed-size decoder for a size or diffusion settings, an empty prompt or one too long for the model is a 400 naming the
 field; `/v1/audio/speech` fails with the reason (EMOVA's speech decoder is missing)."""
@@ -73,6 +74,37 @@ def test_bad_image_request_is_400_naming_the_field(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"].startswith(f"{param}:")
+    server.wait_idle()
+
+
+def test_chat_answers_with_token2text(server: PipelineServer) -> None:
+    hello = {"messages": [{"role": "user", "content": "hello"}]}
+    first = _post(server, "/v1/chat/completions", hello)
+    again = _post(server, "/v1/chat/completions", {**hello, "modalities": ["text"]})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["choices"][0]["message"]["content"]
+    assert body["usage"]["completion_tokens"] > 0
+    assert (
+        again.json()["choices"][0]["message"]["content"] == body["choices"][0]["message"]["content"]
+    )
+    server.wait_idle()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"messages": [{"role": "user", "content": "x" * 600}]}, "messages"),
+    ],
+)
+def test_bad_chat_request_is_400_naming_the_field(
+    server: PipelineServer, body: dict, param: str
+) -> None:
+    request = {"messages": [{"role": "user", "content": "hi"}], **body}
+    response = _post(server, "/v1/chat/completions", request)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
     server.wait_idle()
 
 

@@ -1,7 +1,7 @@
-"""Dynin-Omni (snu-aidas/Dynin-Omni): a LLaDA masked-diffusion model that writes text,
-image codes or speech units, and the decoders after it, as three stages with two hops of
-one data plane: token2text -> token2image (MAGVITv2) -> token2audio (EMOVA; not
-implemented: its requests fail with a clear error)."""
+"""Dynin-Omni (snu-aidas/Dynin-Omni): a LLaDA masked-diffusion model that writes text (its
+own final output), image codes or speech units, and the decoders after it, as three
+stages with two hops of one data plane: token2text -> token2image (MAGVITv2) ->
+token2audio (EMOVA; not implemented: its requests fail with a clear error)."""
 
 from omnistage.models.family import Demo, Family
 

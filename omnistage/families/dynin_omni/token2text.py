@@ -39,8 +39,15 @@ DETOK_TEXT, DETOK_IMAGE, DETOK_AUDIO = 0, 1, 2
 
 
 def task_of(meta: dict[str, Any]) -> str:
-    wanted = str(meta.get("modalities", "")).split(",")
-    return "t2s" if "audio" in wanted else "t2i" if "image" in wanted else "t2t"
+    """The task of a request wanting `meta["modalities"]` (text when not said); ValueError
+    when it wants more than one: Dynin-Omni writes one modality per request."""
+    wanted = [m for m in str(meta.get("modalities", "")).split(",") if m]
+    if len(wanted) > 1:
+        raise ValueError(
+            f"modalities: Dynin-Omni writes one output per request (text, image or audio); "
+            f"asked for {', '.join(wanted)}"
+        )
+    return {"audio": "t2s", "image": "t2i"}.get(wanted[0] if wanted else "text", "t2t")
 
 
 class DyninToken2Text(GenerationModel):
@@ -76,6 +83,11 @@ class DyninToken2Text(GenerationModel):
                 raise ValueError("prompt: the prompt is empty")
             prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         return torch.tensor(list(prompt_token_ids), dtype=torch.long)
+
+    def output_text(self, item: GenerationItem, output: torch.Tensor) -> str:
+        if item.meta.get("task") != "t2t":
+            return ""
+        return self.tokenizer.decode(output.tolist(), skip_special_tokens=True)
 
     def check_item(self, item: GenerationItem) -> None:
         ids = item.rows
