@@ -163,7 +163,7 @@ def test_coordinator_parks_until_the_last_chunk_and_times_out():
     assert coordinator.arrived("r1", "a->b", "chunk1", last=True).waiting_edges == set()
     coordinator.release("r1")
     assert coordinator.num_entries == 0
-    assert timeout_message("a->b", 2.0) == "no input from stage a within 2 s"
+    assert timeout_message("a->b", 2.0) == "no input from stage a on edge a->b within 2 s"
 
 
 def test_generation_stage_fails_a_request_whose_input_never_comes(tiny_omni):
@@ -183,7 +183,7 @@ def test_generation_stage_fails_a_request_whose_input_never_comes(tiny_omni):
         time.sleep(0.3)
         (failed,) = core.check_timeouts()
         assert isinstance(failed, RequestFailed)
-        assert failed.message == "no input from stage talker within 0.2 s"
+        assert failed.message == "no input from stage talker on edge talker->vocoder within 0.2 s"
         assert core.counters()["coordinator_entries"] == 0
     finally:
         core.shutdown()

@@ -71,6 +71,7 @@ class ImagesServing(OpenAIServing):
                 "response_format: only b64_json is served (this server keeps no image files)",
                 param="response_format",
             )
+        self.check_fixed_drawing(body)
         height, width = self.parse_size(body.size)
         if body.seed is not None:
             seeds: list[int | None] = [body.seed + i for i in range(body.n)]
@@ -110,6 +111,23 @@ class ImagesServing(OpenAIServing):
         response = ImageGenerationResponse(created=int(time.time()), data=images)
         return JSONResponse(response.model_dump())
 
+    def check_fixed_drawing(self, body: ImageGenerationRequest) -> None:
+        """An image stage that is no diffusion stage (Dynin-Omni's token2image decodes the
+        codes its producer wrote) draws its one size with no settings: asking for a size,
+        steps, guidance or a negative prompt is a 400 naming the field (a seed goes to the
+        entry stage, which writes the codes)."""
+        stage = self.client.final_stage("image")
+        if stage is None or stage.kind == "diffusion":
+            return
+        for name in ("size", "num_inference_steps", "guidance_scale", "negative_prompt"):
+            value = getattr(body, name)
+            if value is not None and value not in ("auto", ""):
+                raise OpenAIError(
+                    f"{name}: stage {stage.name!r} decodes its producer's image codes at one "
+                    "fixed size, with no diffusion settings",
+                    param=name,
+                )
+
     def parse_size(self, size: str | None) -> tuple[int | None, int | None]:
         if size is None or size == "auto":
             return None, None
@@ -132,19 +150,13 @@ class ImagesServing(OpenAIServing):
     ) -> ImageData:
         """One image of `prompt` (the entry stage's prompt) with the draw stage's `fields`
         (None: the stage's default); `caption`: the revised prompt where no stage writes one."""
-        from omnistage.diffusion.params import DiffusionParams
 
         stage = self.client.final_stage("image")
         assert stage is not None
-        try:
-            params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
-        except ValueError as exc:
-            raise OpenAIError.from_value_error(exc) from None
+        sampling = self.draw_settings(stage, fields)
         renames = {"height": "size", "width": "size"}
         image = revised = None
-        async for output in self.client.generate(
-            prompt, {stage.name: params}, ["image"], request_id, renames
-        ):
+        async for output in self.client.generate(prompt, sampling, ["image"], request_id, renames):
             if output.finished:
                 image = output.image
                 result = output.outputs.get(stage.name)
@@ -153,6 +165,24 @@ class ImagesServing(OpenAIServing):
             raise OpenAIError("the pipeline drew no image", HTTPStatus.INTERNAL_SERVER_ERROR)
         png = await asyncio.to_thread(_png, image)
         return ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=revised)
+
+    def draw_settings(self, stage: Any, fields: dict[str, Any]) -> dict[str, Any]:
+        """The per-stage settings of one draw: a diffusion stage's `DiffusionParams`, or,
+        where the image stage decodes codes, the seed for the entry stage that samples them."""
+        from omnistage.diffusion.params import DiffusionParams
+
+        if stage.kind == "diffusion":
+            try:
+                params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
+            except ValueError as exc:
+                raise OpenAIError.from_value_error(exc) from None
+            return {stage.name: params}
+        if fields.get("seed") is None:
+            return {}
+        from omnistage.sampling_params import SamplingParams
+
+        (entry,) = self.client.deploy.entry_stages
+        return {entry.name: SamplingParams(seed=fields["seed"])}
 
     def prompt(self, text: str) -> Any:
         if self.client.entry_builds_its_prompt:
