@@ -105,9 +105,9 @@ def prompt_text(transcript: str | None) -> str:
 
 @functools.cache
 def _tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
+    from omnistage.models.registry import auto_config_and_tokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return auto_config_and_tokenizer(path, "CosyVoice3")[1]  # the prompter's tokenizer
 
 
 @functools.lru_cache(maxsize=64)
