@@ -49,7 +49,7 @@ def _wav(seconds: float, amplitude: float = 0.3, rate: int = 24000) -> bytes:
 
 
 def _speak(http: httpx.Client, model: str, voice: str, **extra: object) -> httpx.Response:
-    body = {"model": model, "input": "Hello there.", "voice": voice, **extra}
+    body = {"model": model, "input": "Hi", "voice": voice, **extra}
     return http.post("/v1/audio/speech", json=body)
 
 
