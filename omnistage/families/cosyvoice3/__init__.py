@@ -39,6 +39,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_cosyvoice3",
             deploy="demo-cosyvoice3",
+            version=2,  # 2: the speech tokenizer and CAM++ ONNX files (cloning uploads)
         )
     },
 )

@@ -15,7 +15,10 @@ D-TDNN, are not reproduced; their exports are not downloadable here):
   dense layer to the real 192 dims.
 
 Initializer names follow the S3Tokenizer / 3D-Speaker module names (`encoder.conv1`,
-`quantizer._codebook.project_down`, `xvector.dense.linear`).
+`quantizer._codebook.project_down`, `xvector.dense.linear`) and the tokenizer's nodes the
+torch exporter's (`/conv1/Conv`, ...); the real exports name most weights `onnx::Conv_N`
+after the node they feed. Nothing reads these names: the front end, like the reference,
+feeds inputs by position and reads the first output.
 """
 
 from __future__ import annotations
@@ -75,12 +78,29 @@ def make_speech_tokenizer(file: Path, seed: int) -> None:
     conv = {"kernel_shape": [3], "pads": [1, 1], "strides": [2]}
     n = helper.make_node
     nodes = [
-        n("Conv", ["feats", "encoder.conv1.weight", "encoder.conv1.bias"], ["c1"], **conv),
+        n(
+            "Conv",
+            ["feats", "encoder.conv1.weight", "encoder.conv1.bias"],
+            ["c1"],
+            "/conv1/Conv",
+            **conv,
+        ),
         n("Relu", ["c1"], ["r1"]),
-        n("Conv", ["r1", "encoder.conv2.weight", "encoder.conv2.bias"], ["c2"], **conv),
+        n(
+            "Conv",
+            ["r1", "encoder.conv2.weight", "encoder.conv2.bias"],
+            ["c2"],
+            "/conv2/Conv",
+            **conv,
+        ),
         n("Relu", ["c2"], ["r2"]),
         n("Transpose", ["r2"], ["h"], perm=[0, 2, 1]),
-        n("MatMul", ["h", "quantizer._codebook.project_down.weight"], ["p"]),
+        n(
+            "MatMul",
+            ["h", "quantizer._codebook.project_down.weight"],
+            ["p"],
+            "/quantizer/_codebook/project_down/MatMul",
+        ),
         n("Add", ["p", "quantizer._codebook.project_down.bias"], ["pb"]),
         n("Tanh", ["pb"], ["t"]),
         n("Mul", ["t", "fsq_scale"], ["ts"]),
