@@ -96,3 +96,23 @@ def test_an_upload_becomes_a_voice(reference: dict, onnx_dir: Path, monkeypatch)
     bare = VoiceStore.for_model(onnx_dir / "bare").add(_wav(clip24), "A hum.")
     with pytest.raises(ValueError, match="^voice: .* no speech_tokenizer_v3.onnx"):
         voices.voice(onnx_dir / "bare", bare["id"])
+
+
+def _convert(src: Path, out: Path) -> None:
+    (out / "config.json").write_text((src / "cosyvoice3.yaml").read_text())
+
+
+def test_uploads_outlive_a_reconversion(tmp_path: Path, monkeypatch) -> None:
+    from omnistage.models.layout_cache import cached_layout_view
+
+    monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path / "cache"))
+    source = tmp_path / "checkpoint"
+    source.mkdir()
+    (source / "cosyvoice3.yaml").write_text("a: 1\n")
+    first = cached_layout_view(source, _convert)
+    (source / "cosyvoice3.yaml").write_text("a: 12\n")  # edited: a new view
+    second = cached_layout_view(source, _convert)
+    assert first != second
+    assert VoiceStore.for_model(first).root == VoiceStore.for_model(second).root
+    assert VoiceStore.for_model(second).root == VoiceStore.for_model(source).root
+    assert VoiceStore.for_model(tmp_path).root != VoiceStore.for_model(source).root
