@@ -11,10 +11,11 @@ MODEL_TYPE = "covo_audio"
 
 FAMILY = Family(
     name="covo_audio",
+    models={"OmnistageCovoAudioLM": f"{_PKG}.model:CovoAudioLM"},
     parts={
         (MODEL_TYPE, "fused_thinker_talker"): PartSpec(
             ("llm_config",),
-            "Qwen2ForCausalLM",
+            "OmnistageCovoAudioLM",
             (("llm.model.", "model."), ("llm.lm_head.", "lm_head.")),
         ),
     },
