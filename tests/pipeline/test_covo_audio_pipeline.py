@@ -8,6 +8,9 @@ tiny checkpoint.
   float32, `fixtures/covo_audio/reference.pt`) within 1e-5 (4.8e-7 measured); through the
   pipeline the LM's greedy ids are the reference's (`CovoAudioForCausalLM`) exactly and the
   audio is the reference's decode of the reference's own filtered ids, whole and streamed.
+- Audio in: a clip's rows (log-mel, Whisper encoder, adapter) are the reference's within
+  1e-6 (3e-8 measured), its prompt expands as the reference's, and the LM's greedy reply
+  to it is the reference's.
 - Sync and async scheduling give the same ids, the same payloads into code2wav and the
   same audio bytes (float64, a sampled seeded LM); each request batched equals it alone;
   streamed and whole audio are identical; `meta.finished` is set on exactly one payload
@@ -28,6 +31,7 @@ from omnistage.core.payload import unpack_payload
 from omnistage.families.covo_audio.code2wav import CovoAudioCode2Wav, speech_codes
 from omnistage.families.covo_audio.config import CovoAudioConfig
 from omnistage.families.covo_audio.tiny import CODEBOOK, make_tiny_covo_audio
+from omnistage.multimodal.chat import render_chat
 from omnistage.pipeline.omni import Omni
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
 from tests.pipeline.pipeline_runs import _record_gets
@@ -176,3 +180,35 @@ def test_a_stream_whose_left_context_misses_its_start_fails_clearly(checkpoint):
         assert out.error is not None and "left_context" in out.error
         (after,) = omni.generate([_messages("Hi")], {LM: SamplingParams(max_tokens=2)})
     assert after.error is None, after.error  # the pipeline goes on serving
+
+
+def test_audio_in_equals_the_reference(checkpoint):
+    """The multimodal processor: a clip's rows are the reference's (log-mel, Whisper encoder,
+    adapter) and the LM's greedy reply to them is the reference's, through the pipeline."""
+    from omnistage.families.covo_audio.audio_input import CovoAudioInputEncoder
+
+    reference = torch.load(FIXTURE, weights_only=True)["audio_in"]
+    wave = reference["wave"].numpy()
+    encoder = CovoAudioInputEncoder.from_checkpoint(checkpoint)
+    features = encoder.clip_features(wave)
+    torch.testing.assert_close(features, reference["features"], rtol=0, atol=1e-6)
+    content = [{"type": "audio", "audio": (wave, 16000)}]
+    chat = render_chat(
+        encoder.tokenizer,
+        [{"role": "user", "content": content}],
+        placeholders=encoder.tokens.placeholders(),
+    )
+    encoded = encoder.encode(chat.prompt, [(wave, 16000)])
+    assert encoded.prompt_token_ids == reference["prompt"].tolist()
+    assert encoded.audio_token_counts == [int((reference["prompt"] == 260).sum())]
+    spec = tiny_speech_deploy(
+        "demo-covo-audio", checkpoint, dtype="float32", async_scheduling=False
+    )
+    params = {LM: SamplingParams(temperature=0.0, max_tokens=24)}
+    with Omni(spec, in_process=True) as omni:
+        (out,) = omni.generate([{"messages": [{"role": "user", "content": content}]}], params)
+        assert out.error is None, out.error
+        assert out.token_ids == reference["output"].tolist()
+        with pytest.raises(ValueError, match="image"):
+            image = {"type": "image", "image": np.zeros((8, 8, 3), dtype=np.uint8)}
+            omni.generate([{"messages": [{"role": "user", "content": [image]}]}], params)

@@ -1,6 +1,6 @@
 """Covo-Audio served (the built-in demo-covo-audio: fused thinker+talker -> code2wav) with the
 real server and the real `openai` client: chat completions with text and audio out, whole
-and streamed (the same samples), `/v1/audio/speech`, and bad input as a 400 in the OpenAI
+and streamed (the same samples), with audio in (an image is a 400), `/v1/audio/speech`, and bad input as a 400 in the OpenAI
 error shape naming the field, after which the server goes on serving."""
 
 from __future__ import annotations
@@ -55,6 +55,31 @@ def test_chat_with_audio_out_whole_and_streamed(server: PipelineServer) -> None:
     # chunks by `serving_speech.to_pcm16` (x 32767, truncated): up to 2 apart.
     assert streamed.shape == samples.shape
     assert np.abs(streamed.astype(np.int32) - samples).max() <= 2
+    server.wait_idle()
+
+
+def test_chat_with_audio_in(server: PipelineServer) -> None:
+    t = np.arange(8000) / 16000
+    buffer = io.BytesIO()
+    soundfile.write(buffer, 0.3 * np.sin(2 * np.pi * 440 * t), 16000, format="WAV")
+    part = {
+        "type": "input_audio",
+        "input_audio": {"format": "wav", "data": base64.b64encode(buffer.getvalue()).decode()},
+    }
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": "Answer."}]}]
+    reply = server.openai().chat.completions.create(**_chat(messages=messages))
+    assert reply.choices[0].message.audio is not None
+    text_only = [{"role": "user", "content": "Answer."}]
+    plain = server.openai().chat.completions.create(**_chat(messages=text_only, max_tokens=1))
+    # The clip counts as its placeholder's 3 marker tokens (serving_chat's usage; the stage
+    # expands it, see tests/pipeline/test_covo_audio_pipeline.py).
+    assert reply.usage.prompt_tokens == plain.usage.prompt_tokens + 3
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError) as exc:
+        server.openai().chat.completions.create(
+            **_chat(messages=[{"role": "user", "content": [image]}])
+        )
+    assert "image" in exc.value.response.json()["error"]["message"]
     server.wait_idle()
 
 

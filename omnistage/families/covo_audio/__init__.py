@@ -1,5 +1,5 @@
-"""Covo-Audio (Tencent Covo-Audio-Chat): one fused thinker + talker LM (Qwen2) writing text
-and speech codes in one sequence -> code2wav (a flow-matching DiT to latents, then
+"""Covo-Audio (Tencent Covo-Audio-Chat): audio and text in; one fused thinker + talker LM
+(Qwen2) writing text and speech codes in one sequence -> code2wav (a flow-matching DiT to latents, then
 BigVGAN). The edge carries the LM's output ids; code2wav keeps the speech codes (the
 per-family token filter, `code2wav.speech_codes`). Its tiny checkpoint is the built-in
 `demo-covo-audio`."""
@@ -21,6 +21,7 @@ FAMILY = Family(
     },
     generation_parts={(MODEL_TYPE, "code2wav"): f"{_PKG}.code2wav:CovoAudioCode2Wav"},
     configs={MODEL_TYPE: f"{_PKG}.config:CovoAudioConfig"},
+    input_encoders={MODEL_TYPE: f"{_PKG}.audio_input:CovoAudioInputEncoder"},
     deploys_by_model_type={MODEL_TYPE: "covo-audio"},
     demos={
         "demo-covo-audio": Demo(

@@ -6,7 +6,7 @@ The checkpoint's `llm.*` weights (`CovoAudioForCausalLM.llm`, a transformers
 tokenizer's ids, then `token_vocab_size` speech codes from `audio_token_index` on: one
 sequence interleaves the reply's text and its speech, which code2wav picks out
 (`code2wav.speech_codes`). Audio in (Whisper encoder + `audio_adapter` rows in place of
-`<|cAUDIO|>` ids) is not run here yet; its weights are not this part's.
+`<|cAUDIO|>` ids) is the stage's input encoder (`audio_input.py`), not this part.
 """
 
 from __future__ import annotations

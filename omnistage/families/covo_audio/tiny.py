@@ -165,11 +165,13 @@ def _weight_normed(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def make_tiny_covo_audio(path: str | Path, seed: int = 0) -> Path:
     """Write the tiny checkpoint to `path` (created) and return it."""
-    from omnistage.models.tiny_checkpoints import byte_tokenizer
+    from omnistage.models.tiny_checkpoints import byte_tokenizer, omni_chat_template
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = byte_tokenizer(AUDIO_TOKENS)
+    # Text as the byte tokenizer's template renders it; an audio part as its placeholder.
+    tokenizer.chat_template = omni_chat_template("".join(AUDIO_TOKENS), "", "")
     tokenizer.save_pretrained(path)
     config = _configs(len(tokenizer))
     config.save_pretrained(path)
