@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from omnistage.families.covo_audio.bigvgan import BigVGAN, fold_weight_norm
-from omnistage.families.covo_audio.config import Token2WavConfig
+from omnistage.families.covo_audio.config import RELEASED_TOKEN2WAV, Token2WavConfig
 from omnistage.families.covo_audio.dit import Token2Latent
 from omnistage.models.generation import GenerationItem, GenerationModel
 
@@ -85,15 +85,20 @@ class CovoAudioCode2Wav(GenerationModel):
 
     @classmethod
     def from_checkpoint(cls, path: Path, hf_config: Any, dtype: torch.dtype) -> CovoAudioCode2Wav:
-        """`path/token2wav/`: `config.json`, `model.pt`, `global_mean_var.npy`, `prompt/`."""
+        """`path/token2wav/`: `model.pt`, `global_mean_var.npy`, `prompt/`, and `config.json`
+        (the released model's when absent)."""
         folder = Path(path) / FOLDER
-        for name in ("config.json", "model.pt", "global_mean_var.npy"):
+        for name in ("model.pt", "global_mean_var.npy"):
             if not (folder / name).is_file():
                 raise ValueError(f"model: {folder / name} is missing (Covo-Audio's token2wav)")
+        config_file = folder / "config.json"
         try:
-            config = Token2WavConfig.from_dict(json.loads((folder / "config.json").read_text()))
+            raw = (
+                json.loads(config_file.read_text()) if config_file.is_file() else RELEASED_TOKEN2WAV
+            )
+            config = Token2WavConfig.from_dict(raw)
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"{folder / 'config.json'}: {e}") from e
+            raise ValueError(f"{config_file}: {e}") from e
         model = cls(config, int(hf_config.audio_token_index), SpeakerPrompt(folder / PROMPT_FOLDER))
         state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
         model.load_weights(state.get("model", state))

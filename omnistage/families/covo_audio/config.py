@@ -10,7 +10,10 @@ speech code 0: every id from there on is a code) and `adapter_downsample`.
 `token2wav/config.json` is the reference's `Token2WavDecoder` config (`token2wav/config.json`
 in Tencent/Covo-Audio): `model.token2latent` (a flow-matching DiT from speech codes to VAE
 latents) and `model.wavegan` (BigVGAN from latents to a waveform), `inference` (the ODE
-steps and the guidance weight), `data.audio.sample_rate`.
+steps and the guidance weight), `data.audio.sample_rate`. The released checkpoint's
+`token2wav/` holds only `model.pt` and `global_mean_var.npy` (the reference reads the
+config from its repository): without a `config.json` there, `RELEASED_TOKEN2WAV` (that
+file's values) is used.
 """
 
 from __future__ import annotations
@@ -46,6 +49,32 @@ class CovoAudioConfig(PretrainedConfig):
         kwargs.pop("_llm_config_type", None)
         kwargs.pop("_encoder_config_type", None)
         super().__init__(**kwargs)
+
+
+RELEASED_TOKEN2WAV: dict[str, Any] = {
+    "data": {"audio": {"sample_rate": 24000, "hop_size": 480}},
+    "model": {
+        "type": "Token2WavDecoder",
+        "token2latent": {
+            "upsample_factor": 4, "token_vocab_size": 16384, "token_input_dim": 512,
+            "z_dim": 64, "spkr_embed_dim": 1024,
+            "transformer": {
+                "num_layers": 12, "hidden_size": 1024, "ffn_hidden_size": 4096,
+                "num_heads": 16, "modulation": True, "alibi_bias": False,
+                "rotary_bias": True, "qk_norm": False,
+            },
+        },
+        "wavegan": {
+            "upsample_rates": [5, 3, 2, 2, 2, 2], "upsample_kernel_sizes": [10, 6, 4, 4, 4, 4],
+            "upsample_initial_channel": 1536, "resblock": "1",
+            "resblock_kernel_sizes": [3, 7, 11],
+            "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5], [1, 3, 5]],
+            "activation": "snakebeta", "snake_logscale": True, "latent_dim": 64,
+        },
+    },
+    "inference": {"s_steps": 10, "cfg_alpha": 1.0, "dynamic_thr": False, "rescale_logits": False},
+}  # fmt: skip
+"""`token2wav/config.json` of github.com/Tencent/Covo-Audio (the keys read here)."""
 
 
 @dataclass(frozen=True)
