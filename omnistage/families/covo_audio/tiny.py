@@ -127,7 +127,9 @@ def _token2wav(folder: Path, generator: torch.Generator) -> None:
     config = Token2WavConfig.from_dict(TOKEN2WAV)
     (folder / "prompt").mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(TOKEN2WAV, indent=2))
-    frames = PROMPT_CODES * config.dit.upsample_factor
+    # 3 frames more than the codes give, as the released prompt (291 codes, 1167 frames): the
+    # reference then cuts those 3 frames off the request's own latents too.
+    frames = PROMPT_CODES * config.dit.upsample_factor + 3
     codes = torch.randint(0, CODEBOOK, (1, PROMPT_CODES), generator=generator)
     np.save(folder / "prompt" / "prompt_token.npy", codes.numpy())
     np.save(
