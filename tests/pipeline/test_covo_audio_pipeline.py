@@ -31,6 +31,7 @@ from omnistage.core.payload import unpack_payload
 from omnistage.families.covo_audio.code2wav import CovoAudioCode2Wav, speech_codes
 from omnistage.families.covo_audio.config import CovoAudioConfig
 from omnistage.families.covo_audio.tiny import CODEBOOK, make_tiny_covo_audio
+from omnistage.models.generation import GenerationItem
 from omnistage.multimodal.chat import render_chat
 from omnistage.pipeline.omni import Omni
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
@@ -70,6 +71,17 @@ def test_the_token_filter_keeps_the_speech_codes_in_order():
     assert speech_codes(ids, index, CODEBOOK).tolist() == [0, 9, CODEBOOK - 1]
     assert speech_codes(torch.tensor([1, 2, 261]), index, CODEBOOK).numel() == 0
     assert speech_codes(torch.zeros(0, dtype=torch.int64), index, CODEBOOK).numel() == 0
+
+
+def test_a_reply_without_speech_codes_is_no_audio(checkpoint):
+    """Only text and control ids: nothing to speak (no `-1` stand-in code decoded)."""
+    config = CovoAudioConfig.from_pretrained(checkpoint)
+    model = CovoAudioCode2Wav.from_checkpoint(checkpoint, config, torch.float32)
+    text = GenerationItem(torch.tensor([40, 41, 259, 260, 261, 2]), seed=0)
+    speech = GenerationItem(torch.tensor([40, 262 + 5, 41, 262 + 9, 2]), seed=0)
+    empty, spoken = model.generate([text, speech])
+    assert empty.numel() == 0
+    assert torch.equal(spoken, model.decode(torch.tensor([5, 9]), 0)) and spoken.numel() == 20
 
 
 def test_code2wav_equals_the_reference(checkpoint):
