@@ -161,7 +161,7 @@ def test_sync_equals_async_batched_equals_alone_stream_equals_whole(checkpoint):
     asyn = tiny_speech_deploy("demo-covo-audio", checkpoint, async_scheduling=True)
     sync = tiny_speech_deploy("demo-covo-audio", checkpoint, async_scheduling=False)
     runs = {}
-    for name, spec in (("async", asyn), ("sync", sync), ("stream", _streamed(asyn))):
+    for name, spec in (("async", asyn), ("sync", sync), ("stream", _streamed(sync))):
         recorded = _Recorded(spec)
         with recorded.omni as omni:
             runs[name] = recorded.run(prompts, SAMPLED)
