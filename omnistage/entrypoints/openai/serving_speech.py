@@ -210,8 +210,11 @@ def _float32() -> Any:
 
 
 def to_pcm16(samples: np.ndarray) -> bytes:
-    """Float samples in [-1, 1] as 16-bit little-endian PCM."""
-    return (np.clip(samples.reshape(-1), -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    """Float samples in [-1, 1] as 16-bit little-endian PCM, converted as libsndfile
+    converts them when it writes a whole WAV file (to 32-bit by truncation, then the top
+    16 bits: rounding towards minus infinity), so streamed samples equal the file's."""
+    wide = np.trunc(samples.reshape(-1).astype(np.float64) * 2.0**31)
+    return (np.clip(wide, -(2.0**31), 2.0**31 - 1).astype(np.int64) >> 16).astype("<i2").tobytes()
 
 
 def pcm16_base64(samples: Any) -> str:
