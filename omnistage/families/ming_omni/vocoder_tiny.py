@@ -119,8 +119,10 @@ def write_tiny_vocoder(talker_dir: Path, seed: int) -> None:
     """Write the three vocoder files into `talker_dir` (the checkpoint's `talker/`)."""
     (talker_dir / "audio_detokenizer.yaml").write_text(TINY_YAML, encoding="utf-8")
     flow_cfg, hift_cfg = load_detokenizer_config(talker_dir)
-    torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
-    torch.save(_perturb(MingFlow(flow_cfg), g, 0.05), talker_dir / "flow.pt")
-    hift = _perturb(MingHiFT(hift_cfg), g, 0.05)
+    with torch.random.fork_rng(devices=[]):  # the default inits draw from the global RNG
+        torch.manual_seed(seed)
+        flow = _perturb(MingFlow(flow_cfg), g, 0.05)
+        hift = _perturb(MingHiFT(hift_cfg), g, 0.05)
+    torch.save(flow, talker_dir / "flow.pt")
     torch.save(_split_weight_norm(hift), talker_dir / "hift.pt")
