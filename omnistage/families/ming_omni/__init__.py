@@ -1,5 +1,6 @@
 """Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text in; text
-and speech codes out, as thinker (Bailing-MoE) -> talker (Qwen2 over speech BPE ids).
+and speech out, as thinker (Bailing-MoE) -> talker (Qwen2 over speech BPE ids) -> vocoder
+(speech BPE -> S3 codes -> CosyVoice-1 flow + HiFT).
 Its tiny checkpoint is the built-in `demo-ming-omni`."""
 
 from omnistage.models.family import Demo, Family, PartSpec, Voices
@@ -7,6 +8,7 @@ from omnistage.models.family import Demo, Family, PartSpec, Voices
 _PKG = "omnistage.families.ming_omni"
 MODEL_TYPE = "bailingmm"
 EDGE = "ming_omni_thinker_to_talker"
+VOCODER_EDGE = "ming_omni_talker_to_vocoder"
 
 FAMILY = Family(
     name="ming_omni",
@@ -28,11 +30,15 @@ FAMILY = Family(
             eos_token_id=("talker_qwen2", "eos_token_id"),
         ),
     },
+    generation_parts={(MODEL_TYPE, "vocoder"): f"{_PKG}.token2wav:MingToken2Wav"},
     configs={
         MODEL_TYPE: f"{_PKG}.config:BailingMMConfig",
         "bailing_moe": f"{_PKG}.config:BailingMoeConfig",
     },
-    edges={EDGE: f"{_PKG}.edges:MingThinkerToTalker"},
+    edges={
+        EDGE: f"{_PKG}.edges:MingThinkerToTalker",
+        VOCODER_EDGE: f"{_PKG}.edges:MingTalkerToVocoder",
+    },
     voices={EDGE: Voices(f"{_PKG}.prompt:speaker_names", "luna", clones_uploads=False)},
     deploys_by_model_type={MODEL_TYPE: "ming-omni"},
     demos={

@@ -16,14 +16,18 @@ from omnistage.families.ming_omni.flow import MingFlow
 from omnistage.families.ming_omni.hift import MingHiFT
 from omnistage.families.ming_omni.vocoder_config import load_detokenizer_config
 
-SPEECH_VOCAB = 64
+SPEECH_VOCAB = 48
 """Speech tokens (S3 codes) of the tiny flow."""
+BPE_MERGES = 16
+"""The tiny speech BPE: one token per S3 code, then merges of codes (i, i + 1)."""
+SPK_EMBED_DIM = 192
+"""The x-vector size: the speaker embedding the talker also reads (`talker/spks/*.pt`)."""
 
 TINY_YAML = f"""\
 flow: !new:audio_detokenizer.flow.flow.MaskedDiffWithXvec
     input_size: 16
     output_size: 8
-    spk_embed_dim: 12
+    spk_embed_dim: {SPK_EMBED_DIM}
     output_type: 'mel'
     vocab_size: {SPEECH_VOCAB}
     input_frame_rate: 50
@@ -115,8 +119,32 @@ def _perturb(module: torch.nn.Module, g: torch.Generator, scale: float) -> dict[
     }
 
 
+def _code_char(code: int) -> str:
+    return chr(0x4E00 + code)  # CJK ideographs, as the real mapping uses
+
+
+def write_tiny_bpe(talker_dir: Path) -> None:
+    """`s3_bpe/tokenizer.json` (a BPE of `SPEECH_VOCAB + BPE_MERGES` tokens) and
+    `s3_bpe/char_mapping.txt`."""
+    from tokenizers import Tokenizer, models
+
+    from omnistage.families.ming_omni.s3bpe import BPE_DIR
+
+    folder = talker_dir / BPE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {_code_char(i): i for i in range(SPEECH_VOCAB)}
+    merges = [(_code_char(i), _code_char(i + 1)) for i in range(BPE_MERGES)]
+    for i, (a, b) in enumerate(merges):
+        vocab[a + b] = SPEECH_VOCAB + i
+    Tokenizer(models.BPE(vocab=vocab, merges=merges)).save(str(folder / "tokenizer.json"))
+    lines = [f"{i}\t{_code_char(i)}" for i in range(SPEECH_VOCAB)]
+    (folder / "char_mapping.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def write_tiny_vocoder(talker_dir: Path, seed: int) -> None:
-    """Write the three vocoder files into `talker_dir` (the checkpoint's `talker/`)."""
+    """Write the vocoder files into `talker_dir` (the checkpoint's `talker/`): the yaml,
+    `flow.pt`, `hift.pt` and the speech BPE (`write_tiny_bpe`)."""
+    write_tiny_bpe(talker_dir)
     (talker_dir / "audio_detokenizer.yaml").write_text(TINY_YAML, encoding="utf-8")
     flow_cfg, hift_cfg = load_detokenizer_config(talker_dir)
     g = torch.Generator().manual_seed(seed)
