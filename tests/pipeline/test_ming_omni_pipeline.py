@@ -10,7 +10,8 @@ the tiny float64 checkpoint: what scheduling and batching may and may not change
 - Each request alone gives what it gives in a batch (ids exactly; the rows to float64
   rounding: a batch runs other GEMM shapes).
 - Every request's thinker -> talker payload arrives once, with `meta.finished` set once;
-  a streaming client sees one finished output per request.
+  a streaming client sees one finished output per request, and its audio pieces join
+  to the whole run's audio bytes.
 - A voice the checkpoint lacks is a ValueError naming `voice`, before any stage runs; a
   reply with no text to speak fails only its own request.
 """
@@ -139,19 +140,23 @@ def test_meta_finished_exactly_once(ckpt, sync_run):
             ]
             assert [c["meta.finished"] for c in chunks] == [True], edge
 
-    async def stream() -> list[int]:
+    async def stream() -> list[tuple[int, bytes]]:
         with AsyncOmni(_deploy(ckpt, False), in_process=True) as omni:
 
-            async def one(i: int) -> int:
-                finished = 0
+            async def one(i: int) -> tuple[int, bytes]:
+                finished, audio = 0, []
                 async for out in omni.generate(PROMPTS[i], PARAMS, request_id=f"r{i}"):
                     assert out.error is None, out.error
                     finished += out.finished
-                return finished
+                    if out.stage == "vocoder" and out.new_data is not None:
+                        audio.append(out.new_data.to(torch.float32).numpy().tobytes())
+                return finished, b"".join(audio)
 
             return await asyncio.gather(*(one(i) for i in range(len(PROMPTS))))
 
-    assert asyncio.run(stream()) == [1] * len(PROMPTS)
+    whole = [audio for _, _, audio in sync_run[0]]
+    # A streaming client gets the whole run's audio (one piece: the vocoder is not causal).
+    assert asyncio.run(stream()) == [(1, audio) for audio in whole]
 
 
 def test_an_unknown_voice_is_refused_naming_the_field(ckpt):

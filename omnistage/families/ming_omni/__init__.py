@@ -45,11 +45,12 @@ FAMILY = Family(
         "demo-ming-omni": Demo(
             description=(
                 "a tiny random-weight Ming-Omni-architecture checkpoint (Bailing-MoE thinker "
-                "-> talker): the pipeline runs end to end, but its text and speech codes are "
-                "noise"
+                "-> talker -> flow + HiFT vocoder): the pipeline runs end to end, but its text "
+                "and speech are noise"
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_omni",
             deploy="demo-ming-omni",
+            version=2,  # v2: the talker/ folder gained the vocoder's files
         )
     },
 )
