@@ -1,5 +1,6 @@
-"""Ming-Omni's vocoder (flow + HiFT, `families/ming_omni/vocoder.py`) against the
-inclusionAI/Ming reference's audio detokenizer on the tiny vocoder files, float32.
+"""Ming-Omni's vocoder (speech BPE decode, flow + HiFT: `families/ming_omni/s3bpe.py`,
+`vocoder.py`) against the inclusionAI/Ming reference's `S3BpeTokenizer` and audio
+detokenizer on the tiny vocoder files, float32.
 
 The fixture (`tests/fixtures/ming_omni/vocoder_reference.npz`) was written by the
 reference itself (`make_vocoder_fixture.py` beside it says how and with which
@@ -52,6 +53,20 @@ def test_audio_matches_the_reference_detokenizer(vocoder, fixture):
         assert audio.shape == expected.shape
         assert np.abs(expected).max() > 1e-3, "the reference audio is silent: a useless fixture"
         np.testing.assert_allclose(audio, expected, atol=1e-4, rtol=0)
+
+
+def test_speech_bpe_decodes_as_the_reference(tmp_path, fixture):
+    from omnistage.families.ming_omni.s3bpe import S3Bpe
+    from omnistage.families.ming_omni.vocoder_tiny import write_tiny_bpe
+
+    write_tiny_bpe(tmp_path)
+    bpe = S3Bpe(tmp_path)
+    for i in _cases(fixture):
+        codes = bpe.decode(fixture[f"bpe_{i}"].tolist())
+        assert codes == fixture[f"tokens_{i}"].tolist()
+        assert len(codes) > len(fixture[f"bpe_{i}"])  # merges were decoded
+    with pytest.raises(ValueError, match="speech BPE id 64"):
+        bpe.decode([1, 64])
 
 
 def test_another_seed_gives_other_audio(vocoder, fixture):
