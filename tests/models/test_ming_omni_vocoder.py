@@ -6,8 +6,9 @@ The fixture (`tests/fixtures/ming_omni/vocoder_reference.npz`) was written by th
 reference itself (`make_vocoder_fixture.py` beside it says how and with which
 stand-ins) on `write_tiny_vocoder(dir, seed=0)`; both sides draw the same noise (the
 reference from the global RNG seeded per case, we from a generator with that seed).
-Tolerance: 1e-4 absolute (measured: at most 3e-5) on samples within +-0.99 (float32: 8 Euler steps through the
-U-Net and HiFT's STFT / iSTFT; ours sums in another order in a few places).
+Tolerance: 3e-4 absolute on samples of amplitude up to ~0.5 (measured: at most 9e-5;
+float32 through 8 Euler steps of the U-Net, each twice for guidance, then HiFT's STFT /
+iSTFT; ours sums in another order in a few places).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def test_audio_matches_the_reference_detokenizer(vocoder, fixture):
         ).numpy()
         assert audio.shape == expected.shape
         assert np.abs(expected).max() > 1e-3, "the reference audio is silent: a useless fixture"
-        np.testing.assert_allclose(audio, expected, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(audio, expected, atol=3e-4, rtol=0)
 
 
 def test_speech_bpe_decodes_as_the_reference(tmp_path, fixture):
