@@ -1,13 +1,17 @@
-"""POST /v1/chat/completions over Ming-Omni (the built-in demo-ming-omni: thinker -> talker)
-with the real server and the real `openai` client: a text answer, whole and streamed;
-bad input is a 400 in the OpenAI error shape naming the field (audio out among it: the
-deploy has no vocoder stage yet, so speech ids are not audio), and the server goes on
-serving."""
+"""POST /v1/chat/completions over Ming-Omni (the built-in demo-ming-omni: thinker -> talker
+-> vocoder) with the real server and the real `openai` client: a text answer, whole and
+streamed; text and audio, whole and streamed (the same samples, up to the two pcm16 conversions); bad input (an unknown
+voice among it) is a 400 in the OpenAI error shape naming the field, and the server goes
+on serving."""
 
 from __future__ import annotations
 
+import base64
+import io
+import wave
 from collections.abc import Iterator
 
+import numpy as np
 import openai
 import pytest
 
@@ -47,7 +51,10 @@ def test_bad_input_is_a_400_naming_the_field(server: PipelineServer) -> None:
     for param, kwargs in {
         "messages": dict(messages=[]),
         "max_tokens": dict(messages=HELLO, max_tokens=-1),
-        "modalities": dict(messages=HELLO, modalities=["text", "audio"]),
+        "modalities": dict(messages=HELLO, modalities=["audio"]),
+        "audio.voice": dict(
+            messages=HELLO, modalities=["text", "audio"], audio={"format": "wav", "voice": "x"}
+        ),
     }.items():
         with pytest.raises(openai.BadRequestError) as exc:
             client.chat.completions.create(model=MODEL, **kwargs)
@@ -58,4 +65,37 @@ def test_bad_input_is_a_400_naming_the_field(server: PipelineServer) -> None:
         model=MODEL, messages=HELLO, max_tokens=3, modalities=["text"]
     )
     assert after.choices[0].message.content is not None
+    server.wait_idle()
+
+
+def test_text_and_audio_whole_and_streamed(server: PipelineServer) -> None:
+    client = server.openai()
+    body = dict(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=6,
+        temperature=0,
+        modalities=["text", "audio"],
+        audio={"format": "wav", "voice": "luna"},
+        seed=3,
+    )
+    reply = client.chat.completions.create(**body)
+    message = reply.choices[0].message
+    assert message.audio is not None and message.audio.transcript == message.content
+    with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as wav:
+        assert wav.getframerate() == 22050 and wav.getnframes() > 0
+        pcm = wav.readframes(wav.getnframes())
+    streamed = b""
+    for chunk in client.chat.completions.create(**body, stream=True):
+        sound = getattr(chunk.choices[0].delta, "audio", None) if chunk.choices else None
+        sound = sound if sound is None or isinstance(sound, dict) else sound.model_dump()
+        if sound and sound.get("data"):
+            streamed += base64.b64decode(sound["data"])
+    # The same samples, converted apart: the wav by soundfile (rounding, PCM_16), the
+    # stream's pcm16 deltas by `x * 32767` truncated; they differ by at most 2 steps.
+    whole_pcm = np.frombuffer(pcm, np.int16).astype(np.int32)
+    streamed_pcm = np.frombuffer(streamed, np.int16).astype(np.int32)
+    assert streamed_pcm.shape == whole_pcm.shape
+    assert np.abs(streamed_pcm - whole_pcm).max() <= 2
+    assert np.abs(whole_pcm).max() > 100  # not silence
     server.wait_idle()

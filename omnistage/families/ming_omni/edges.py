@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnistage.core.edge_processor import ThinkerToTalker, talker_stage_input
+from omnistage.core.edge_processor import (
+    Accumulate,
+    EdgeProcessor,
+    ThinkerToTalker,
+    talker_stage_input,
+)
 from omnistage.core.payload import Payload
 from omnistage.core.stage_input import StageInput
 from omnistage.families.ming_omni.prompt import DEFAULT_SPEAKER
@@ -49,3 +54,15 @@ class MingThinkerToTalker(ThinkerToTalker):
             speaker=voice or DEFAULT_SPEAKER,
         )
         return talker_stage_input(talker)
+
+
+class MingTalkerToVocoder(EdgeProcessor):
+    """Ming-Omni talker -> vocoder: the talker's output ids (speech BPE ids, CONCAT per
+    step) are the vocoder's input, as one whole payload at the talker's finish (the
+    vocoder is not causal: see `token2wav`)."""
+
+    name = "ming_omni_talker_to_vocoder"
+
+    accumulate = {"ids.output": Accumulate.CONCAT}
+    stream_key = "ids.output"
+    input_key = "ids.output"

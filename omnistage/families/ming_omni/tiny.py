@@ -138,6 +138,8 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
     from safetensors.torch import save_file
     from transformers import Qwen2Config
 
+    from omnistage.families.ming_omni.vocoder_tiny import write_tiny_vocoder
+
     path = Path(path)
     (path / SPEAKERS_DIR).mkdir(parents=True, exist_ok=True)
     thinker_tok = byte_tokenizer()
@@ -180,4 +182,5 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
         settings_file.write_text(json.dumps(settings, indent=2))
     luna = torch.randn(1, 192, generator=g)
     torch.save(luna.to(dtype), path / SPEAKERS_DIR / "luna.pt")
+    write_tiny_vocoder(path / "talker", seed)
     return path
