@@ -28,7 +28,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from omnistage.entrypoints.openai.errors import OpenAIError
-from omnistage.entrypoints.openai.protocol import ImageGenerationResponse
+from omnistage.entrypoints.openai.protocol_media import ImageGenerationResponse
 from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, ServingContext
 from omnistage.entrypoints.openai.serving_images import ImagesServing
 

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient
-from omnistage.entrypoints.openai.protocol import (
+from omnistage.entrypoints.openai.protocol_media import (
     ImageData,
     ImageGenerationRequest,
     ImageGenerationResponse,
@@ -129,21 +129,7 @@ class ImagesServing(OpenAIServing):
                 )
 
     def parse_size(self, size: str | None) -> tuple[int | None, int | None]:
-        if size is None or size == "auto":
-            return None, None
-        match = _SIZE.match(size)
-        if match is None:
-            raise OpenAIError(
-                f"size: expected 'WIDTHxHEIGHT' (e.g. '512x512'), got {size!r}", param="size"
-            )
-        width, height = int(match.group(1)), int(match.group(2))
-        limits = self.client.diffusion_limits
-        if limits is not None:
-            try:
-                limits.check_size(height, width)
-            except ValueError as exc:
-                raise OpenAIError(f"size: {size} is not supported: {exc}", param="size") from None
-        return height, width
+        return parse_size(size, self.client.diffusion_limits)
 
     async def draw(
         self, prompt: Any, caption: str, fields: dict[str, Any], request_id: str
@@ -188,6 +174,25 @@ class ImagesServing(OpenAIServing):
         if self.client.entry_builds_its_prompt:
             return text
         return {"messages": [{"role": "user", "content": text}]}
+
+
+def parse_size(size: str | None, limits: Any) -> tuple[int | None, int | None]:
+    """(height, width) of a "WxH" `size` the draw stage's `limits` allow (None: any);
+    (None, None) for None or "auto"; a 400 naming `size` otherwise."""
+    if size is None or size == "auto":
+        return None, None
+    match = _SIZE.match(size)
+    if match is None:
+        raise OpenAIError(
+            f"size: expected 'WIDTHxHEIGHT' (e.g. '512x512'), got {size!r}", param="size"
+        )
+    width, height = int(match.group(1)), int(match.group(2))
+    if limits is not None:
+        try:
+            limits.check_size(height, width)
+        except ValueError as exc:
+            raise OpenAIError(f"size: {size} is not supported: {exc}", param="size") from None
+    return height, width
 
 
 def _png(image: Any) -> bytes:

@@ -44,7 +44,7 @@ from fastapi.responses import Response
 
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient
-from omnistage.entrypoints.openai.protocol import SpeechRequest
+from omnistage.entrypoints.openai.protocol_media import SpeechRequest
 from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, OpenAIServing, ServingContext
 from omnistage.entrypoints.openai.sse import EventStream, until_disconnect
 from omnistage.pipeline.outputs import OmniRequestOutput

@@ -5,6 +5,7 @@ image block; its latents are `[h, w, patch]` (a patch of `latent_patch_size`² l
 pixels of every channel per token: the reference's packed noise, drawn from the
 request's seed alone). A request's conditioning is, in order of preference:
 
+- a thinking request's rows (prompt and thinking) and ids: `thinking.thinking_contexts`;
 - the prompt's KV rows an upstream understanding stage handed off
   (`DiffusionInput.kv_context`, see `edges.BagelPromptKV`): the context is those rows,
   its next RoPE position their count less what the input images' blocks share
@@ -39,6 +40,7 @@ from omnistage.families.bagel.flow import FlowEulerScheduler, read_options, sett
 from omnistage.families.bagel.generator import ImageBlock
 from omnistage.families.bagel.layout import PIPELINE_CLASS
 from omnistage.families.bagel.text_to_image import BagelImageModel, Contexts
+from omnistage.families.bagel.thinking import thinking_contexts, thought
 
 DEFAULT_STEPS = 49
 """The inferencer's `num_timesteps=50` schedule points."""
@@ -94,9 +96,11 @@ class BagelDraw(DiffusionModel):
     def handed_contexts(self, hand: BagelHandOff, prompt: str, guidance: bool) -> Contexts:
         """The contexts of a request whose prompt (images, then text) an upstream stage
         prefilled: `hand`'s rows, their prefix of image blocks, and the text alone."""
+        if thought(hand.prompt_ids.tolist(), self.model.bos):
+            return thinking_contexts(self.model, hand, guidance)
         lm = self.model.language_model
         prefix, blocks = hand.layout(self.model.start_of_image, self.model.end_of_image)
-        rows = hand.rows.to(self.dtype)
+        rows = hand.rows[: hand.prompt_ids.shape[0]].to(self.dtype)
         shape = (lm.num_layers, lm.num_kv_heads, lm.head_dim)
         full = replace(from_rows(rows, *shape), rope=blocks + rows.shape[0] - prefix)
         if not guidance:

@@ -1,9 +1,11 @@
 """`BagelPromptKV`: the understanding stage's prompt KV cache, handed to the denoising stage.
 
-The producer collects, per request, its prompt ids and one KV row per position it
-computed for good (`understanding.BagelUnderstanding.stage_hidden_states`); the consumer
-gets exactly the prompt's rows — the confirmed tokens' KV and nothing a step scheduled
-ahead wrote. The rows travel in the `hidden_states.output` payload key (one row per
+The producer collects, per request, its prompt ids, the ids it wrote and one KV row per
+position it computed for good (`understanding.BagelUnderstanding.stage_hidden_states`); the
+consumer gets exactly the rows of the prompt and of the written tokens but the last (which
+is sampled, never computed) — the confirmed tokens' KV and nothing a step scheduled ahead
+wrote. The draw stage uses the prompt's rows, and a thinking request's thinking rows too
+(`thinking.py`). The rows travel in the `hidden_states.output` payload key (one row per
 position, as hidden states do) through the edge's connector (shared memory in one
 machine).
 
@@ -33,6 +35,8 @@ class BagelHandOff:
 
     rows: torch.Tensor
     prompt_ids: torch.Tensor
+    output_ids: torch.Tensor | None = None
+    """The tokens the stage wrote (a thinking request's thinking; else ignored)."""
 
     def layout(self, start_of_image: int, end_of_image: int) -> tuple[int, int]:
         """(rows of the image blocks, RoPE position after them): the prompt starts with
@@ -51,15 +55,23 @@ class BagelHandOff:
 class BagelPromptKV(EdgeProcessor):
     name = "bagel_prompt_kv"
 
-    accumulate = {"ids.prompt": Accumulate.REPLACE, KV_KEY: Accumulate.CONCAT}
+    accumulate = {
+        "ids.prompt": Accumulate.REPLACE,
+        "ids.output": Accumulate.CONCAT,
+        KV_KEY: Accumulate.CONCAT,
+    }
 
     def to_diffusion_input(self, payload: Payload) -> dict[str, Any]:
-        """`kv_context`: the KV rows of the prompt's positions and the prompt's ids."""
+        """`kv_context`: the KV rows of the prompt's positions and of the written tokens but
+        the last (never computed), the prompt's ids and the written ones."""
         rows, prompt = payload.get(KV_KEY), payload.get("ids.prompt")
+        output = payload.get("ids.output")
         if rows is None or prompt is None:
             raise ValueError(f"{self.name}: the payload lacks the prompt's ids or KV rows")
         if rows.shape[0] < prompt.shape[0]:
             raise ValueError(
                 f"{self.name}: {rows.shape[0]} KV rows for a prompt of {prompt.shape[0]} tokens"
             )
-        return {"kv_context": BagelHandOff(rows[: prompt.shape[0]], prompt)}
+        written = 0 if output is None else max(output.shape[0] - 1, 0)
+        rows = rows[: prompt.shape[0] + written]
+        return {"kv_context": BagelHandOff(rows, prompt, output)}

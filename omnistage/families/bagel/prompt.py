@@ -9,7 +9,9 @@ A request with images (before its text, as the reference's `[image, text]`) is a
 when it goes on to the draw stage (`send_to` names an edge: VAE and ViT blocks) and an
 understanding question when it ends here (ViT blocks, then the answer's start token; its
 answer stops at `<|im_end|>`); `image_prompt.py` lays it out, with the full Bagel model
-loaded on the first such request.
+loaded on the first such request. With `model_options={"think": True}` the stage thinks
+first (`thinking.py`): its prompt is the system and prompt blocks and the thinking's start,
+and it writes up to `<|im_end|>`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from omnistage.core.stage_input import StageInput, TokenBudget
 from omnistage.core.tensor_blob import blob_to_tensor
 from omnistage.families.bagel.config import SPECIAL_TOKENS
+from omnistage.families.bagel.thinking import MAX_THINK_TOKENS, read_think, think_prompt_ids
 
 MAX_IMAGES = 4
 MAX_ANSWER_TOKENS = 256
@@ -29,6 +32,9 @@ MAX_ANSWER_TOKENS = 256
 
 
 class BagelPrompter:
+    reads_model_options = True
+    """`think` (`thinking.read_think`); the stage refuses model options of other models."""
+
     def __init__(self, tokenizer: Any, path: Path | None = None, dtype: Any = None) -> None:
         self.tokenizer = tokenizer
         self.bos = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
@@ -72,6 +78,12 @@ class BagelPrompter:
         budget = None
         if understanding:  # the answer ends at <|im_end|>, as the reference's gen_text
             budget = TokenBudget(_max_tokens(msg), stop_token_ids=(self.eos,))
+        if read_think((msg.sampling or {}).get("model_options")):
+            if msg.images:
+                raise ValueError("think: thinking before an edit or about an image is not served")
+            ids = think_prompt_ids(self.prompt_ids, msg.prompt, understanding)
+            budget = TokenBudget(_max_tokens(msg, MAX_THINK_TOKENS), stop_token_ids=(self.eos,))
+            return StageInput(prompt=msg.prompt, prompt_token_ids=ids), budget
         if not msg.images:
             ids = [*ids, self.bos] if understanding else ids
             return StageInput(prompt=msg.prompt, prompt_token_ids=ids), budget
@@ -84,6 +96,6 @@ class BagelPrompter:
         return StageInput(prompt=msg.prompt, prompt_token_ids=ids, mm_decoder_inputs=inputs), budget
 
 
-def _max_tokens(msg: Any) -> int:
+def _max_tokens(msg: Any, default: int = MAX_ANSWER_TOKENS) -> int:
     value = (msg.sampling or {}).get("max_tokens")
-    return MAX_ANSWER_TOKENS if value is None else int(value)
+    return default if value is None else int(value)
