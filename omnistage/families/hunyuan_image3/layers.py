@@ -30,6 +30,9 @@ from omnistage.layers.linear import Linear
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
 
+KV = tuple[torch.Tensor, torch.Tensor]
+"""One layer's keys and values of some rows, [T, kv_heads, head_dim] each."""
+
 
 class HunyuanAttention(nn.Module):
     def __init__(
@@ -69,15 +72,22 @@ class HunyuanAttention(nn.Module):
         out = attend(q.contiguous(), k, v, self.kv_cache, meta, self.scale)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
-    def dense(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """One whole sequence without the KV cache (the image head's denoising steps):
-        x [T, hidden], cos/sin [T, d] (2-D RoPE), mask [T, T] bool (True: may attend)."""
+    def rotated_qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, d], k and v [T, kv_heads, d] of x [T, hidden], rotated by cos/sin
+        [T, d] (2-D RoPE) and normed: the keys and values a later step may reuse."""
         q, k, v = self.split_qkv(self.qkv_proj(x))
         q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
         if self.query_layernorm is not None:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
+        return q, k, v
+
+    def dense_attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Queries [Tq, heads, d] over keys/values [Tk, kv_heads, d] with mask [Tq, Tk] bool
+        (True: may attend), then `o_proj`."""
         # Query head i reads KV head i // groups, as the reference's `repeat_kv`.
         k, v = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
         out = F.scaled_dot_product_attention(
@@ -88,6 +98,23 @@ class HunyuanAttention(nn.Module):
             scale=self.scale,
         )
         return self.o_proj(out.transpose(0, 1).reshape(-1, self.num_heads * self.head_dim))
+
+    def dense(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: KV | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        """Rows x [T, hidden] without the paged KV cache (the image head's denoising steps),
+        after the rows whose keys and values are `past` ([P, kv_heads, d] each, or None);
+        mask [T, P + T]. Returns the output rows and x's own (k, v)."""
+        q, k, v = self.rotated_qkv(x, cos, sin)
+        keys, values = (
+            (k, v) if past is None else (torch.cat([past[0], k]), torch.cat([past[1], v]))
+        )
+        return self.dense_attend(q, keys, values, mask), (k, v)
 
 
 class HunyuanMLP(nn.Module):
@@ -175,8 +202,15 @@ class HunyuanDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def dense(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """`forward` of one whole sequence without the KV cache (`HunyuanAttention.dense`)."""
-        x = x + self.self_attn.dense(self.input_layernorm(x), cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: KV | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        """`forward` of rows without the paged KV cache (`HunyuanAttention.dense`): the
+        output rows and the rows' own keys and values."""
+        attn, kv = self.self_attn.dense(self.input_layernorm(x), cos, sin, mask, past)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
