@@ -25,6 +25,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_hunyuan_image3",
             deploy="demo-hunyuan-image3",
+            version=2,
         )
     },
 )

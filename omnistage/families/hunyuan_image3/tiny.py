@@ -1,7 +1,7 @@
 """A tiny random-weight HunyuanImage-3 checkpoint: config.json with the real fields,
 safetensors with the real parameter names (decoder, image head, VAE decoder), a
-byte-level tokenizer with its special tokens whose chat template opens the answer with
-`<think>`, and the `model_index.json` omnistage's image stage reads
+byte-level tokenizer with its special tokens whose chat template opens the answer as the
+request's `bot_task` asks (`<think>` by default), and the `model_index.json` omnistage's image stage reads
 (`pipeline.PIPELINE_CLASS`, a few denoising steps); the built-in `demo-hunyuan-image3`.
 
 The decoder is the real one at toy size: grouped-query attention with RMSNorm on q
@@ -32,11 +32,29 @@ IMAGE_BASE_SIZE = 256
 """`<img_size_256>`: the tiny model's base image size (real: 1024); with the VAE's 16x
 downsampling a 1:1 image is 16 x 16 latent tokens."""
 FIRST_SPECIAL_ID = 259
-THINK_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
-    "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>{% endif %}"
-)
-"""The byte tokenizer's template, the assistant turn opened with `<think>` (the reference's
-`bot_task: think` prefix)."""
+BOT_TASKS = ("think_recaption", "recaption", "image")
+"""The answer's first section, by the request's `bot_task` (`chat_template_kwargs`)."""
+
+
+def bot_task_template(image_base_size: int) -> str:
+    """The byte tokenizer's template with the assistant turn opened as the reference's
+    `bot_task` prefixes it: `<think>` (think_recaption, the default), `<recaption>`, or
+    `<answer><boi><img_size_B>` (image: the sampler picks the ratio and ends). Another
+    bot_task is refused by name."""
+    opening = (
+        "{% set task = bot_task | default('think_recaption') %}"
+        "{% if task == 'think_recaption' %}<think>"
+        "{% elif task == 'recaption' %}<recaption>"
+        f"{{% elif task == 'image' %}}<answer><boi><img_size_{image_base_size}>"
+        "{% else %}{{ raise_exception('bot_task: expected one of "
+        + ", ".join(BOT_TASKS)
+        + ", got ' ~ task) }}{% endif %}"
+    )
+    return CHAT_TEMPLATE.replace(
+        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n" + opening + "{% endif %}"
+    )
+
+
 DRAW_SETTINGS = {"default_steps": 4, "default_guidance": 2.5, "flow_shift": 3.0}
 
 TINY_CONFIG: dict[str, Any] = dict(
@@ -146,6 +164,6 @@ def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) 
     index = {"_class_name": PIPELINE_CLASS, **DRAW_SETTINGS}
     (path / "model_index.json").write_text(json.dumps(index, indent=1))
     tokenizer = byte_tokenizer(special_token_names(config.image_base_size))
-    tokenizer.chat_template = THINK_CHAT_TEMPLATE
+    tokenizer.chat_template = bot_task_template(config.image_base_size)
     tokenizer.save_pretrained(path)
     return path
