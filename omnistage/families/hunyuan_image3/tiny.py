@@ -1,8 +1,9 @@
 """A tiny random-weight HunyuanImage-3 checkpoint: config.json with the real fields,
-safetensors with the real parameter names (decoder, image head, VAE decoder), a
-byte-level tokenizer with its special tokens whose chat template opens the answer as the
-request's `bot_task` asks (`<think>` by default), and the `model_index.json` omnistage's image stage reads
-(`pipeline.PIPELINE_CLASS`, a few denoising steps); the built-in `demo-hunyuan-image3`.
+safetensors with the real parameter names (decoder, image head, VAE decoder, the SigLIP2
+vision encoder and its aligner), a byte-level tokenizer with its special tokens whose
+chat template opens the answer as the request's `bot_task` asks (`<think>` by default),
+and the `model_index.json` omnistage's image stage reads (`pipeline.PIPELINE_CLASS`, a
+few denoising steps); the built-in `demo-hunyuan-image3`.
 
 The decoder is the real one at toy size: grouped-query attention with RMSNorm on q
 and k, a dense first layer (`moe_layer_num_skipped: 1`) and MoE layers with top-2
@@ -26,6 +27,7 @@ from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
 from omnistage.families.hunyuan_image3.pipeline import PIPELINE_CLASS
 from omnistage.families.hunyuan_image3.tokens import special_token_names
 from omnistage.families.hunyuan_image3.vae_decoder import VaeDecoder
+from omnistage.families.hunyuan_image3.vision import HunyuanVisionEncoder
 from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, byte_tokenizer
 
 IMAGE_BASE_SIZE = 256
@@ -100,6 +102,25 @@ TINY_CONFIG: dict[str, Any] = dict(
         sample_tsize=8,
         scaling_factor=0.75,
     ),
+    vit=dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_channels=3,
+        num_patches=16,
+        patch_size=16,
+        hidden_act="gelu_pytorch_tanh",
+        layer_norm_eps=1e-6,
+        attention_dropout=0.0,
+        vision_use_head=False,
+        _attn_implementation="sdpa",
+        output_attentions=False,
+        output_hidden_states=False,
+        use_return_dict=True,
+    ),
+    vit_processor=dict(patch_size=16, max_num_patches=16),
+    vit_aligner=dict(projector_type="mlp_gelu", input_dim=32, n_embed=64, depth=2),
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -132,6 +153,12 @@ def random_vae_decoder_weights(config: HunyuanImage3Config, seed: int) -> dict[s
     return _random([(f"vae.decoder.{n}", p.shape) for n, p in vae.named_parameters()], seed + 2)
 
 
+def random_vision_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
+    """The vision encoder's tensors (`vision_model.*`, `vision_aligner.*`), seeded."""
+    encoder = HunyuanVisionEncoder(config, torch.float32)
+    return _random([(n, p.shape) for n, p in encoder.named_parameters()], seed + 3)
+
+
 def _random(named: list[tuple[str, Any]], seed: int) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
@@ -157,6 +184,7 @@ def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) 
         **random_lm_weights(config, seed),
         **random_image_head_weights(config, seed),
         **random_vae_decoder_weights(config, seed),
+        **random_vision_weights(config, seed),
     }
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     values.update(architectures=["HunyuanImage3ForCausalMM"], model_type=MODEL_TYPE)
