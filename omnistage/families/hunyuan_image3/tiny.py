@@ -1,6 +1,6 @@
 """A tiny random-weight HunyuanImage-3 checkpoint: config.json with the real fields,
-safetensors with the real parameter names (decoder, image head, VAE decoder, the SigLIP2
-vision encoder and its aligner), a byte-level tokenizer with its special tokens whose
+safetensors with the real parameter names (decoder, image head, VAE decoder and encoder,
+the SigLIP2 vision encoder and its aligner), a byte-level tokenizer with its special tokens whose
 chat template opens the answer as the request's `bot_task` asks (`<think>` by default),
 and the `model_index.json` omnistage's image stage reads (`pipeline.PIPELINE_CLASS`, a
 few denoising steps); the built-in `demo-hunyuan-image3`.
@@ -27,6 +27,7 @@ from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
 from omnistage.families.hunyuan_image3.pipeline import PIPELINE_CLASS
 from omnistage.families.hunyuan_image3.tokens import special_token_names
 from omnistage.families.hunyuan_image3.vae_decoder import VaeDecoder
+from omnistage.families.hunyuan_image3.vae_encoder import VaeEncoder
 from omnistage.families.hunyuan_image3.vision import HunyuanVisionEncoder
 from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, byte_tokenizer
 
@@ -148,9 +149,15 @@ def random_image_head_weights(config: HunyuanImage3Config, seed: int) -> dict[st
 
 
 def random_vae_decoder_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
-    """The VAE decoder's tensors (`vae.decoder.*`), seeded; the encoder is not written."""
+    """The VAE decoder's tensors (`vae.decoder.*`), seeded."""
     vae = VaeDecoder(config.vae, torch.float32)
     return _random([(f"vae.decoder.{n}", p.shape) for n, p in vae.named_parameters()], seed + 2)
+
+
+def random_vae_encoder_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
+    """The VAE encoder's tensors (`vae.encoder.*`), seeded."""
+    vae = VaeEncoder(config.vae, torch.float32)
+    return _random([(f"vae.encoder.{n}", p.shape) for n, p in vae.named_parameters()], seed + 4)
 
 
 def random_vision_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
@@ -185,6 +192,7 @@ def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) 
         **random_image_head_weights(config, seed),
         **random_vae_decoder_weights(config, seed),
         **random_vision_weights(config, seed),
+        **random_vae_encoder_weights(config, seed),
     }
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     values.update(architectures=["HunyuanImage3ForCausalMM"], model_type=MODEL_TYPE)
