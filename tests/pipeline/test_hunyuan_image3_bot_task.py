@@ -117,7 +117,7 @@ def test_default_mode_is_think_recaption(sync, omni):
 
 def test_unknown_mode_is_refused_naming_the_field(omni):
     chat = {"messages": [{"role": "user", "content": "a cat"}], "chat_template_kwargs": {}}
-    for bad in ("auto", "think"):
+    for bad in ("img_ratio", "think"):
         chat["chat_template_kwargs"] = {"bot_task": bad}
         with pytest.raises(ValueError, match=f"bot_task: expected one of .*got {bad}"):
             omni.generate([chat], DiffusionParams(**DRAW))

@@ -10,6 +10,7 @@ FAMILY = Family(
     name="hunyuan_image3",
     models={"HunyuanImage3ForCausalMM": f"{_PKG}.model:HunyuanImage3ForCausalMM"},
     configs={"hunyuan_image_3_moe": f"{_PKG}.config:HunyuanImage3Config"},
+    input_encoders={"hunyuan_image_3_moe": f"{_PKG}.input_encoder:HunyuanImage3InputEncoder"},
     diffusion_pipelines={
         "OmnistageHunyuanImage3Pipeline": f"{_PKG}.pipeline:HunyuanImage3Pipeline"
     },

@@ -19,6 +19,8 @@ shared SwiGLU of `num_shared_expert * moe_intermediate_size` is added ungated.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +34,17 @@ from omnistage.layers.rotary import RotaryEmbedding, rotate
 
 KV = tuple[torch.Tensor, torch.Tensor]
 """One layer's keys and values of some rows, [T, kv_heads, head_dim] each."""
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """A run of image tokens in this step's prefill rows [first, last) of one sequence."""
+
+    first: int
+    last: int
+    keys: int
+    """How many of the sequence's positions the run's rows see: up to the run's end."""
+    block_ids: torch.Tensor
 
 
 class HunyuanAttention(nn.Module):
@@ -54,6 +67,8 @@ class HunyuanAttention(nn.Module):
             self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
         self.rotary = rotary
         self.kv_cache: torch.Tensor | None = None
+        self.image_spans: list[ImageSpan] = []
+        """This step's runs of prompt image tokens, set by the model before each forward."""
 
     def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, width] grouped rows -> q [T, heads, d], k and v [T, kv_heads, d]."""
@@ -70,7 +85,25 @@ class HunyuanAttention(nn.Module):
         meta = get_forward_context()
         write_kv(self.kv_cache, k, v, meta.slot_mapping)
         out = attend(q.contiguous(), k, v, self.kv_cache, meta, self.scale)
+        for span in self.image_spans:
+            out[span.first : span.last] = self._image_rows(q[span.first : span.last], span)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+    def _image_rows(self, q: torch.Tensor, span: ImageSpan) -> torch.Tensor:
+        """Rows of one run of image tokens: every key up to the run's end, the run's own
+        later ones included (the reference's image-bidirectional mask; the cache already
+        holds this step's keys)."""
+        cache = self.kv_cache
+        _, kv_heads, _, block_size, head_dim = cache.shape
+        blocks = span.block_ids[: -(-span.keys // block_size)]
+        keys, values = (
+            cache[i].index_select(1, blocks).reshape(kv_heads, -1, head_dim)[:, : span.keys]
+            for i in (0, 1)
+        )
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[None], values[None], scale=self.scale, enable_gqa=True
+        )
+        return out[0].transpose(0, 1)
 
     def rotated_qkv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

@@ -35,25 +35,35 @@ IMAGE_BASE_SIZE = 256
 """`<img_size_256>`: the tiny model's base image size (real: 1024); with the VAE's 16x
 downsampling a 1:1 image is 16 x 16 latent tokens."""
 FIRST_SPECIAL_ID = 259
-BOT_TASKS = ("think_recaption", "recaption", "image")
-"""The answer's first section, by the request's `bot_task` (`chat_template_kwargs`)."""
+BOT_TASKS = ("think_recaption", "recaption", "image", "auto")
+"""The answer's first section, by the request's `bot_task` (`chat_template_kwargs`); auto:
+none (the model's own choice, e.g. a plain text answer about an input image)."""
+CONTENT = (
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<boi><img><eoi>{% else %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+)
+"""A message's content: its text, each image part as `<boi><img><eoi>` (the multimodal
+processor's placeholder)."""
 
 
 def bot_task_template(image_base_size: int) -> str:
     """The byte tokenizer's template with the assistant turn opened as the reference's
-    `bot_task` prefixes it: `<think>` (think_recaption, the default), `<recaption>`, or
-    `<answer><boi><img_size_B>` (image: the sampler picks the ratio and ends). Another
-    bot_task is refused by name."""
+    `bot_task` prefixes it: `<think>` (think_recaption, the default), `<recaption>`, nothing
+    (auto), or `<answer><boi><img_size_B>` (image: the sampler picks the ratio and ends).
+    Another bot_task is refused by name."""
     opening = (
         "{% set task = bot_task | default('think_recaption') %}"
         "{% if task == 'think_recaption' %}<think>"
         "{% elif task == 'recaption' %}<recaption>"
         f"{{% elif task == 'image' %}}<answer><boi><img_size_{image_base_size}>"
+        "{% elif task == 'auto' %}"
         "{% else %}{{ raise_exception('bot_task: expected one of "
         + ", ".join(BOT_TASKS)
         + ", got ' ~ task) }}{% endif %}"
     )
-    return CHAT_TEMPLATE.replace(
+    template = CHAT_TEMPLATE.replace("{{ m['content'] }}", CONTENT)
+    return template.replace(
         "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n" + opening + "{% endif %}"
     )
 
