@@ -147,3 +147,23 @@ def test_refusals_name_the_field(ckpt):
         encoder.encode(_prompt(), audios=[np.zeros(100)], images=[image])
     with pytest.raises(ValueError, match="image: expected an 8-bit"):
         encoder.encode(_prompt(), images=[image.astype(np.float32)])
+
+
+def test_image_spans_are_the_runs_and_a_split_run_is_refused():
+    from types import SimpleNamespace
+
+    from omnistage.families.hunyuan_image3.model import image_spans
+    from omnistage.layers.attention import PrefillSeq
+
+    img, sep = IDS["<img>"], IDS["<joint_img_sep>"]
+    image_ids = torch.tensor([img, sep])
+    blocks = torch.tensor([3, 4])
+    # one sequence of 8 rows after 10 cached positions: text, img img sep img, eoi, text;
+    # a single <img> (a generated one) is no run.
+    ids = torch.tensor([5, img, img, sep, img, IDS["<eoi>"], 6, img])
+    meta = SimpleNamespace(prefills=[PrefillSeq(0, 7, 10, blocks)])
+    (span,) = image_spans(ids, meta, image_ids)
+    assert (span.first, span.last, span.keys) == (1, 5, 15)  # sees positions 0..14
+    split = SimpleNamespace(prefills=[PrefillSeq(0, 4, 10, blocks)])  # ends inside the run
+    with pytest.raises(ValueError, match="max_num_batched_tokens: an input image's tokens"):
+        image_spans(ids, split, image_ids)

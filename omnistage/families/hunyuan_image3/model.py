@@ -47,10 +47,7 @@ def enable_2d_rope(rotary: RotaryEmbedding) -> None:
     """Let the table also take [3, T] (index, row, column) positions: frequency i rotates
     by the row for even i and by the column for odd i (the reference's 2-D RoPE). Text
     takes (p, p, p): the same table entries as the 1-D position p."""
-    half = rotary.cos.shape[1] // 2
-    rows = 1 + torch.arange(half) % 2
-    rotary.mrope_rows = torch.cat([rows, rows]).to(rotary.cos.device)
-    rotary._columns = torch.arange(2 * half, device=rotary.cos.device)
+    rotary.enable_position_rows(1 + torch.arange(rotary.cos.shape[1] // 2) % 2)
 
 
 def image_spans(input_ids: torch.Tensor, meta: Any, image_ids: torch.Tensor) -> list[ImageSpan]:
