@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from omnistage.families.hunyuan_image3.config import HunyuanImage3Config
 from omnistage.families.hunyuan_image3.flow_match import FlowMatchEuler
@@ -69,13 +69,18 @@ Context = list[int] | ContextKV
 """A context as token ids (recomputed every step) or as its cached keys and values."""
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint folder's safetensors files, by name."""
+def read_weights(path: Path, prefixes: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The tensors of the checkpoint folder's safetensors files, by name: every one, or
+    those whose names start with one of `prefixes` (the others are not read)."""
     weights: dict[str, torch.Tensor] = {}
-    for file in sorted(Path(path).glob("*.safetensors")):
-        weights.update(load_file(str(file)))
-    if not weights:
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
         raise ValueError(f"{path}: no safetensors files")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+                if not prefixes or name.startswith(prefixes):
+                    weights[name] = f.get_tensor(name)
     return weights
 
 

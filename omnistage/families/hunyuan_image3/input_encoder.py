@@ -40,6 +40,7 @@ from omnistage.families.hunyuan_image3.image_input import (
 )
 from omnistage.families.hunyuan_image3.tokens import NUM_RATIOS
 from omnistage.families.hunyuan_image3.vae_encoder import VaeEncoder
+from omnistage.families.hunyuan_image3.vision import PREFIXES as VISION_PREFIXES
 from omnistage.families.hunyuan_image3.vision import HunyuanVisionEncoder
 from omnistage.multimodal.prompts import EncodedPrompt
 
@@ -89,7 +90,8 @@ class HunyuanImage3InputEncoder:
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         config = HunyuanImage3Config(**json.loads((path / "config.json").read_text()))
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(config, tokenizer, read_weights(path), dtype)
+        parts = ("model.wte.", "vae.encoder.", *ImageHead.PREFIXES, *VISION_PREFIXES)
+        return cls(config, tokenizer, read_weights(path, parts), dtype)
 
     def encode(
         self, prompt: str | Sequence[int], audios: Sequence[Any] = (), images: Sequence[Any] = ()
