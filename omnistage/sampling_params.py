@@ -68,6 +68,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     """Keep the matched stop string at the end of the text."""
 
+    model_options: dict[str, object] | None = None
+    """Options of the stage's own model, read by its prompter (Bagel's understanding stage:
+    `think`); a model that takes none refuses any (ValueError naming `model_options`)."""
+
     _stop_list: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +128,9 @@ class SamplingParams:
                     )
                 clean[token_id] = float(bias)
             self.logit_bias = clean
+
+        if self.model_options is not None and not isinstance(self.model_options, dict):
+            raise ValueError("model_options: expected a mapping of option names to values")
 
     @property
     def stop_strings(self) -> list[str]:

@@ -83,7 +83,13 @@ class VoiceStore:
 
     @classmethod
     def for_model(cls, model_path: str | Path) -> VoiceStore:
-        key = hashlib.sha256(str(Path(model_path).resolve()).encode()).hexdigest()[:16]
+        """The store of the checkpoint at `model_path`; for a converted view (a checkpoint
+        in its own layout, `models/layout_cache.py`) the store of the folder it was made
+        from, so uploads outlive a reconversion (a new converter or an edited file)."""
+        from omnistage.models.layout_cache import layout_source
+
+        path = layout_source(Path(model_path)) or Path(model_path).resolve()
+        key = hashlib.sha256(str(path).encode()).hexdigest()[:16]
         return cls(cache_root() / "voices" / key)
 
     @staticmethod

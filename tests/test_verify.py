@@ -51,6 +51,7 @@ def test_verify_short_passes_on_smollm2(capsys):
         ("demo-image", True),
         ("demo-qwen3-tts", False),
         ("demo-cosyvoice3", True),
+        ("demo-covo-audio", True),
     ],
 )
 def test_verify_short_passes_on_each_demo(capsys, demo, speculates):

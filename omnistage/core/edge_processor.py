@@ -133,10 +133,27 @@ class EdgeProcessor:
         with the `last` chunk the fill row of every position after them (or None)."""
         raise ValueError(f"edge processor {self.name!r} does not stream into ar stages")
 
+    def to_meta(self, payload: Payload) -> dict[str, Any]:
+        """Into a generation stage: the request's metadata the payload carries (flattened
+        prompt fields such as a speaker or a language), handed to the model with the input
+        rows (`GenerationItem.meta`); none by default."""
+        return {}
+
+    def from_generation(self, meta: Mapping[str, Any], output: torch.Tensor) -> Payload:
+        """Out of a generation stage: the payload its finished request sends on this edge,
+        from the item's metadata and the model's output for it."""
+        raise ValueError(f"edge processor {self.name!r} does not carry a generation stage's output")
+
     def to_prior_tokens(self, payload: Payload) -> torch.Tensor:
         """Into a diffusion stage: the tokens the producer generated that condition the
         image (GLM-Image's prior tokens)."""
         raise ValueError(f"edge processor {self.name!r} does not feed diffusion stages")
+
+    def to_diffusion_input(self, payload: Payload) -> dict[str, Any]:
+        """Into a diffusion stage: the `DiffusionInput` fields the payload fills (by
+        default `prior_token_ids`; a processor handing over a KV cache fills
+        `kv_context`)."""
+        return {"prior_token_ids": self.to_prior_tokens(payload)}
 
 
 class ThinkerToTalker(EdgeProcessor):

@@ -82,7 +82,17 @@ class KVCacheManager:
                 tokens = request.all_token_ids
             i = len(request.block_hashes)
             parent = request.block_hashes[-1] if i else request.cache_salt
-            request.block_hashes.append(hash_block_tokens(parent, tokens[i * bs : (i + 1) * bs]))
+            block = tokens[i * bs : (i + 1) * bs]
+            if request.output_codes:  # a position's input is its token and its codes
+                first = max(i * bs - request.num_prompt_tokens, 0)
+                last = (i + 1) * bs - request.num_prompt_tokens
+                if last > 0:
+                    block = [
+                        *block,
+                        -1,
+                        *(c for row in request.output_codes[first:last] for c in row),
+                    ]
+            request.block_hashes.append(hash_block_tokens(parent, block))
 
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
         """Longest cached prefix of full blocks; at least one token is left to compute."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -51,6 +51,9 @@ class DiffusionInput:
     prior_token_ids: torch.Tensor | None = None
     """Tokens from an upstream autoregressive stage that condition the image (GLM-Image's
     prior tokens: every token the prior generated, in order); None for text-only models."""
+    kv_context: Any = None
+    """The KV cache an upstream autoregressive stage prefilled, as its edge processor hands
+    it over (Bagel: `edges.BagelHandOff`); None where no stage hands one."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ class DiffusionLimits:
     max_text_tokens: int
     count_text_tokens: Callable[[str], int]
     """How many text-encoder tokens a prompt is."""
+    check_options: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    """The model's `DiffusionParams.model_options` checked, defaults filled in (ValueError
+    naming the option); None: the model takes none."""
 
     def resolve(self, params: DiffusionParams, default_seed: int) -> ResolvedDiffusionParams:
         """`params` with the defaults filled in; ValueError naming the field when the model
@@ -88,7 +94,15 @@ class DiffusionLimits:
             seed=default_seed if params.seed is None else params.seed,
             negative_prompt=params.negative_prompt,
             progress=params.progress,
+            model_options=self.resolve_options(params.model_options),
         )
+
+    def resolve_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        if self.check_options is not None:
+            return self.check_options(options)
+        if options:
+            raise ValueError(f"{next(iter(options))}: this model takes no such parameter")
+        return {}
 
     def check_size(self, height: int, width: int) -> None:
         for name, value in (("height", height), ("width", width)):
@@ -156,6 +170,7 @@ class DiffusionModel(ABC):
             size_multiple=self.size_multiple,
             max_text_tokens=self.max_text_tokens,
             count_text_tokens=self.count_text_tokens,
+            check_options=self.check_options,
         )
 
     @classmethod
@@ -172,6 +187,9 @@ class DiffusionModel(ABC):
 
     def check_prompt(self, prompt: str, field: str = "prompt") -> None:
         self.limits.check_prompt(prompt, field)
+
+    check_options: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    """`DiffusionLimits.check_options` (None: the model takes no `model_options`)."""
 
     @abstractmethod
     def count_text_tokens(self, prompt: str) -> int:

@@ -11,7 +11,8 @@ the field.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 MAX_SEED = 2**63 - 1
@@ -35,6 +36,10 @@ class DiffusionParams:
     """What the unconditional branch of guidance is conditioned on."""
     progress: bool = False
     """Report a progress event after every denoising step (for streaming clients)."""
+    model_options: dict[str, Any] = field(default_factory=dict)
+    """Parameters only some models take, by name (Bagel: `cfg_img_scale`, `cfg_interval`,
+    `cfg_renorm_type`, `cfg_renorm_min`, `timestep_shift`), checked by the model before
+    any stage runs: one it does not take is a ValueError naming it."""
 
     def __post_init__(self) -> None:
         for name in ("height", "width", "num_inference_steps"):
@@ -54,6 +59,10 @@ class DiffusionParams:
             raise ValueError("negative_prompt: expected a string")
         if not isinstance(self.progress, bool):
             raise ValueError("progress: expected true or false")
+        options = self.model_options
+        if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+            raise ValueError("model_options: expected a mapping of option names to values")
+        self.model_options = dict(options)
 
     def to_fields(self) -> dict[str, Any]:
         """The fields the request sets (those not at their defaults): what travels to the
@@ -61,7 +70,7 @@ class DiffusionParams:
         return {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if getattr(self, f.name) != f.default
+            if getattr(self, f.name) != (f.default if f.name != "model_options" else {})
         }
 
     @classmethod
@@ -87,6 +96,8 @@ class ResolvedDiffusionParams:
     seed: int
     negative_prompt: str
     progress: bool
+    model_options: Mapping[str, Any] = field(default_factory=dict)
+    """`DiffusionParams.model_options` as the model checked them (its defaults filled in)."""
 
     @property
     def uses_guidance(self) -> bool:

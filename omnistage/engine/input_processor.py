@@ -72,6 +72,10 @@ class InputProcessor:
             )
 
     def check_params(self, params: SamplingParams) -> None:
+        if params.model_options:  # a stage prompter that reads them takes them off first
+            raise ValueError(
+                f"model_options: this model takes no options (got {', '.join(params.model_options)})"
+            )
         if params.logit_bias:
             bad = next((t for t in params.logit_bias if not 0 <= t < self.vocab_size), None)
             if bad is not None:

@@ -17,7 +17,7 @@ families declare which class serves an architecture or a part of a checkpoint.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -56,6 +56,11 @@ class GenerationItem:
     """Whether no rows of the request come after these (a whole payload, or a stream's
     last chunk): models that treat a stream's end apart (a vocoder's final flush) read it."""
 
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The request's metadata carried along the pipeline (flattened prompt fields: speaker,
+    language, task, …; `EdgeProcessor.to_meta`); a model that hands fields on to the next
+    stage adds them here (`EdgeProcessor.from_generation` reads them)."""
+
     @property
     def own_end(self) -> int:
         """Where the own rows end in `rows`."""
@@ -69,6 +74,19 @@ class GenerationModel(nn.Module):
     takes_seeds_and_speakers: ClassVar[bool] = False
     """Whether the model reads `GenerationItem.seed` and `.speaker` (a vocoder that samples
     noise, with voices); the generation stage then gives every request a seed."""
+
+    takes_prompts: ClassVar[bool] = False
+    """Whether the model can be a pipeline's entry stage: its input rows come from the
+    request's prompt (`prompt_rows`) instead of an incoming edge."""
+
+    def prompt_rows(self, prompt: str | None, prompt_token_ids: list[int] | None) -> torch.Tensor:
+        """An entry model's input rows from the request's prompt (ValueError if unusable)."""
+        raise ValueError(f"{type(self).__name__} takes no prompts (it is no entry stage)")
+
+    def output_text(self, item: GenerationItem, output: torch.Tensor) -> str:
+        """The text of a finished item's output, for a model that writes text (Dynin-Omni's
+        token2text on a text task); "" for the others (the default)."""
+        return ""
 
     def check_item(self, item: GenerationItem) -> None:
         """Raise ValueError if `item` is no valid input (a code outside the model's table);

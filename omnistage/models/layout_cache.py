@@ -42,6 +42,15 @@ def _is_complete(out_dir: Path) -> bool:
         return False
 
 
+def layout_source(path: Path) -> Path | None:
+    """The checkpoint folder a converted view was made from (None for any other folder):
+    what outlives the view, whose directory changes with the converter."""
+    try:
+        return Path(json.loads((Path(path) / _MARKER).read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def cached_layout_view(folder: Path, converter: Callable[[Path, Path], None]) -> Path:
     """The HF view of `folder`, converting it on first use (ValueError from the converter
     names what is wrong with the folder)."""

@@ -152,6 +152,9 @@ def load_tokenizer(files: ModelFiles) -> transformers.PreTrainedTokenizerBase:
         and sibling.is_dir()
     ):
         path = sibling
+    from omnistage.models import registry
+
+    registry.register_configs()  # AutoTokenizer reads config.json: a family's model_type too
     try:
         return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError) as e:

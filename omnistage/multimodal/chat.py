@@ -150,3 +150,20 @@ def render_chat(
                 f"placeholder(s) for {len(items)} {name} part(s)"
             )
     return ChatPrompt(prompt=prompt, audios=audios, images=images)
+
+
+class LastUserText:
+    """The chat "template" of a model that renders its own prompt (Bagel): the text parts
+    of the last user message, joined by newlines; `render_chat(LastUserText(), …)` still
+    collects every message's media in order."""
+
+    chat_template = "last user message's text"
+
+    def apply_chat_template(self, messages: list[Mapping[str, Any]], **_: Any) -> str:
+        users = [m for m in messages if m["role"] == "user"]
+        if not users:
+            raise ValueError("messages: no user message")
+        content = users[-1]["content"]
+        if isinstance(content, str):
+            return content
+        return "\n".join(p["text"] for p in content if p.get("type") == "text")

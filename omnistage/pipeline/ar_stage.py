@@ -171,6 +171,8 @@ class ARStageCore(StageCore):
                 self.engine.model_files.path, dtype=self.engine.config.torch_dtype
             )
         inputs, budget = self.prompter.request_input(self.name, msg)
+        if getattr(self.prompter, "reads_model_options", False):  # the engine refuses others
+            params = dataclasses.replace(params, model_options=None)
         if budget is None:
             return inputs, params
         stops = [*(params.stop_token_ids or ()), *budget.stop_token_ids]

@@ -10,7 +10,7 @@ computes only the positions whose conditioning rows have come).
 
 Each wait has a deadline (`input_timeout_s` of the consumer stage), restarted
 by every arrival: a request whose input does not come in time fails with "no
-input from stage X within N s" (DESIGN.md invariant 7). Entries leave when the
+input from stage X on edge X->Y within N s" (DESIGN.md invariant 7). Entries leave when the
 request has all its input, is aborted, or fails — `num_entries` returns to zero
 (invariant 8).
 """
@@ -82,4 +82,4 @@ class InputCoordinator:
 
 def timeout_message(edge: str, timeout_s: float) -> str:
     producer = edge.split("->", 1)[0]
-    return f"no input from stage {producer} within {timeout_s:g} s"
+    return f"no input from stage {producer} on edge {edge} within {timeout_s:g} s"

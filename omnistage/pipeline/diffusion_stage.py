@@ -58,14 +58,16 @@ class DiffusionStageCore(StageCore):
         self.engine = DiffusionEngine(self.model, config.max_num_seqs)
         self.engine_seed = config.seed
 
-    def _add(self, msg: SubmitRequest, prior_token_ids: Any = None) -> None:
+    def _add(self, msg: SubmitRequest, upstream: dict[str, Any] | None = None) -> None:
         prompt = msg.prompt
         if prompt is None:
             raise ValueError(f"stage {self.name!r}: the request has no prompt to draw")
         self.model.check_prompt(prompt)
         params = DiffusionParams.from_fields({**self.spec.default_sampling, **(msg.sampling or {})})
         resolved = self.model.resolve(params, derived_text_seed(self.engine_seed, prompt))
-        self.engine.add_request(msg.request_id, DiffusionInput(prompt, resolved, prior_token_ids))
+        self.engine.add_request(
+            msg.request_id, DiffusionInput(prompt, resolved, **(upstream or {}))
+        )
 
     def start(self, msg: SubmitRequest, payloads: dict[str, Payload] | None) -> list[FromStage]:
         if self.incoming:
@@ -81,8 +83,7 @@ class DiffusionStageCore(StageCore):
         if entry is None or entry.waiting_edges:
             return []
         self.coordinator.release(msg.request_id)
-        prior = self.processor.to_prior_tokens(entry.received[msg.edge])
-        self._add(entry.submit, prior)
+        self._add(entry.submit, self.processor.to_diffusion_input(entry.received[msg.edge]))
         return []
 
     def step(self) -> list[FromStage]:

@@ -27,6 +27,14 @@ same codes give the same output in any batch, order or run, so a request whose
 producer is seeded (or greedy) is reproducible end to end. Their speaker is the
 request's voice (`SubmitRequest.voice`, validated by the frontend), else the
 model's default.
+
+A generation stage may also be a pipeline's entry (a model that `takes_prompts`: its
+input rows come from the request's prompt) and may feed further stages: when a request's
+item finishes, each outgoing edge it feeds gets one whole payload made by the edge's
+processor from the item's metadata and the model's output (`from_generation`), with
+`meta.finished`; a consumer stage gets the metadata back (`to_meta`) with its input rows,
+so flattened prompt fields (speaker, language, …) travel hop by hop (Dynin-Omni's
+token2text -> token2image -> token2audio).
 """
 
 from __future__ import annotations
@@ -35,18 +43,18 @@ import hashlib
 import itertools
 import logging
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from omnistage.config import EngineConfig
-from omnistage.core.edge_processor import CONTEXT_CODES_KEY
+from omnistage.core.edge_processor import CONTEXT_CODES_KEY, EdgeProcessor
 from omnistage.core.payload import Payload
 from omnistage.core.tensor_blob import tensor_to_blob
 from omnistage.models.generation import GenerationItem, load_generation_model
 from omnistage.models.loader import resolve_model
-from omnistage.pipeline.deploy import DeploySpec, StageSpec
+from omnistage.pipeline.deploy import DeploySpec, EdgeSpec, StageSpec
 from omnistage.pipeline.messages import DeliverPayload, FromStage, StageOutput, SubmitRequest
 from omnistage.pipeline.stage_core import StageCore
 from omnistage.platforms import platform_for
@@ -60,6 +68,8 @@ class _WorkItem:
     chunk_index: int
     item: GenerationItem
     last: bool
+    feeds: list[tuple[EdgeSpec, EdgeProcessor]] = field(default_factory=list)
+    """The outgoing edges the request feeds (each gets a payload when the item is last)."""
 
 
 @dataclass
@@ -76,28 +86,43 @@ class _Stream:
     """Index of `held[0]` in the request's whole input."""
     speaker: str | None = None
     """For models that take speakers: the request's voice (None: the model's default)."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The metadata the request's first payload carried (`EdgeProcessor.to_meta`)."""
 
 
 class GenerationStageCore(StageCore):
     def __init__(self, spec: StageSpec, deploy: DeploySpec, namespace: str) -> None:
         super().__init__(spec, deploy, namespace)
-        if len(self.incoming) != 1:
+        if len(self.incoming) > 1:
             raise ValueError(
-                f"stage {spec.name!r}: a generation stage needs exactly one payload or stream "
+                f"stage {spec.name!r}: a generation stage takes at most one payload or stream "
                 f"edge in, got {len(self.incoming)}"
             )
-        ((self.edge_name, (self.edge, self.processor)),) = self.incoming.items()
-        if self.processor.input_key is None:
-            raise ValueError(
-                f"stage {spec.name!r}: edge processor {self.processor.name!r} gives no input "
-                "for a generation stage"
-            )
+        self.edge_name, self.edge, self.processor = None, None, None
+        for name, (edge, processor) in self.incoming.items():
+            self.edge_name, self.edge, self.processor = name, edge, processor
+            if processor.input_key is None:
+                raise ValueError(
+                    f"stage {spec.name!r}: edge processor {processor.name!r} gives no input "
+                    "for a generation stage"
+                )
+        for edge, _ in self.outgoing:
+            if edge.transfer != "payload":
+                raise ValueError(
+                    f"stage {spec.name!r}: a generation stage sends whole payloads "
+                    f"(transfer: payload), not {edge.transfer!r}"
+                )
         config = EngineConfig(model=spec.model, **spec.engine_args)
         platform = platform_for(config.device)
         platform.configure_threads(config.num_threads)
         self.model = load_generation_model(
             resolve_model(config.model).path, config.torch_dtype, spec.model_part
         )
+        if self.processor is None and not self.model.takes_prompts:
+            raise ValueError(
+                f"stage {spec.name!r}: a generation stage needs exactly one payload or stream "
+                "edge in, got 0"
+            )
         self.max_batch = config.max_num_seqs
         self.engine_seed = config.seed
         self.queue: deque[_WorkItem] = deque()
@@ -105,9 +130,16 @@ class GenerationStageCore(StageCore):
         """Per request with chunks still to come: its seed, context and held rows."""
 
     def start(self, msg: SubmitRequest, payloads: dict[str, Payload] | None) -> list[FromStage]:
-        raise ValueError(
-            f"stage {self.name!r} (generation) starts only from its input edge {self.edge_name!r}"
-        )
+        if self.processor is not None:
+            raise ValueError(
+                f"stage {self.name!r} (generation) starts only from its input edge "
+                f"{self.edge_name!r}"
+            )
+        rows = self.model.prompt_rows(msg.prompt, msg.prompt_token_ids)
+        item = GenerationItem(rows, seed=self._seed(msg, rows), meta=request_meta(msg))
+        self.model.check_item(item)  # a ValueError fails this request (`handle`)
+        self.queue.append(_WorkItem(msg.request_id, 0, item, True, self.outgoing_for(msg)))
+        return []
 
     def on_input(self, msg: DeliverPayload, payload: Payload) -> list[FromStage]:
         rid = msg.request_id
@@ -117,14 +149,10 @@ class GenerationStageCore(StageCore):
         rows = payload[self.processor.input_key]
         stream = self.streams.get(rid)
         if stream is None:
-            seed = None
-            if self.model.takes_seeds_and_speakers:
-                sampling = {**self.spec.default_sampling, **(entry.submit.sampling or {})}
-                seed = sampling.get("seed")
-                if seed is None:
-                    seed = derived_seed(self.engine_seed, rows)
+            seed = self._seed(entry.submit, rows)
             speaker = entry.submit.voice if self.model.takes_seeds_and_speakers else None
             stream = _Stream(seed, self._prefix(payload, rows), rows[:0], speaker=speaker)
+            stream.meta = self.processor.to_meta(payload)
         rows = torch.cat([stream.held, rows])
         held = 0 if msg.last else min(self.edge.right_context, rows.shape[0])
         own = rows.shape[0] - held
@@ -138,9 +166,11 @@ class GenerationStageCore(StageCore):
                 seed=stream.seed,
                 speaker=stream.speaker,
                 last=msg.last,
+                meta=dict(stream.meta),
             )
             self.model.check_item(item)  # a ValueError fails this request (`handle`)
-            self.queue.append(_WorkItem(rid, msg.chunk_index, item, msg.last))
+            feeds = self.outgoing_for(entry.submit)
+            self.queue.append(_WorkItem(rid, msg.chunk_index, item, msg.last, feeds))
         if msg.last:
             self.coordinator.release(rid)
             self.streams.pop(rid, None)
@@ -150,6 +180,13 @@ class GenerationStageCore(StageCore):
         stream.held, stream.position = rows[own:], stream.position + own
         self.streams[rid] = stream
         return []
+
+    def _seed(self, submit: SubmitRequest, rows: torch.Tensor) -> int | None:
+        """A request's seed for a model that takes seeds (see the module docstring)."""
+        if not self.model.takes_seeds_and_speakers:
+            return None
+        seed = {**self.spec.default_sampling, **(submit.sampling or {})}.get("seed")
+        return derived_seed(self.engine_seed, rows) if seed is None else seed
 
     def _prefix(self, payload: Payload, rows: torch.Tensor) -> torch.Tensor:
         """The left context of a request's first rows: the frames its producer sent as
@@ -174,7 +211,10 @@ class GenerationStageCore(StageCore):
                 raise  # `run_step` fails its request
             logger.exception("stage %s: a batch of %d items failed", self.name, len(items))
             return self._step_one_by_one(items)
-        return [self._output(item, out) for item, out in zip(items, outputs, strict=True)]
+        events: list[FromStage] = []
+        for item, out in zip(items, outputs, strict=True):
+            events += self._output(item, out)
+        return events
 
     def _step_one_by_one(self, items: list[_WorkItem]) -> list[FromStage]:
         """After a batch failed: each item alone, so the error falls on its own request; the
@@ -191,17 +231,33 @@ class GenerationStageCore(StageCore):
                 error = f"the step running this request failed: {type(exc).__name__}: {exc}"
                 events += self._fail([item.request_id], error)
                 continue
-            events.append(self._output(item, out))
+            events += self._output(item, out)
         return events
 
-    def _output(self, item: _WorkItem, out: torch.Tensor) -> StageOutput:
-        return StageOutput(
-            stage=self.name,
-            request_id=item.request_id,
-            data=tensor_to_blob(out),
-            finished=item.last,
-            finish_reason="stop" if item.last else None,
+    def _output(self, item: _WorkItem, out: torch.Tensor) -> list[FromStage]:
+        """The item's output for the orchestrator and, when it is the request's last, one
+        whole payload on each edge the request feeds (sent first: the orchestrator parks
+        the consumer before the request can end here)."""
+        events: list[FromStage] = []
+        if item.last and item.feeds:
+            pieces = [
+                (edge, 0, processor.from_generation(item.item.meta, out), True)
+                for edge, processor in item.feeds
+            ]
+            events += self.send_payloads(item.request_id, pieces)
+        text = self.model.output_text(item.item, out) if item.last else ""
+        events.append(
+            StageOutput(
+                stage=self.name,
+                request_id=item.request_id,
+                new_text=text,
+                new_token_ids=out.tolist() if text else [],
+                data=tensor_to_blob(out),
+                finished=item.last,
+                finish_reason="stop" if item.last else None,
+            )
         )
+        return events
 
     def step_request_ids(self) -> list[str]:
         batch = itertools.islice(self.queue, self.max_batch)
@@ -239,3 +295,16 @@ def derived_seed(base: int, rows: torch.Tensor) -> int:
     digest = hashlib.sha256(f"{int(base)}|{rows.dtype}|{list(rows.shape)}|".encode())
     digest.update(rows.numpy().tobytes())
     return int.from_bytes(digest.digest()[:8], "little") >> 1
+
+
+def request_meta(msg: SubmitRequest) -> dict[str, Any]:
+    """The metadata an entry generation stage starts a request's item with: the request's
+    speaker (`voice`), language and wanted output types, where given."""
+    meta: dict[str, Any] = {}
+    if msg.voice is not None:
+        meta["speaker"] = msg.voice
+    if msg.language is not None:
+        meta["language"] = msg.language
+    if msg.modalities:
+        meta["modalities"] = ",".join(msg.modalities)
+    return meta

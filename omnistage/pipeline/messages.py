@@ -54,6 +54,9 @@ class SubmitRequest(_Msg):
     itself described in words); None: none."""
     language: str | None = None
     """The language to speak (a TTS talker's; None: detected, "auto")."""
+    modalities: list[str] | None = None
+    """The output types the request wants (its final stages'), for an entry model that picks
+    its task by them (Dynin-Omni's token2text); None: not said."""
 
 
 class DeliverPayload(_Msg):

@@ -67,6 +67,15 @@ class PromptReader:
             return frozenset()
         return supported_input_modalities(self._path)
 
+    @functools.cached_property
+    def renders_own_prompt(self) -> bool:
+        """Whether the entry model renders its own prompt (Bagel): chats reach it as the
+        last user message's text, not through a chat template."""
+        from omnistage.models import registry
+        from omnistage.pipeline.deploy import model_type_of
+
+        return self.model is not None and registry.renders_own_prompt(model_type_of(self.model))
+
     def read(self, prompt: Any) -> PromptInputs:
         if isinstance(prompt, str):
             if not prompt:
@@ -107,6 +116,11 @@ class PromptReader:
         from omnistage.models.loader import load_tokenizer, resolve_model
         from omnistage.multimodal.registry import render_model_chat
 
+        if self.renders_own_prompt:  # its prompter wraps the text: no chat template
+            from omnistage.multimodal.chat import LastUserText, render_chat
+
+            chat = render_chat(LastUserText(), messages, supported=self.input_modalities)
+            return PromptInputs(chat.prompt, None, [], self._images(chat.images))
         if template_kwargs is not None and not (
             isinstance(template_kwargs, Mapping)
             and all(isinstance(k, str) for k in template_kwargs)

@@ -180,6 +180,9 @@ class RequestRouter:
         msg.voice = tracked.request.voice
         msg.instructions = tracked.request.instructions
         msg.language = tracked.request.language
+        msg.modalities = sorted(
+            {str(self.deploy.stage(s).final_output_type) for s in tracked.request.final_stages}
+        )
         msg.send_to = [
             edge_name(e)
             for e in self.deploy.edges_from(stage)

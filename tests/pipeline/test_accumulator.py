@@ -117,8 +117,9 @@ def test_two_edges_collecting_one_key_two_ways_fail_when_the_deploy_loads(monkey
     conflicting = EdgeSpec(
         src="a", dst="c", processor=PromptIdsByConcat.name, transfer="payload", connector="shm"
     )
-    with pytest.raises(ValueError, match=named):
+    with pytest.raises(ValueError, match=named) as info:
         RequestAccumulator("r1", "a", [5], [*edges, (conflicting, PromptIdsByConcat())])
+    assert str(info.value).endswith("; a producer collects a key one way for all its edges")
     monkeypatch.setitem(processors._GENERIC, PromptIdsByConcat.name, PromptIdsByConcat)
     stages = [{"id": i, "name": n, "kind": "ar"} for i, n in enumerate("abc")]
     stages[2] |= {"final_output": True, "final_output_type": "text"}
@@ -142,11 +143,19 @@ def test_a_key_collected_in_a_mode_the_producer_cannot_honour_is_refused():
     """Step keys only concatenate (the accumulator has no REPLACE for them), and keys the
     stage sets only replace: either slip would be a wrong or missing payload mid-request."""
     wrong = edge("payload", OutputIdsByReplace.name)
-    with pytest.raises(ValueError, match=r"'ids\.output' on edge a->b .*comes from every step"):
+    with pytest.raises(ValueError) as info:
         RequestAccumulator("r1", "a", [5], [(wrong, OutputIdsByReplace())])
+    assert str(info.value) == (
+        f"payload key 'ids.output' on edge a->b ({OutputIdsByReplace.name}): collected by "
+        "replace, but it comes from every step, so only concat can collect it"
+    )
     wrong = edge("payload", PromptIdsByConcat.name)
-    with pytest.raises(ValueError, match=r"'ids\.prompt' on edge .*set once by the producing"):
+    with pytest.raises(ValueError) as info:
         RequestAccumulator("r1", "a", [5], [(wrong, PromptIdsByConcat())])
+    assert str(info.value) == (
+        f"payload key 'ids.prompt' on edge a->b ({PromptIdsByConcat.name}): collected by "
+        "concat, but it is set once by the producing stage, so only replace can collect it"
+    )
 
 
 def test_coordinator_parks_until_the_last_chunk_and_times_out():
@@ -163,7 +172,7 @@ def test_coordinator_parks_until_the_last_chunk_and_times_out():
     assert coordinator.arrived("r1", "a->b", "chunk1", last=True).waiting_edges == set()
     coordinator.release("r1")
     assert coordinator.num_entries == 0
-    assert timeout_message("a->b", 2.0) == "no input from stage a within 2 s"
+    assert timeout_message("a->b", 2.0) == "no input from stage a on edge a->b within 2 s"
 
 
 def test_generation_stage_fails_a_request_whose_input_never_comes(tiny_omni):
@@ -183,7 +192,7 @@ def test_generation_stage_fails_a_request_whose_input_never_comes(tiny_omni):
         time.sleep(0.3)
         (failed,) = core.check_timeouts()
         assert isinstance(failed, RequestFailed)
-        assert failed.message == "no input from stage talker within 0.2 s"
+        assert failed.message == "no input from stage talker on edge talker->vocoder within 0.2 s"
         assert core.counters()["coordinator_entries"] == 0
     finally:
         core.shutdown()

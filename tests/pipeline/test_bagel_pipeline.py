@@ -43,7 +43,7 @@ def _session(ckpt, async_scheduling: bool) -> dict:
     without and with guidance, and the KV rows handed off at max_tokens 1 and 4."""
     out: dict = {}
     handed: dict[int, torch.Tensor] = {}
-    original = BagelPromptKV.to_prior_tokens
+    original = BagelPromptKV.to_diffusion_input
 
     def recording(self, payload):
         handed[int(payload["ids.prompt"].shape[0])] = payload["hidden_states.output"].clone()
@@ -56,7 +56,7 @@ def _session(ckpt, async_scheduling: bool) -> dict:
         return [o.image_array for o in outs]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(BagelPromptKV, "to_prior_tokens", recording)
+        mp.setattr(BagelPromptKV, "to_diffusion_input", recording)
         with Omni(
             model=str(ckpt), in_process=True, dtype="float64", async_scheduling=async_scheduling
         ) as omni:

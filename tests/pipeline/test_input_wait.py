@@ -79,7 +79,7 @@ def test_a_parked_request_whose_payload_never_comes_fails_clearly(talker):
     time.sleep(0.35)
     (failed,) = talker.check_timeouts()
     assert isinstance(failed, RequestFailed) and failed.request_id == "r"
-    assert failed.message == "no input from stage thinker within 0.3 s"
+    assert failed.message == "no input from stage thinker on edge thinker->talker within 0.3 s"
     assert set(held(talker).values()) == {0}
     assert deliver(talker, 0, True, payload(3, 4)) == []  # too late: dropped
 
@@ -109,6 +109,6 @@ def test_a_stream_that_stalls_fails_the_request_and_frees_its_kv(talker):
     assert held(talker)["kv_blocks_used"] > 0
     time.sleep(0.35)
     (failed,) = talker.check_timeouts()
-    assert failed.message == "no input from stage thinker within 0.3 s"
+    assert failed.message == "no input from stage thinker on edge thinker->talker within 0.3 s"
     talker.step()  # the engine lets the runner drop it
     assert set(held(talker).values()) == {0}

@@ -128,7 +128,10 @@ def test_input_wait_timeout_fails_the_request_with_a_clear_message(tiny_omni):
         outputs = asyncio.run(asyncio.wait_for(scenario(), timeout=60))
         final = outputs[-1]
         assert final.finished
-        assert final.error == "stage vocoder: no input from stage talker within 2 s"
+        assert (
+            final.error
+            == "stage vocoder: no input from stage talker on edge talker->vocoder within 2 s"
+        )
     finally:
         os.kill(talker_pid, signal.SIGCONT)
         omni.shutdown()

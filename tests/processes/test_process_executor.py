@@ -9,7 +9,22 @@ import signal
 import pytest
 
 from omnistage.child import start_child
-from omnistage.core.process_executor import ProcessExecutor, RunnerDied, RunnerFailed
+from omnistage.core.process_executor import (
+    _ENCODER,
+    _FROM_WORKER,
+    Failed,
+    ProcessExecutor,
+    Ready,
+    RunnerDied,
+    RunnerFailed,
+    Shutdown,
+    Stats,
+    StatsQuery,
+    Step,
+    StepDone,
+    _as_user_error,
+    worker_main,
+)
 from omnistage.core.sched_output import CachedRequestData, SchedulerOutput
 
 RUNNER = "tests.processes.child_targets:counting_runner"
@@ -100,3 +115,65 @@ def test_a_worker_that_dies_during_a_step_fails_the_step_naming_the_signal(execu
     os.kill(executor.child.pid, signal.SIGKILL)
     with pytest.raises(RunnerDied, match="^model runner worker died: .* was killed by SIGKILL"):
         pending.result()
+
+
+def _serve_in_a_thread(*args):
+    """`worker_main` on one end of a pipe, in a thread of this process (what the worker
+    process runs, where coverage and mutation testing see it)."""
+    import threading
+    from multiprocessing import Pipe
+
+    ours, theirs = Pipe()
+    thread = threading.Thread(target=worker_main, args=(RUNNER, args, theirs), daemon=True)
+    thread.start()
+    return ours, thread
+
+
+def test_the_worker_loop_answers_steps_and_stats_in_order_and_stops_on_shutdown():
+    conn, thread = _serve_in_a_thread(4)
+    assert _FROM_WORKER.decode(conn.recv_bytes()) == Ready(
+        num_kv_blocks=4, startup_phases={"build": 0.25}
+    )
+    conn.send_bytes(_ENCODER.encode(Step(scheduler_output=_step(a=2))))
+    conn.send_bytes(_ENCODER.encode(Step(scheduler_output=_step(boom=1))))
+    conn.send_bytes(_ENCODER.encode(StatsQuery()))
+    done = _FROM_WORKER.decode(conn.recv_bytes())
+    assert isinstance(done, StepDone) and done.runner_output.sampled_token_ids == [[2]]
+    failed = _FROM_WORKER.decode(conn.recv_bytes())
+    assert isinstance(failed, Failed)
+    assert failed.error.startswith("Traceback (most recent call last):\n")
+    assert failed.error.rstrip().endswith("RuntimeError: boom in the runner")
+    assert _FROM_WORKER.decode(conn.recv_bytes()) == Stats(values={"steps": 1})
+    conn.send_bytes(_ENCODER.encode(Shutdown()))
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_the_worker_loop_reports_a_runner_it_cannot_build_and_ends_when_the_engine_leaves():
+    conn, thread = _serve_in_a_thread(0)
+    failed = _FROM_WORKER.decode(conn.recv_bytes())
+    assert isinstance(failed, Failed)
+    assert failed.error.rstrip().endswith("ValueError: num_kv_blocks: 0 cannot hold a request")
+    thread.join(5)
+    assert not thread.is_alive()
+    conn, thread = _serve_in_a_thread(2)
+    conn.recv_bytes()
+    conn.close()  # the engine is gone: the loop ends on end of file
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_a_start_failure_is_the_users_only_when_the_worker_raised_a_value_error():
+    trace = "Traceback (most recent call last):\n  ...\n"
+    user = _as_user_error(trace + "ValueError: dtype: 'f17' is not a dtype\n")
+    assert type(user) is ValueError and str(user) == "dtype: 'f17' is not a dtype"
+    assert isinstance(user.__cause__, RunnerFailed)
+    assert str(user.__cause__) == "model runner worker failed to start:\n" + trace + (
+        "ValueError: dtype: 'f17' is not a dtype\n"
+    )
+    ours = _as_user_error(trace + "RuntimeError: out of memory\n")
+    assert type(ours) is RunnerFailed
+    assert (
+        str(ours)
+        == "model runner worker failed to start:\n" + trace + "RuntimeError: out of memory\n"
+    )

@@ -62,6 +62,7 @@ from omnistage.entrypoints.openai.pipeline_deploy import pipeline_deploy
 from omnistage.entrypoints.openai.serving import OpenAIServing, ServingContext
 from omnistage.entrypoints.openai.serving_chat import ChatServing
 from omnistage.entrypoints.openai.serving_completion import CompletionServing
+from omnistage.entrypoints.openai.serving_image_edits import ImageEditsServing
 from omnistage.entrypoints.openai.serving_images import ImagesServing
 from omnistage.entrypoints.openai.serving_models import ModelsServing
 from omnistage.entrypoints.openai.serving_realtime import RealtimeServing
@@ -80,6 +81,7 @@ DEFAULT_SERVINGS: tuple[type[OpenAIServing], ...] = (
     ChatServing,
     CompletionServing,
     ImagesServing,
+    ImageEditsServing,
     SpeechServing,
     VoicesServing,
     RealtimeServing,

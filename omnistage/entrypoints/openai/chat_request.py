@@ -11,6 +11,11 @@ client's `produces`, `multiple_samples`, `reports_logprobs` and
   `audio`.
 - `audio.format`: wav or pcm16 ("pcm" too); `audio.voice`: one of the model's voices,
   any case (a 400 naming `audio.voice` with the choices otherwise).
+- `modalities` with `image` where the model draws (`["text", "image"]`, or `["image"]`
+  alone; the default of a model that draws but writes no text, GLM-Image): the image
+  fields (`size`, `num_inference_steps`, `guidance_scale`, `negative_prompt`) become the
+  draw stage's `DiffusionParams` with the request's `seed` (`chat_image.draw_params`);
+  an image field without `image` in `modalities`, a 400 naming it.
 - `n` > 1 and `logprobs` where the model cannot (a pipeline generates one sequence and
   reports no logprobs); structured output, tools and `store`: never.
 
@@ -25,6 +30,7 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import Any
 
+from omnistage.entrypoints.openai.chat_image import draw_params
 from omnistage.entrypoints.openai.client import EngineClient
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.protocol import (
@@ -47,11 +53,13 @@ class ChatPlan:
     """The encoding of the answer's audio (None: no audio)."""
     voice: str | None = None
     """The talker's speaker (`check_voice`; None: the model's default)."""
+    draw: Any = None
+    """The draw stage's `DiffusionParams` when the answer has an image (None: no image)."""
 
 
 def plan_chat(body: ChatCompletionRequest, client: EngineClient) -> ChatPlan:
     """400 for what the model cannot do; the modalities to answer with otherwise."""
-    if "text" not in client.produces:
+    if not client.produces:
         raise OpenAIError(
             "modalities: this multi-stage pipeline produces no text, so it answers no chat; "
             "it answers " + client.other_endpoints,
@@ -69,27 +77,25 @@ def plan_chat(body: ChatCompletionRequest, client: EngineClient) -> ChatPlan:
     speaks = "audio" in client.produces
     if body.audio is not None and not speaks:
         raise OpenAIError("audio: this model does not produce audio", param="audio")
-    if body.modalities is not None:
-        modalities = list(dict.fromkeys(body.modalities))
-    else:
-        modalities = ["text", "audio"] if body.audio is not None else ["text"]
+    modalities = _modalities(body, client)
     if "audio" in modalities and not speaks:
         raise OpenAIError(
-            "modalities: this model cannot produce audio; it produces text only (use ['text'])",
+            f"modalities: this model cannot produce audio; it produces {list(client.produces)}",
             param="modalities",
         )
-    if "text" not in modalities:
+    if "text" not in modalities and modalities != ["image"]:
         raise OpenAIError(
             f"modalities: must include 'text' (this model produces {list(client.produces)})",
             param="modalities",
         )
+    draw = draw_params(body, client, "image" in modalities)
     if "audio" not in modalities:
         if body.audio is not None:
             raise OpenAIError(
                 "audio: audio output needs 'audio' in modalities (['text', 'audio'])",
                 param="audio",
             )
-        return ChatPlan(modalities)
+        return ChatPlan(modalities, draw=draw)
     if body.audio is None:
         return ChatPlan(modalities, "wav")
     audio_format = AUDIO_FORMATS.get(body.audio.format)
@@ -99,6 +105,28 @@ def plan_chat(body: ChatCompletionRequest, client: EngineClient) -> ChatPlan:
             param="audio.format",
         )
     return ChatPlan(modalities, audio_format, client.check_voice(body.audio.voice, "audio.voice"))
+
+
+def _modalities(body: ChatCompletionRequest, client: EngineClient) -> list[str]:
+    """The requested modalities (each once), or the default: text (and audio with `audio`),
+    or the image where the model writes no text; 400 naming `modalities` for an image
+    from a model that does not draw."""
+    if body.modalities is None:
+        if "text" not in client.produces:
+            return ["image"]
+        return ["text", "audio"] if body.audio is not None else ["text"]
+    modalities = list(dict.fromkeys(body.modalities))
+    if "image" in modalities and "image" not in client.produces:
+        raise OpenAIError(
+            f"modalities: this model does not draw; it produces {list(client.produces)}",
+            param="modalities",
+        )
+    if "text" in modalities and "text" not in client.produces:
+        raise OpenAIError(
+            f"modalities: this model writes no text; it produces {list(client.produces)}",
+            param="modalities",
+        )
+    return modalities
 
 
 def check_chat_extras(body: ChatCompletionRequest) -> None:

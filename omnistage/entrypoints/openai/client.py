@@ -133,7 +133,7 @@ class EngineClient(Protocol):
     max_model_len: int | None
     """The context length of the stage that reads the prompt (None: not autoregressive)."""
     produces: tuple[str, ...]
-    """Modalities a chat can ask for ("text", "audio"); empty: it answers no chat."""
+    """Modalities a chat can ask for ("text", "audio", "image"); empty: it answers no chat."""
     multiple_samples: bool
     """Whether a request may ask for `n` > 1 samples."""
     reports_logprobs: bool
@@ -187,9 +187,11 @@ class EngineClient(Protocol):
         modalities: Sequence[str] = ("text",),
         voice: str | None = None,
         clamp_max_tokens: bool = False,
+        draw: Any = None,
     ) -> DeltaStream:
         """Add a request: a completion prompt (text, tokenized with special tokens, or
         token ids) or a rendered chat. `max_tokens` that do not fit the context with the
         prompt is a ValueError naming max_tokens, unless `clamp_max_tokens` (then what fits
-        is generated). `modalities`: what to answer with (a subset of `produces`)."""
+        is generated). `modalities`: what to answer with (a subset of `produces`); `draw`:
+        the draw stage's `DiffusionParams` when it includes the image."""
         ...

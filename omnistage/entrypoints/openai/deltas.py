@@ -55,6 +55,8 @@ class RequestDelta:
     num_cached_tokens: int = 0
     audio: Any = None
     """New audio samples (float, mono) of a speaking pipeline's audio stage, if any."""
+    image: Any = None
+    """A drawing pipeline's image (`[H, W, 3]` uint8), on the last delta where asked for."""
 
 
 def _byte_level_alphabet() -> dict[str, int]:

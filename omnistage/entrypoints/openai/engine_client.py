@@ -165,9 +165,11 @@ class AsyncEngineClient:
         *,
         modalities: Sequence[str] = ("text",),
         voice: str | None = None,
+        draw: Any = None,
     ) -> RequestStream:
         """Tokenize (a str; a rendered chat without special tokens), validate and add a
-        request; returns its stream. `modalities` and `voice`: text is all it writes.
+        request; returns its stream. `modalities`, `voice` and `draw`: text is all it
+        writes (`plan_chat` refuses the others before they get here).
 
         Raises the engine's ValueError for bad input, and ValueError("max_tokens: ...")
         when the prompt plus `params.max_tokens` exceeds the context, unless

@@ -103,11 +103,11 @@ class PipelineClient(VoiceChoice):
 
     @property
     def produces(self) -> tuple[str, ...]:
-        """What a chat can ask for: text (where a final stage writes it), and audio where
-        one speaks; nothing for a pipeline that only draws or speaks."""
-        if self.final_stage("text") is None:
-            return ()
-        return ("text", "audio") if self.speaks else ("text",)
+        """What a chat can ask for: text (where a final stage writes it), audio where one
+        speaks too, the image where one draws; nothing for a pipeline that only speaks."""
+        text = ("text",) if self.final_stage("text") is not None else ()
+        audio = ("audio",) if text and self.speaks else ()
+        return text + audio + (("image",) if self.draws else ())
 
     @functools.cached_property
     def input_modalities(self) -> frozenset[str]:
@@ -248,18 +248,23 @@ class PipelineClient(VoiceChoice):
     # -- requests ----------------------------------------------------------------------------
     def render_chat(self, messages: list[dict[str, Any]]) -> ChatPrompt:
         """The pipeline prompt of `messages` (rendered with the entry model's chat template,
-        as the prompt reader would: the text and its media in placeholder order), with the
+        as the prompt reader would: the text and its media in placeholder order; for an
+        entry stage that renders its own prompt, the last user message's text), with the
         tokens the thinker receives for it (see `count_prompt_tokens`). Blocks."""
         from jinja2 import TemplateError
 
+        from omnistage.multimodal.chat import LastUserText, render_chat
         from omnistage.multimodal.registry import render_model_chat
 
         reader = self.omni._prompts
         messages = [{k: v for k, v in m.items() if k != "name"} for m in messages]
         try:
-            chat = render_model_chat(
-                reader._path, self.tokenizer, messages, supported=reader.input_modalities
-            )
+            if self.entry_builds_its_prompt:  # its prompter wraps the text itself
+                chat = render_chat(LastUserText(), messages, supported=reader.input_modalities)
+            else:
+                chat = render_model_chat(
+                    reader._path, self.tokenizer, messages, supported=reader.input_modalities
+                )
         except TemplateError as exc:
             raise ValueError(f"messages: the chat template refused them: {exc}") from None
         has_media = bool(chat.audios or chat.images)
@@ -277,12 +282,13 @@ class PipelineClient(VoiceChoice):
         modalities: Sequence[str] = ("text",),
         voice: str | None = None,
         clamp_max_tokens: bool = False,
+        draw: Any = None,
     ) -> PipelineStream:
-        """`EngineClient.add_request`: `params` go to the entry stage (with a seed, every
-        other sampling stage gets its defaults with that seed, so a seeded request is
-        reproducible end to end). The prompt must fit the thinker's context with room for
-        one token, and for `max_tokens` unless clamped. Returns once the pipeline took the
-        request (its first update): bad input, a stage's refusal included, is a ValueError."""
+        """`EngineClient.add_request`: `params` go to the entry stage (with a seed, every other
+        sampling stage gets its defaults with that seed: a seeded request is reproducible end
+        to end), `draw` (`DiffusionParams`) to the draw stage. The prompt must fit the thinker's
+        context with room for one token, and for `max_tokens` unless clamped. Returns once the
+        pipeline took the request (its first update): bad input is a ValueError."""
         arrival = time.monotonic()
         if not self.is_alive:
             raise EngineDeadError("the pipeline is not running")
@@ -295,11 +301,10 @@ class PipelineClient(VoiceChoice):
         room = check_context(self.max_model_len, num_prompt, params.max_tokens, clamp_max_tokens)
         if clamp_max_tokens and room is not None and (params.max_tokens or room) > room:
             params = params.clone(max_tokens=room)
-        updates = self._updates(
-            prompt, stage_params(self.deploy, params), modalities, request_id, voice
-        )
+        per_stage = stage_params(self.deploy, params, draw)  # `plan_chat`: image asked for
+        updates = self._updates(prompt, per_stage, modalities, request_id, voice)
         first = await anext(updates)  # validation runs here, before anything starts
-        text, audio = self.final_stage("text"), self.final_stage("audio")
+        text, audio, image = (self.final_stage(m) for m in ("text", "audio", "image"))
         return PipelineStream(
             request_id,
             updates,
@@ -310,6 +315,7 @@ class PipelineClient(VoiceChoice):
             self.omni.orchestrator.abort,
             self.observer,
             arrival,
+            image.name if image is not None and "image" in modalities else None,
         )
 
     async def generate(

@@ -52,11 +52,14 @@ def check_context(
     return room
 
 
-def stage_params(deploy: DeploySpec, params: SamplingParams) -> dict[str, SamplingParams]:
+def stage_params(deploy: DeploySpec, params: SamplingParams, draw: Any = None) -> dict[str, Any]:
     """`params` for the entry stage; with a seed, every other sampling stage's defaults
-    with that seed (a seeded request is reproducible end to end)."""
+    with that seed (a seeded request is reproducible end to end); `draw` (`DiffusionParams`,
+    None: the defaults) for the stage that draws the final image."""
     (entry,) = deploy.entry_stages
-    per_stage = {entry.name: params}
+    per_stage: dict[str, Any] = {entry.name: params}
+    if draw is not None:
+        per_stage |= {s.name: draw for s in deploy.final_stages if s.final_output_type == "image"}
     if params.seed is not None:
         for stage in deploy.stages:
             if stage.name != entry.name and stage.kind != "diffusion":

@@ -7,7 +7,8 @@ yet is folded into the next one, so a stream sends no empty chunks), and on the
 last update the finish reason ("stop" where the stage gave none). The audio
 stage's new samples ride in `RequestDelta.audio`; the first of them is the
 request's time to first audio (`observer.on_first_audio`), or, where the audio
-came whole, its end. A failed request raises `OpenAIError` (503 when a shutdown
+came whole, its end. The image stage's picture (`[H, W, 3]` uint8) rides in the last
+delta's `RequestDelta.image`. A failed request raises `OpenAIError` (503 when a shutdown
 aborted it, 500 when a stage failed); leaving early aborts it in every stage.
 """
 
@@ -36,6 +37,7 @@ class PipelineStream:
         abort: Callable[[str], None],
         observer: Any = None,
         arrival: float | None = None,
+        image_stage: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.finished = False
@@ -43,6 +45,7 @@ class PipelineStream:
         self._updates = updates
         self._next: OmniRequestOutput | None = first
         self._text_stage, self._audio_stage = text_stage, audio_stage
+        self._image_stage = image_stage
         self._abort, self._observer = abort, observer
         self._arrival = time.monotonic() if arrival is None else arrival
         self._pending_tokens: list[int] = []
@@ -99,8 +102,17 @@ class PipelineStream:
             self._first_audio()
         if not sequences and audio is None:
             return None
+        image = None
+        if output.finished and self._image_stage is not None:
+            result = output.outputs.get(self._image_stage)
+            image = None if result is None or result.data is None else result.data.numpy()
         return RequestDelta(
-            self.request_id, sequences, output.finished, self._num_prompt_tokens, audio=audio
+            self.request_id,
+            sequences,
+            output.finished,
+            self._num_prompt_tokens,
+            audio=audio,
+            image=image,
         )
 
     def _first_audio(self) -> None:

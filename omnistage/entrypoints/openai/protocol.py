@@ -174,12 +174,22 @@ class AudioOutput(RequestModel):
     voice: str
 
 
-class ChatCompletionRequest(SamplingFields):
+class DrawFields(RequestModel):
+    """What a request to a model that draws may set for its image (`size` "WxH"; None: the
+    model's defaults): extensions, as vLLM-Omni's, read by the draw stage."""
+
+    size: str | None = None
+    num_inference_steps: Int | None = Field(default=None, ge=1, le=1000)
+    guidance_scale: float | None = Field(default=None, ge=0, le=100)
+    negative_prompt: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields, DrawFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Int | None = Field(None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    modalities: list[Literal["text", "audio"]] | None = None
+    modalities: list[Literal["text", "audio", "image"]] | None = None
     audio: AudioOutput | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
@@ -250,10 +260,18 @@ class ChatAudioDelta(BaseModel):
     expires_at: int | None = None
 
 
+class ChatImage(BaseModel):
+    """A drawn image (OpenRouter's shape): `image_url.url` a `data:image/png;base64,` URL."""
+
+    type: Literal["image_url"] = "image_url"
+    image_url: dict[str, str]
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     audio: ChatAudio | None = None
+    images: list[ChatImage] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -279,6 +297,7 @@ class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     audio: ChatAudioDelta | None = None
+    images: list[ChatImage] | None = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -342,57 +361,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-# -- images and speech (pipelines that draw / speak) ------------------------------------------
-class ImageGenerationRequest(RequestModel):
-    """POST /v1/images/generations. `num_inference_steps`, `guidance_scale`,
-    `negative_prompt` and `seed` are extensions (vLLM-Omni's), read by the draw stage."""
-
-    prompt: str = Field(min_length=1)
-    model: str | None = None
-    n: Int = Field(default=1, ge=1, le=10)
-    size: str | None = None
-    """"WxH" (e.g. "512x512"); None: the model's default size."""
-    response_format: Literal["b64_json", "url"] = "b64_json"
-    quality: str | None = None
-    style: str | None = None
-    user: str | None = None
-    num_inference_steps: Int | None = Field(default=None, ge=1, le=1000)
-    guidance_scale: float | None = Field(default=None, ge=0, le=100)
-    negative_prompt: str | None = None
-    seed: Int | None = Field(default=None, ge=0, le=INT64_MAX)
-
-
-class ImageData(BaseModel):
-    b64_json: str
-    revised_prompt: str | None = None
-
-
-class ImageGenerationResponse(BaseModel):
-    created: int
-    data: list[ImageData]
-
-
-class VoiceUploadRequest(RequestModel):
-    """POST /v1/audio/voices: a reference clip (base64 audio file: wav, flac, ...) and its
-    transcript."""
-
-    audio: str = Field(min_length=1)
-    text: str | None = None
-    name: str | None = None
-
-
-class SpeechRequest(RequestModel):
-    """POST /v1/audio/speech."""
-
-    model: str
-    input: str = Field(min_length=1, max_length=4096)
-    voice: str | None = None
-    response_format: Literal["wav", "pcm", "flac", "mp3", "opus", "aac"] = "wav"
-    speed: float | None = Field(default=None, gt=0, le=4)
-    instructions: str | None = Field(default=None, max_length=4096)
-    language: str | None = Field(default=None, max_length=64)
-    """Extension (TTS models): the language to speak; None: "auto"."""
-    stream: bool = False
-    stream_format: Literal["audio", "sse"] | None = None

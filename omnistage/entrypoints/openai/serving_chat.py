@@ -1,5 +1,5 @@
 """POST /v1/chat/completions, for every model: messages through the chat template; text,
-and audio where the model speaks, out.
+audio where the model speaks, and the image where it draws, out.
 
     {"model": "demo-omni", "messages": [...], "modalities": ["text", "audio"],
      "audio": {"format": "wav", "voice": "ethan"}}
@@ -21,7 +21,9 @@ the audio as `delta.audio.data` (base64 pcm16 chunks, `id` on the first) as the
 vocoder's chunks arrive, the finish reason on each choice's last chunk (with the
 audio's `id`, `transcript` and `expires_at`), with `stream_options.include_usage` a
 last chunk with the usage, and `data: [DONE]`. A whole response's audio is
-`message.audio` = {id, data: base64 of the whole file, expires_at, transcript}.
+`message.audio` = {id, data: base64 of the whole file, expires_at, transcript}. With
+`image` in `modalities` the drawn picture comes as `message.images` (streamed: one chunk
+with `delta.images` once it is drawn, before the finish reason; `chat_image`).
 `usage.prompt_tokens` are the tokens the model receives (a pipeline counts an audio
 / image part as its placeholder's marker tokens only: the encoders expand it in the
 stage); completion tokens are the text's. A client that disconnects aborts the
@@ -41,6 +43,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from omnistage.entrypoints.openai.chat_image import chat_image
 from omnistage.entrypoints.openai.chat_request import ChatPlan, chat_messages, plan_chat
 from omnistage.entrypoints.openai.client import DeltaStream, EngineDeadError
 from omnistage.entrypoints.openai.deltas import TokenLogprob
@@ -55,6 +58,7 @@ from omnistage.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
+    ChatImage,
     ChatResponseMessage,
     TokenLogprobInfo,
     TopLogprob,
@@ -92,6 +96,7 @@ class ChatServing(OpenAIServing):
         plan = plan_chat(body, client)
         explicit = "max_completion_tokens" if body.max_completion_tokens is not None else None
         renames = {"prompt": "messages", **MEDIA_RENAMES, "max_tokens": explicit or "max_tokens"}
+        renames |= {"height": "size", "width": "size"}
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = self.sampling_params(body, max_tokens, logprobs, renames)
@@ -109,6 +114,7 @@ class ChatServing(OpenAIServing):
             modalities=plan.modalities,
             voice=plan.voice,
             clamp_max_tokens=max_tokens is None,  # a default adapts to the room left
+            **({"draw": plan.draw} if plan.draw is not None else {}),
         )
         if body.stream:
             return EventStream(self.events(body, plan, stream))
@@ -122,10 +128,12 @@ class ChatServing(OpenAIServing):
         logprobs: list[list[TokenLogprobInfo]] = [[] for _ in range(body.n)]
         finish: list[tuple[str | None, int | str | None]] = [(None, None)] * body.n
         generated = cached = 0
+        image = None
         async with stream:
             async for delta in stream:
                 check_not_aborted(delta)
                 cached = delta.num_cached_tokens
+                image = image if delta.image is None else delta.image
                 for seq in delta.sequences:
                     texts[seq.index] += seq.text
                     generated += len(seq.token_ids)
@@ -144,6 +152,8 @@ class ChatServing(OpenAIServing):
         ]
         if plan.audio_format is not None:
             choices[0].message.audio = await _whole_audio(stream, plan.audio_format, texts[0])
+        if plan.draw is not None:
+            choices[0].message.images = [await _chat_image(image)]
         return ChatCompletionResponse(
             id=stream.request_id,
             created=int(time.time()),
@@ -185,6 +195,9 @@ class ChatServing(OpenAIServing):
                         if audio_id is None:
                             audio_id = audio.id = f"audio-{uuid.uuid4().hex}"
                         yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(audio=audio))])
+                    if plan.draw is not None and delta.finished:
+                        images = [await _chat_image(delta.image)]
+                        yield chunk([ChatChunkChoice(index=0, delta=ChatDelta(images=images))])
                     for seq in delta.sequences:
                         generated += len(seq.token_ids)
                         texts[seq.index] += seq.text
@@ -226,6 +239,12 @@ async def _whole_audio(stream: DeltaStream, audio_format: str, transcript: str) 
         expires_at=int(time.time()) + AUDIO_EXPIRY_S,
         transcript=transcript,
     )
+
+
+async def _chat_image(image: Any) -> ChatImage:
+    if image is None:
+        raise OpenAIError("the pipeline drew no image", HTTPStatus.INTERNAL_SERVER_ERROR)
+    return await asyncio.to_thread(chat_image, image)
 
 
 def _pcm16_base64(samples: Any) -> str:

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse
 
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient
-from omnistage.entrypoints.openai.protocol import (
+from omnistage.entrypoints.openai.protocol_media import (
     ImageData,
     ImageGenerationRequest,
     ImageGenerationResponse,
@@ -71,6 +71,7 @@ class ImagesServing(OpenAIServing):
                 "response_format: only b64_json is served (this server keeps no image files)",
                 param="response_format",
             )
+        self.check_fixed_drawing(body)
         height, width = self.parse_size(body.size)
         if body.seed is not None:
             seeds: list[int | None] = [body.seed + i for i in range(body.n)]
@@ -78,9 +79,24 @@ class ImagesServing(OpenAIServing):
             seeds = [secrets.randbelow(2**62) for _ in range(body.n)]
         else:
             seeds = [None]
+        fields: dict[str, Any] = {
+            "height": height,
+            "width": width,
+            "num_inference_steps": body.num_inference_steps,
+            "guidance_scale": body.guidance_scale,
+            "negative_prompt": body.negative_prompt or None,
+        }
+        return await self.draw_all(raw, self.prompt(body.prompt), body.prompt, fields, seeds)
+
+    async def draw_all(
+        self, raw: Request, prompt: Any, caption: str, fields: dict[str, Any], seeds: list
+    ) -> JSONResponse:
+        """One pipeline request per seed, run concurrently; the response of all images."""
         base_id = f"img-{uuid.uuid4().hex}"
         draws = [
-            asyncio.ensure_future(self.draw(body, height, width, seed, f"{base_id}-{i}"))
+            asyncio.ensure_future(
+                self.draw(prompt, caption, fields | {"seed": seed}, f"{base_id}-{i}")
+            )
             for i, seed in enumerate(seeds)
         ]
 
@@ -95,66 +111,88 @@ class ImagesServing(OpenAIServing):
         response = ImageGenerationResponse(created=int(time.time()), data=images)
         return JSONResponse(response.model_dump())
 
+    def check_fixed_drawing(self, body: ImageGenerationRequest) -> None:
+        """An image stage that is no diffusion stage (Dynin-Omni's token2image decodes the
+        codes its producer wrote) draws its one size with no settings: asking for a size,
+        steps, guidance or a negative prompt is a 400 naming the field (a seed goes to the
+        entry stage, which writes the codes)."""
+        stage = self.client.final_stage("image")
+        if stage is None or stage.kind == "diffusion":
+            return
+        for name in ("size", "num_inference_steps", "guidance_scale", "negative_prompt"):
+            value = getattr(body, name)
+            if value is not None and value not in ("auto", ""):
+                raise OpenAIError(
+                    f"{name}: stage {stage.name!r} decodes its producer's image codes at one "
+                    "fixed size, with no diffusion settings",
+                    param=name,
+                )
+
     def parse_size(self, size: str | None) -> tuple[int | None, int | None]:
-        if size is None or size == "auto":
-            return None, None
-        match = _SIZE.match(size)
-        if match is None:
-            raise OpenAIError(
-                f"size: expected 'WIDTHxHEIGHT' (e.g. '512x512'), got {size!r}", param="size"
-            )
-        width, height = int(match.group(1)), int(match.group(2))
-        limits = self.client.diffusion_limits
-        if limits is not None:
-            try:
-                limits.check_size(height, width)
-            except ValueError as exc:
-                raise OpenAIError(f"size: {size} is not supported: {exc}", param="size") from None
-        return height, width
+        return parse_size(size, self.client.diffusion_limits)
 
     async def draw(
-        self,
-        body: ImageGenerationRequest,
-        height: int | None,
-        width: int | None,
-        seed: int | None,
-        request_id: str,
+        self, prompt: Any, caption: str, fields: dict[str, Any], request_id: str
     ) -> ImageData:
-        from omnistage.diffusion.params import DiffusionParams
+        """One image of `prompt` (the entry stage's prompt) with the draw stage's `fields`
+        (None: the stage's default); `caption`: the revised prompt where no stage writes one."""
 
         stage = self.client.final_stage("image")
         assert stage is not None
-        fields: dict[str, Any] = {
-            "height": height,
-            "width": width,
-            "num_inference_steps": body.num_inference_steps,
-            "guidance_scale": body.guidance_scale,
-            "seed": seed,
-        }
-        if body.negative_prompt:
-            fields["negative_prompt"] = body.negative_prompt
-        try:
-            params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
-        except ValueError as exc:
-            raise OpenAIError.from_value_error(exc) from None
+        sampling = self.draw_settings(stage, fields)
         renames = {"height": "size", "width": "size"}
-        image = caption = None
-        async for output in self.client.generate(
-            self.prompt(body.prompt), {stage.name: params}, ["image"], request_id, renames
-        ):
+        image = revised = None
+        async for output in self.client.generate(prompt, sampling, ["image"], request_id, renames):
             if output.finished:
                 image = output.image
                 result = output.outputs.get(stage.name)
-                caption = result.text if result is not None and result.text else body.prompt
+                revised = result.text if result is not None and result.text else caption
         if image is None:
             raise OpenAIError("the pipeline drew no image", HTTPStatus.INTERNAL_SERVER_ERROR)
         png = await asyncio.to_thread(_png, image)
-        return ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=caption)
+        return ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=revised)
+
+    def draw_settings(self, stage: Any, fields: dict[str, Any]) -> dict[str, Any]:
+        """The per-stage settings of one draw: a diffusion stage's `DiffusionParams`, or,
+        where the image stage decodes codes, the seed for the entry stage that samples them."""
+        from omnistage.diffusion.params import DiffusionParams
+
+        if stage.kind == "diffusion":
+            try:
+                params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
+            except ValueError as exc:
+                raise OpenAIError.from_value_error(exc) from None
+            return {stage.name: params}
+        if fields.get("seed") is None:
+            return {}
+        from omnistage.sampling_params import SamplingParams
+
+        (entry,) = self.client.deploy.entry_stages
+        return {entry.name: SamplingParams(seed=fields["seed"])}
 
     def prompt(self, text: str) -> Any:
         if self.client.entry_builds_its_prompt:
             return text
         return {"messages": [{"role": "user", "content": text}]}
+
+
+def parse_size(size: str | None, limits: Any) -> tuple[int | None, int | None]:
+    """(height, width) of a "WxH" `size` the draw stage's `limits` allow (None: any);
+    (None, None) for None or "auto"; a 400 naming `size` otherwise."""
+    if size is None or size == "auto":
+        return None, None
+    match = _SIZE.match(size)
+    if match is None:
+        raise OpenAIError(
+            f"size: expected 'WIDTHxHEIGHT' (e.g. '512x512'), got {size!r}", param="size"
+        )
+    width, height = int(match.group(1)), int(match.group(2))
+    if limits is not None:
+        try:
+            limits.check_size(height, width)
+        except ValueError as exc:
+            raise OpenAIError(f"size: {size} is not supported: {exc}", param="size") from None
+    return height, width
 
 
 def _png(image: Any) -> bytes:

@@ -44,7 +44,7 @@ from fastapi.responses import Response
 
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient
-from omnistage.entrypoints.openai.protocol import SpeechRequest
+from omnistage.entrypoints.openai.protocol_media import SpeechRequest
 from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, OpenAIServing, ServingContext
 from omnistage.entrypoints.openai.sse import EventStream, until_disconnect
 from omnistage.pipeline.outputs import OmniRequestOutput
@@ -92,6 +92,8 @@ class SpeechServing(OpenAIServing):
         """The request's voice as the checkpoint spells it; OpenAIError for what cannot be
         served."""
         self.check_model(body.model)
+        if not body.input.strip():  # an omni model would be asked to read nothing
+            raise OpenAIError("input: is blank; give the text to speak", param="input")
         voice = self.client.check_voice(body.voice, "voice")
         if body.response_format not in MEDIA_TYPES:
             raise OpenAIError(
@@ -208,8 +210,11 @@ def _float32() -> Any:
 
 
 def to_pcm16(samples: np.ndarray) -> bytes:
-    """Float samples in [-1, 1] as 16-bit little-endian PCM."""
-    return (np.clip(samples.reshape(-1), -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    """Float samples in [-1, 1] as 16-bit little-endian PCM, converted as libsndfile
+    converts them when it writes a whole WAV file (to 32-bit by truncation, then the top
+    16 bits: rounding towards minus infinity), so streamed samples equal the file's."""
+    wide = np.trunc(samples.reshape(-1).astype(np.float64) * 2.0**31)
+    return (np.clip(wide, -(2.0**31), 2.0**31 - 1).astype(np.int64) >> 16).astype("<i2").tobytes()
 
 
 def pcm16_base64(samples: Any) -> str:

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from omnistage.entrypoints.openai.errors import OpenAIError
-from omnistage.entrypoints.openai.protocol import VoiceUploadRequest
+from omnistage.entrypoints.openai.protocol_media import VoiceUploadRequest
 from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, OpenAIServing, ServingContext
 from omnistage.voice_store import MAX_UPLOAD_BYTES
 

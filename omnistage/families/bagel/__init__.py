@@ -16,6 +16,7 @@ FAMILY = Family(
     models={"OmnistageBagelUnderstanding": f"{_PKG}.understanding:BagelUnderstanding"},
     configs={"bagel_understanding": f"{_PKG}.understanding:BagelUnderstandingConfig"},
     stage_prompters={"bagel_understanding": f"{_PKG}.prompt:BagelPrompter"},
+    input_encoders={"bagel_understanding": f"{_PKG}.media:BagelMedia"},
     diffusion_pipelines={PIPELINE: f"{_PKG}.draw:BagelDraw"},
     edges={"bagel_prompt_kv": f"{_PKG}.edges:BagelPromptKV"},
     deploys_by_pipeline_class={PIPELINE: "bagel"},
@@ -31,6 +32,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_demo_bagel",
             deploy="bagel",
+            version=2,
         )
     },
 )

@@ -7,8 +7,9 @@ ResNet blocks of two GroupNorm-SiLU-conv layers, one single-head attention block
 in the middle, nearest-neighbour upsampling (decoder) and asymmetrically padded
 stride-2 convs (encoder). `decode` undoes the latent normalisation
 (`z / scale_factor + shift_factor`) first, as the reference's `AutoEncoder.decode`.
-The encoder exists for the weights' sake (image editing encodes the input image;
-not wired yet).
+`encode` is the reference's too: the encoder, a sample of its diagonal Gaussian
+posterior (with noise the caller draws), then the normalisation; image editing puts
+an input image into the context through it.
 """
 
 from __future__ import annotations
@@ -108,6 +109,17 @@ class Encoder(nn.Module):
         self.norm_out = _norm(c)
         self.conv_out = nn.Conv2d(c, 2 * p.z_channels, 3, padding=1)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pixels `[B, 3, H, W]` -> the posterior's mean and log-variance `[B, 2 z, h, w]`."""
+        h = self.conv_in(x)
+        for i, level in enumerate(self.down):
+            for block in level.block:
+                h = block(h)
+            if i != len(self.down) - 1:
+                h = level.downsample(h)
+        h = self.mid.block_2(self.mid.attn_1(self.mid.block_1(h)))
+        return self.conv_out(F.silu(self.norm_out(h)))
+
 
 class Decoder(nn.Module):
     def __init__(self, p: AutoEncoderParams) -> None:
@@ -161,6 +173,16 @@ class AutoEncoder(nn.Module):
                 f"unknown {result.unexpected_keys[:3]}"
             )
         return model.to(dtype).eval()
+
+    @torch.inference_mode()
+    def encode(self, x: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """Pixels in [-1, 1] `[B, 3, H, W]` -> normalised latents `[B, z_channels, h, w]`:
+        the posterior sampled with `noise` (standard normal, the mean's shape; the
+        reference draws it with `randn_like`), None: its mean; then
+        `scale_factor (z - shift_factor)`, as the reference's `AutoEncoder.encode`."""
+        mean, logvar = self.encoder(x).chunk(2, dim=1)
+        z = mean if noise is None else mean + torch.exp(0.5 * logvar) * noise.to(mean.dtype)
+        return self.params.scale_factor * (z - self.params.shift_factor)
 
     @torch.inference_mode()
     def decode(self, z: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 A Bagel checkpoint (ByteDance-Seed/BAGEL-7B-MoT) is a folder, not one HF config:
 
 - `llm_config.json`: the Qwen2 language model (the two experts share it);
-- `vit_config.json`: the SigLIP vision encoder (image understanding; not run here);
+- `vit_config.json`: the SigLIP vision encoder (image input);
 - `ema.safetensors`: every weight, named as Bagel's `Bagel` module names them
   (`language_model.model.layers.N.self_attn.q_proj_moe_gen.weight`, `vae2llm.weight`, …);
 - `ae.safetensors`: the FLUX autoencoder, in FLUX's own names;
@@ -76,12 +76,22 @@ class BagelConfig:
     connector_act: str = "gelu_pytorch_tanh"
     timestep_shift: float = 3.0
     """The flow schedule's shift (the inferencer's default)."""
+    vae_image_sizes: tuple[int, int] = (1024, 512)
+    """Longest and shortest side of an input image's VAE view (`app.py`'s
+    `ImageTransform(1024, 512, 16)`; the stride is `latent_downsample`)."""
+    vit_image_sizes: tuple[int, int] = (980, 224)
+    """The same for its ViT view (`ImageTransform(980, 224, 14)`; the stride is the ViT
+    patch)."""
 
     def __post_init__(self) -> None:
-        for name in ("latent_patch_size", "max_latent_size"):
+        for name in ("latent_patch_size", "max_latent_size", "vit_max_num_patch_per_side"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        for name in ("vae_image_sizes", "vit_image_sizes"):
+            value = getattr(self, name)
+            if len(value) != 2 or not 1 <= value[1] <= value[0]:
+                raise ValueError(f"{name}: expected [longest, shortest] sides, got {value!r}")
 
     @property
     def hidden_size(self) -> int:
@@ -113,7 +123,19 @@ class BagelConfig:
         own = _known(cls, _read(path / BAGEL_CONFIG))
         own.pop("llm", None)
         own.pop("vae", None)
+        for name in ("vae_image_sizes", "vit_image_sizes"):
+            if name in own:
+                own[name] = tuple(own[name])
         return cls(llm=llm, vae=vae, **own)
+
+    def load_vit(self, path: str | Path) -> Any:
+        """The transformers `SiglipVisionConfig` of `vit_config.json` in folder `path`."""
+        from transformers import SiglipVisionConfig
+
+        file = Path(path) / VIT_CONFIG
+        if not file.is_file():
+            raise ValueError(f"{path}: no {VIT_CONFIG} (image input needs the vision encoder)")
+        return SiglipVisionConfig.from_json_file(str(file))
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -40,13 +40,16 @@ class KVContext:
         blank = torch.zeros(0, kv_heads, head_dim, dtype=dtype)
         return cls([blank] * num_layers, [blank] * num_layers, rope=0)
 
-    def extended(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> KVContext:
-        """This context followed by new tokens (at consecutive positions)."""
+    def extended(
+        self, keys: list[torch.Tensor], values: list[torch.Tensor], rope: int | None = None
+    ) -> KVContext:
+        """This context followed by new tokens; `rope` the next position (default: the new
+        tokens at consecutive positions; an image block takes one position for all)."""
         count = keys[0].shape[0]
         return KVContext(
             [torch.cat([a, b]) for a, b in zip(self.keys, keys, strict=True)],
             [torch.cat([a, b]) for a, b in zip(self.values, values, strict=True)],
-            rope=self.rope + count,
+            rope=self.rope + count if rope is None else rope,
         )
 
     def to_rows(self) -> torch.Tensor:

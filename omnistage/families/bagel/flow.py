@@ -18,12 +18,16 @@ the whole image: "global"; or per token: "channel") is at most `v`'s and at leas
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 RENORM_TYPES = ("global", "channel", "text_channel")
+OPTIONS = ("cfg_img_scale", "cfg_interval", "cfg_renorm_type", "cfg_renorm_min", "timestep_shift")
+"""The per-request `model_options` of Bagel's draw stage (the reference's names)."""
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,22 @@ class GuidanceSettings:
     renorm_type: str = "global"
 
     def __post_init__(self) -> None:
-        if not self.img_scale >= 0:
+        if not _number(self.img_scale) or not self.img_scale >= 0:
             raise ValueError(f"cfg_img_scale: expected a number >= 0, got {self.img_scale!r}")
-        lo, hi = self.interval
-        if not 0 <= lo <= hi <= 1:
-            raise ValueError(f"cfg_interval: expected 0 <= lo <= hi <= 1, got {self.interval!r}")
+        interval = self.interval
+        if (
+            not isinstance(interval, (tuple, list))
+            or len(interval) != 2
+            or not all(_number(v) for v in interval)
+            or not 0 <= interval[0] <= interval[1] <= 1
+        ):
+            raise ValueError(
+                f"cfg_interval: expected [lo, hi] with 0 <= lo <= hi <= 1, got {interval!r}"
+            )
+        if not _number(self.renorm_min) or not 0 <= self.renorm_min <= 1:
+            raise ValueError(
+                f"cfg_renorm_min: expected a number in [0, 1], got {self.renorm_min!r}"
+            )
         if self.renorm_type not in RENORM_TYPES:
             raise ValueError(
                 f"cfg_renorm_type: {self.renorm_type!r} is not one of {', '.join(RENORM_TYPES)}"
@@ -52,6 +67,45 @@ class GuidanceSettings:
         if lo < t <= hi:
             return text_scale, self.img_scale
         return 1.0, 1.0
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def read_options(options: Mapping[str, Any], default_shift: float) -> dict[str, Any]:
+    """Bagel's `model_options` checked (ValueError naming the option), defaults filled in
+    (the inferencer's text-to-image ones, `GuidanceSettings()`, and `default_shift`)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: not a Bagel option; known: {', '.join(OPTIONS)}")
+    base = GuidanceSettings()
+    settings = GuidanceSettings(
+        img_scale=options.get("cfg_img_scale", base.img_scale),
+        interval=options.get("cfg_interval", base.interval),
+        renorm_min=options.get("cfg_renorm_min", base.renorm_min),
+        renorm_type=options.get("cfg_renorm_type", base.renorm_type),
+    )
+    shift = options.get("timestep_shift", default_shift)
+    if not _number(shift) or not shift > 0:
+        raise ValueError(f"timestep_shift: expected a number > 0, got {shift!r}")
+    return {
+        "cfg_img_scale": float(settings.img_scale),
+        "cfg_interval": [float(v) for v in settings.interval],
+        "cfg_renorm_min": float(settings.renorm_min),
+        "cfg_renorm_type": settings.renorm_type,
+        "timestep_shift": float(shift),
+    }
+
+
+def settings_of(options: Mapping[str, Any]) -> GuidanceSettings:
+    """The guidance settings of options `read_options` returned."""
+    return GuidanceSettings(
+        img_scale=options["cfg_img_scale"],
+        interval=tuple(options["cfg_interval"]),
+        renorm_min=options["cfg_renorm_min"],
+        renorm_type=options["cfg_renorm_type"],
+    )
 
 
 def time_points(steps: int, shift: float) -> torch.Tensor:

@@ -5,8 +5,7 @@ Holds the checkpoint's text-to-image weights under their own names:
 timestep MLP), `vae2llm` / `llm2vae` (a latent patch in and out of the model's
 width) and `latent_pos_embed` (a fixed 2-D sin-cos table over a
 `max_latent_size`-square grid of patches). The vision encoder's weights
-(`vit_model.`, `connector.`, `vit_pos_embed.`: image understanding) are not
-loaded.
+(`vit_model.`, `connector.`, `vit_pos_embed.`) are `vision.BagelVision`'s.
 
 `velocity` is one evaluation of the flow: the image block `<|vision_start|>`,
 the noisy latent tokens (patch + timestep + position embeddings), `<|vision_end|>`,
@@ -29,7 +28,7 @@ from omnistage.families.bagel.mot import MoTLanguageModel
 from omnistage.layers.linear import Linear
 
 SKIPPED_PREFIXES = ("vit_model.", "connector.", "vit_pos_embed.")
-"""Checkpoint weights of image understanding, which this text-to-image path does not run."""
+"""Checkpoint weights of the vision encoder (`vision.BagelVision` loads them)."""
 FREQUENCY_SIZE = 256
 """The timestep embedder's sinusoid width (DiT's `frequency_embedding_size`)."""
 
@@ -59,6 +58,27 @@ class PositionEmbedding(nn.Module):
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.pos_embed[position_ids]
+
+
+def load_checked(model: nn.Module, weights: dict[str, torch.Tensor], source: str) -> nn.Module:
+    """`model` with exactly `weights` loaded (cast to its dtype), in eval mode; a missing,
+    unknown or misshapen weight is a ValueError naming it and `source`."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    unknown = sorted(set(weights) - set(expected))
+    if missing or unknown:
+        raise ValueError(
+            f"{source}: missing {missing[:3]}, unknown {unknown[:3]} "
+            f"({len(missing)} missing, {len(unknown)} unknown)"
+        )
+    for name, tensor in weights.items():
+        if tensor.shape != expected[name].shape:
+            raise ValueError(
+                f"{source}: {name} has shape {list(tensor.shape)}, "
+                f"expected {list(expected[name].shape)}"
+            )
+    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in weights.items()})
+    return model.eval()
 
 
 @dataclass(frozen=True)
@@ -96,28 +116,12 @@ class BagelGenerator(nn.Module):
         present: a missing or misshapen one is a ValueError naming it)."""
         from safetensors.torch import load_file
 
-        model = cls(config, dtype)
         weights = {
             k: v
             for k, v in load_file(str(Path(path) / WEIGHTS)).items()
             if not k.startswith(SKIPPED_PREFIXES)
         }
-        expected = model.state_dict()
-        missing = sorted(set(expected) - set(weights))
-        unknown = sorted(set(weights) - set(expected))
-        if missing or unknown:
-            raise ValueError(
-                f"{path}/{WEIGHTS}: missing {missing[:3]}, unknown {unknown[:3]} "
-                f"({len(missing)} missing, {len(unknown)} unknown)"
-            )
-        for name, tensor in weights.items():
-            if tensor.shape != expected[name].shape:
-                raise ValueError(
-                    f"{path}/{WEIGHTS}: {name} has shape {list(tensor.shape)}, "
-                    f"expected {list(expected[name].shape)}"
-                )
-        model.load_state_dict({k: v.to(dtype) for k, v in weights.items()})
-        return model.eval()
+        return load_checked(cls(config, dtype), weights, f"{path}/{WEIGHTS}")
 
     def block(self, height: int, width: int) -> ImageBlock:
         """The token layout of an image of `height` x `width` pixels."""

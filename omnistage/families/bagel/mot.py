@@ -14,7 +14,10 @@ Two passes, as the reference's `forward_inference` runs them:
   returns their hidden states and the context grown by their keys and values;
 - `denoise`: a block of start-of-image, latent and end-of-image tokens, all at
   one RoPE position, attending to a context and to each other (not causal),
-  writing nothing back.
+  writing nothing back;
+- `prefill_image`: an input image's block (ViT tokens through the understanding
+  expert, or clean VAE latent tokens through the generation expert), laid out as
+  `denoise`'s but kept: the context grows by its tokens and by one RoPE position.
 
 Parameter names are the checkpoint's under `language_model.` (`model.layers.N…`,
 `model.norm_moe_gen`, `lm_head`), so `load_state_dict` takes them as they are.
@@ -221,18 +224,36 @@ class MoTLanguageModel(nn.Module):
         hidden, keys, values = self._run(x, None, positions, context, causal=True)
         return hidden, context.extended(keys, values)
 
+    def _block(
+        self, block: torch.Tensor, gen_rows: torch.Tensor | None, context: KVContext
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        experts = None
+        if gen_rows is not None:
+            mask = torch.ones(block.shape[0], dtype=torch.bool)
+            mask[gen_rows] = False
+            experts = (mask.nonzero().squeeze(1), gen_rows)
+        positions = torch.full((block.shape[0],), context.rope, dtype=torch.long)
+        return self._run(block, experts, positions, context, causal=False)
+
     @torch.inference_mode()
     def denoise(
         self, block: torch.Tensor, gen_rows: torch.Tensor, context: KVContext
     ) -> torch.Tensor:
         """Final hidden states of one image block ([T, hidden] embeddings, `gen_rows` its
         latent tokens, the others text markers), every token at `context.rope`."""
-        mask = torch.ones(block.shape[0], dtype=torch.bool)
-        mask[gen_rows] = False
-        experts = (mask.nonzero().squeeze(1), gen_rows)
-        positions = torch.full((block.shape[0],), context.rope, dtype=torch.long)
-        hidden, _, _ = self._run(block, experts, positions, context, causal=False)
-        return hidden
+        return self._block(block, gen_rows, context)[0]
+
+    @torch.inference_mode()
+    def prefill_image(
+        self, block: torch.Tensor, gen_rows: torch.Tensor | None, context: KVContext
+    ) -> KVContext:
+        """`context` grown by an input image's block (`<|vision_start|>`, its tokens,
+        `<|vision_end|>`: [T, hidden] embeddings, all at `context.rope`, not causal;
+        `gen_rows` its VAE tokens, None: all understanding, as ViT tokens are). The block
+        takes one RoPE position: the next one is `context.rope + 1` (the reference's
+        `prepare_vit_images` / `prepare_vae_images`)."""
+        _, keys, values = self._block(block, gen_rows, context)
+        return context.extended(keys, values, rope=context.rope + 1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -8,12 +8,14 @@ Writes into one folder what BAGEL-7B-MoT ships, at toy sizes:
 - `vit_config.json`: a 2-layer SigLIP vision config (Bagel drops its last layer);
 - `ema.safetensors`: every weight under Bagel's names — both experts of every layer,
   `time_embedder`, `vae2llm`, `llm2vae`, `latent_pos_embed` (the fixed 2-D sin-cos
-  table, as Bagel builds it), the ViT (patch embedding as the linear layer Bagel
-  converts it to), `connector`, `vit_pos_embed`;
+  table, as Bagel builds it), the ViT (`vit_model.vision_model.…`, one layer fewer than
+  `vit_config.json` states, patch embedding as the linear layer Bagel converts it to),
+  `connector`, `vit_pos_embed`;
 - `ae.safetensors`: a FLUX autoencoder in FLUX's names (2 levels: 2 pixels per latent;
   4 latent channels), with `ae_config.json` stating its sizes;
 - `bagel_config.json`: latent patch 2, an 8 x 8 grid of latent patches (images up to
-  32 x 32 pixels);
+  32 x 32 pixels), an 8 x 8 grid of ViT patches of 4 pixels, and the input-image
+  bounds (`vae_image_sizes`, `vit_image_sizes`: longest and shortest side);
 - a byte-level tokenizer with Bagel's four special tokens.
 
 Everything is drawn from one seeded generator: the same seed writes the same bytes.
@@ -64,15 +66,16 @@ VIT = {
     "num_hidden_layers": 2,
     "num_attention_heads": 2,
     "num_channels": 3,
-    "image_size": 28,
-    "patch_size": 14,
+    "image_size": 32,
+    "patch_size": 4,
     "hidden_act": "gelu_pytorch_tanh",
     "layer_norm_eps": 1e-6,
 }
 AE = {"resolution": 32, "downsample": 2, "ch": 32, "ch_mult": [1, 2], "num_res_blocks": 1}
 AE |= {"z_channels": 4, "scale_factor": 0.3611, "shift_factor": 0.1159}
-BAGEL = {"latent_patch_size": 2, "max_latent_size": 8, "vit_max_num_patch_per_side": 4}
+BAGEL = {"latent_patch_size": 2, "max_latent_size": 8, "vit_max_num_patch_per_side": 8}
 BAGEL |= {"connector_act": "gelu_pytorch_tanh", "timestep_shift": 3.0}
+BAGEL |= {"vae_image_sizes": [32, 16], "vit_image_sizes": [32, 16]}
 WEIGHT_STD = 0.15
 
 
@@ -112,22 +115,14 @@ def _llm_and_heads(config: BagelConfig, generator: torch.Generator) -> dict[str,
 
 
 def _vit_and_connector(hidden: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    from transformers import SiglipVisionConfig, SiglipVisionModel
+    from transformers import SiglipVisionConfig
 
-    vit = SiglipVisionConfig(**{**VIT, "num_hidden_layers": VIT["num_hidden_layers"] - 1})
-    vit.vision_use_head = False
-    shapes = {
-        f"vit_model.{k}": tuple(v.shape) for k, v in SiglipVisionModel(vit).state_dict().items()
-    }
-    patch = "vit_model.vision_model.embeddings.patch_embedding.weight"
-    shapes[patch] = (vit.hidden_size, vit.num_channels * vit.patch_size**2)
-    side = BAGEL["vit_max_num_patch_per_side"]
-    shapes |= {
-        "connector.fc1.weight": (hidden, vit.hidden_size),
-        "connector.fc1.bias": (hidden,),
-        "connector.fc2.weight": (hidden, hidden),
-        "connector.fc2.bias": (hidden,),
-    }
+    from omnistage.families.bagel.vision import BagelVision
+
+    side, act = BAGEL["vit_max_num_patch_per_side"], BAGEL["connector_act"]
+    model = BagelVision(SiglipVisionConfig(**VIT), hidden, side, act, torch.float32)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shapes.pop("vit_pos_embed.pos_embed")
     weights = _randomize(shapes, generator)
     weights["vit_pos_embed.pos_embed"] = sincos_table(side, hidden)
     return weights

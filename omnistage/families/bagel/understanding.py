@@ -6,6 +6,23 @@ with `qk_norm`) over the prompt, in our engine (paged KV cache, continuous batch
 sync or async scheduling). Its weights are the `language_model.` ones of Bagel's
 `ema.safetensors` without the generation expert's (`*_moe_gen`).
 
+**Input images.** An image enters Bagel's context as blocks (`image_input.py`): every
+token of a block at one RoPE position, attending to the whole block (not causal), VAE
+tokens through the generation expert — none of which a causal, one-expert paged
+attention computes. So the stage's prompter (`image_prompt.BagelImagePrompter`)
+prefills the image blocks with the MoT once per request, and the prompt carries their
+keys and values: its image positions hold placeholder ids, and the multimodal decoder
+inputs the runner already moves with a request (`MultimodalDecoderInputs`) give
+`visual_pos_mask` = the block positions, `deepstack_embeds` = their KV rows (layer `l`'s
+row in `deepstack_embeds[l]`, zero-padded to the hidden width) and
+`mrope_positions` = the RoPE position of every prompt token (equal rows; a block shares
+one). `forward` uses the first row of the positions and, at each layer, replaces the
+keys and values of those positions by the given ones before they are written to the
+cache and attended to: the text after the images attends to exactly the reference's
+image context, the cache holds it, and the hand-off reads it back like any other row.
+(The deepstack channel is the runner's per-layer, per-visual-position transport; here
+it carries KV rows instead of features added to hidden states.)
+
 What it hands to the denoising stage is not a hidden state but the KV cache of the
 positions it computed: `stage_hidden_states` returns, per position computed this step,
 that position's keys and values of every layer as one row (`KVContext.to_rows` order),
@@ -22,8 +39,10 @@ from typing import Any
 import torch
 from transformers import Qwen2Config
 
-from omnistage.families.llama.model import Qwen2ForCausalLM
+from omnistage.families.llama.model import DecoderAttention, Qwen2ForCausalLM
+from omnistage.layers.attention import attend, write_kv
 from omnistage.layers.forward_context import get_forward_context
+from omnistage.models.base import DeepstackRows
 
 MODEL_TYPE = "bagel_understanding"
 ARCHITECTURE = "OmnistageBagelUnderstanding"
@@ -37,12 +56,40 @@ class BagelUnderstandingConfig(Qwen2Config):
     model_type = MODEL_TYPE
 
 
+class InjectedKVAttention(DecoderAttention):
+    """Qwen2 attention whose keys and values at some rows of the step are given
+    (`injected`: rows, keys, values), not computed."""
+
+    injected: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary(positions, q, k)
+        if self.injected is not None:
+            rows, keys, values = self.injected
+            k, v = k.clone(), v.clone()
+            k[rows], v[rows] = keys.to(k.dtype), values.to(v.dtype)
+        meta = get_forward_context()
+        write_kv(self.kv_cache, k, v, meta.slot_mapping)
+        out = attend(q, k, v, self.kv_cache, meta, self.scale)
+        return self.o_proj.add(out.reshape(-1, self.q_size), residual)
+
+
 class BagelUnderstanding(Qwen2ForCausalLM):
     architectures = (ARCHITECTURE,)
     qk_norm = True
+    supports_mrope = True
+    supports_deepstack = True
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, dtype, max_positions)
+        for layer in self.layers:  # same weights and arithmetic, plus the injected rows
+            layer.self_attn.__class__ = InjectedKVAttention
         self._slots: torch.Tensor | None = None
 
     def forward(
@@ -50,9 +97,30 @@ class BagelUnderstanding(Qwen2ForCausalLM):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         inputs_embeds: torch.Tensor | None = None,
+        deepstack: DeepstackRows | None = None,
     ) -> torch.Tensor:
+        """Qwen2's forward; `positions` may be `[3, T]` (equal rows: Bagel's RoPE is 1-D),
+        `deepstack` the KV rows of image positions (see the module docstring)."""
         self._slots = get_forward_context().slot_mapping
-        return super().forward(input_ids, positions, inputs_embeds)
+        if positions.ndim == 2:
+            positions = positions[0]
+        width = self.num_kv_heads * self.head_dim
+        for i, layer in enumerate(self.layers):
+            injected = None
+            if deepstack is not None:
+                rows = deepstack.embeds[i, :, : 2 * width]
+                shape = (-1, self.num_kv_heads, self.head_dim)
+                injected = (
+                    deepstack.rows,
+                    rows[:, :width].view(shape),
+                    rows[:, width:].view(shape),
+                )
+            layer.self_attn.injected = injected
+        try:
+            return super().forward(input_ids, positions, inputs_embeds)
+        finally:
+            for layer in self.layers:
+                layer.self_attn.injected = None
 
     def stage_hidden_states(self, hidden: torch.Tensor) -> torch.Tensor:
         """`[positions, layers * 2 * kv_heads * head_dim]`: the keys and values this step

@@ -25,9 +25,9 @@ FAMILY = Family(
     generation_parts={(MODEL_TYPE, "token2wav"): f"{_PKG}.token2wav:CosyVoice3Token2Wav"},
     configs={MODEL_TYPE: f"{_PKG}.config:CosyVoice3Config"},
     stage_prompters={MODEL_TYPE: f"{_PKG}.prompt:CosyVoice3Prompter"},
-    # Cloning an uploaded clip needs the speech tokenizer and CAM++ (ONNX files), not
-    # run here yet: voices come from the checkpoint's spk2info.pt.
-    voices={MODEL_TYPE: Voices(f"{_PKG}.voices:speakers", None, clones_uploads=False)},
+    # Named voices come from spk2info.pt; uploads are cloned with the checkpoint's
+    # speech tokenizer and CAM++ (clone.py).
+    voices={MODEL_TYPE: Voices(f"{_PKG}.voices:speakers", None)},
     deploys_by_model_type={MODEL_TYPE: "cosyvoice3"},
     layouts={"cosyvoice3.yaml": f"{_PKG}.layout:convert"},
     demos={
@@ -39,6 +39,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_cosyvoice3",
             deploy="demo-cosyvoice3",
+            version=2,  # 2: the speech tokenizer and CAM++ ONNX files (cloning uploads)
         )
     },
 )

@@ -11,7 +11,9 @@ voices). `convert(src, out)` writes:
   its input table the LM's `speech_embedding`, `lm_head` its `llm_decoder`), the text
   embedding the prompter reads (`text_embedding.weight`), `flow.*` and `hift.*`;
 - the tokenizer with CosyVoice3's special tokens added (`CosyVoice3Tokenizer`);
-- `voices.pt` from `spk2info.pt` (see `voices.py`).
+- `voices.pt` from `spk2info.pt` (see `voices.py`);
+- links to `speech_tokenizer_v3.onnx` and `campplus.onnx` where the folder has them (the
+  networks that clone uploaded clips, `clone.py`; about 1 GB together, so not copied).
 
 `models/loader.resolve_model` finds such folders through `Family.layouts` and keeps the
 converted view in the cache directory.
@@ -229,6 +231,7 @@ def convert(src: Path, out: Path) -> None:
     import safetensors.torch
     from transformers import AutoTokenizer
 
+    from omnistage.families.cosyvoice3.clone import CLONE_FILES
     from omnistage.families.cosyvoice3.voices import convert_spk2info
 
     src = Path(src)
@@ -258,3 +261,6 @@ def convert(src: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
     if (src / VOICES_SOURCE).is_file():
         convert_spk2info(src / VOICES_SOURCE, out)
+    for name in CLONE_FILES:  # the clone front end's networks (clone.py), linked not copied
+        if (src / name).is_file():
+            (out / name).symlink_to((src / name).resolve())

@@ -89,7 +89,8 @@ class CosyVoice3Prompter:
         if msg.instructions:
             prompt_text, prompt_speech = self.instruction(msg.instructions), []
         else:
-            prompt_text, prompt_speech = list(voice.prompt_text), voice.speech_tokens.tolist()
+            prompt_text = list(voice.prompt_text)
+            prompt_speech = voice.speech_tokens.tolist() if voice.lm_speech else []
         return self.build(prompt_text, ids, prompt_speech), self.budget(len(ids))
 
     def instruction(self, instructions: str) -> list[int]:

@@ -2,7 +2,8 @@
 
 `cosyvoice3.yaml` (the real file's structure and tags, tiny sizes), `llm.pt`, `flow.pt`
 and `hift.pt` with the real state-dict names, `CosyVoice-BlankEN/` (a tiny Qwen2 config
-and a byte-level tokenizer) and `spk2info.pt` with one zero-shot voice, `demo`. Loading
+and a byte-level tokenizer), `spk2info.pt` with two zero-shot voices, and tiny
+`speech_tokenizer_v3.onnx` / `campplus.onnx` for cloning uploads (`tiny_onnx.py`). Loading
 it goes through the same conversion (`layout.py`) as a real checkpoint. The speech side
 keeps the real sizes that fix ids and shapes: 6561 speech tokens, 80 mel bins, 192-dim
 speaker embeddings, 25-token flow chunks, 480 samples per mel frame at 24 kHz.
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from omnistage.families.cosyvoice3 import tiny_onnx
 from omnistage.families.cosyvoice3.layout import SPECIAL_TOKENS, TEXT_MODEL
 
 SPEECH_TOKENS = 6561
@@ -243,6 +245,8 @@ def make_tiny_cosyvoice3(path: str | Path, seed: int = 0) -> Path:
         name: _voice(path, seed + 10 * n, text) for n, (name, text) in enumerate(VOICES.items())
     }
     torch.save(voices, path / "spk2info.pt")
+    tiny_onnx.make_speech_tokenizer(path / "speech_tokenizer_v3.onnx", seed + 5)
+    tiny_onnx.make_campplus(path / "campplus.onnx", seed + 6)
     (path / "README.md").write_text(
         "A tiny random-weight CosyVoice3 checkpoint made by omnistage "
         "(omnistage/families/cosyvoice3/tiny.py); its speech is noise.\n"

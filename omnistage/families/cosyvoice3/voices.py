@@ -1,7 +1,7 @@
 """CosyVoice3's voices: what a cloned speaker conditions the LM and the flow with.
 
 A voice is the reference's zero-shot speaker record (`CosyVoice.add_zero_shot_spk`,
-saved as `spk2info.pt`): the prompt text's token ids (a system line, `<|endofprompt|>`,
+saved as `spk2info.pt`, or an upload cloned by `clone.py`): the prompt text's token ids (a system line, `<|endofprompt|>`,
 then the clip's transcript), the clip's speech tokens, its 80-bin mel frames (two per
 token) and its 192-dim speaker embedding. The converted checkpoint keeps them in
 `voices.pt`; the LM's prompter and the flow read the same file.
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from omnistage.voice_store import VoiceStore
+
 FILE = "voices.pt"
 
 
@@ -27,6 +29,9 @@ class Voice:
     """[2 * tokens, 80] float32 mel frames of the clip."""
     embedding: torch.Tensor
     """[192] float32 speaker embedding (CAM++)."""
+    lm_speech: bool = True
+    """Whether the LM's prompt holds the speech tokens (False: an uploaded clip without
+    a transcript, the reference's cross-lingual mode)."""
 
 
 def _check(name: str, record: dict) -> Voice:
@@ -87,7 +92,12 @@ def speakers(path: str | Path) -> list[str]:
 
 
 def voice(path: str | Path, name: str | None) -> Voice:
-    """The voice `name` (case-insensitive; None: the first), ValueError naming the choices."""
+    """The voice `name` (case-insensitive; None: the first; a `voice-…` id: the upload,
+    cloned by `clone.py`), ValueError naming the choices."""
+    if VoiceStore.is_voice_id(name):
+        from omnistage.families.cosyvoice3.clone import uploaded_voice
+
+        return uploaded_voice(path, str(name))
     table = voices(path)
     if not table:
         raise ValueError(

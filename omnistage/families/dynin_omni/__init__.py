@@ -1,0 +1,35 @@
+"""Dynin-Omni (snu-aidas/Dynin-Omni): a LLaDA masked-diffusion model that writes text (its
+own final output), image codes or speech units, and the decoders after it, as three
+stages with two hops of one data plane: token2text -> token2image (MAGVITv2) ->
+token2audio (EMOVA; not implemented: its requests fail with a clear error)."""
+
+from omnistage.models.family import Demo, Family
+
+_PKG = "omnistage.families.dynin_omni"
+
+FAMILY = Family(
+    name="dynin_omni",
+    configs={"dynin_omni": f"{_PKG}.config:DyninOmniHFConfig"},
+    generation_parts={
+        ("dynin_omni", "token2text"): f"{_PKG}.token2text:DyninToken2Text",
+        ("dynin_omni", "token2image"): f"{_PKG}.token2image:DyninToken2Image",
+        ("dynin_omni", "token2audio"): f"{_PKG}.token2audio:DyninToken2Audio",
+    },
+    edges={
+        "dynin_token2image": f"{_PKG}.edges:DyninTextToImage",
+        "dynin_token2audio": f"{_PKG}.edges:DyninImageToAudio",
+    },
+    deploys_by_model_type={"dynin_omni": "dynin-omni"},
+    demos={
+        "demo-dynin-omni": Demo(
+            description=(
+                "a tiny random-weight Dynin-Omni (LLaDA masked diffusion + MAGVITv2 image "
+                "decoder): token2text -> token2image -> token2audio with the prompt metadata "
+                "on both hops; its images are noise and speech decoding (EMOVA) is not "
+                "implemented. For real output pass a downloaded Dynin-Omni folder as --model"
+            ),
+            maker=f"{_PKG}.tiny:make_tiny_dynin_omni",
+            deploy="dynin-omni",
+        )
+    },
+)

@@ -1,0 +1,175 @@
+"""Dynin-Omni's checkpoint config: the LLaDA backbone's fields, Dynin's vocabulary layout
+and the generation settings of its three stages.
+
+A Dynin-Omni checkpoint (snu-aidas/Dynin-Omni) is a LLaDA masked-diffusion language
+model (`DyninOmniModelLM`, a `LLaDAModelLM`) whose `config.json` holds LLaDA's
+`ModelConfig` fields (`d_model`, `n_heads`, `n_layers`, `mlp_hidden_size`,
+`embedding_size`, `mask_token_id`, …) and Dynin's own (`llm_vocab_size`,
+`codebook_size`, `num_vq_tokens`, `new_vocab_size`, …). Its vocabulary is the text
+tokenizer's ids, then `codebook_size` image codes (MAGVITv2), then
+`audio_codebook_size` speech units (EMOVA). The image decoder is a separate MAGVITv2
+checkpoint (`vq_model_image/` here, `vq_model_image_path` in Dynin's inference config).
+
+Fields the reference takes from its inference YAML at run time (steps, block lengths,
+lengths of the generated regions) are optional keys here with the reference's demo
+defaults, so a tiny checkpoint states its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from transformers import PretrainedConfig
+
+MODEL_TYPE = "dynin_omni"
+VQ_IMAGE_DIR = "vq_model_image"
+SPECIAL_TOKENS = ("<|soi|>", "<|eoi|>", "<|soa|>", "<|eoa|>", "<|mdm_mask|>")
+"""Dynin's start/end of image and audio tokens and the masked-diffusion mask token."""
+
+
+class DyninOmniHFConfig(PretrainedConfig):
+    """transformers' view of a Dynin-Omni `config.json` (every key kept as an attribute)."""
+
+    model_type = MODEL_TYPE
+
+
+@dataclass(frozen=True)
+class DyninOmniConfig:
+    """The fields of a Dynin-Omni `config.json` omnistage reads (LLaDA's names)."""
+
+    d_model: int
+    """Hidden size."""
+    n_heads: int
+    """Attention heads."""
+    n_layers: int
+    """Transformer blocks (LLaDA `llama` blocks)."""
+    vocab_size: int
+    """Ids the model knows: text, image codes and speech units."""
+    llm_vocab_size: int
+    """Text ids (the tokenizer's length): image codes start here."""
+    codebook_size: int
+    """Image codes (MAGVITv2's codebook, 2**codebook bits)."""
+    audio_codebook_size: int
+    """Speech units (EMOVA's codebook); they start at `llm_vocab_size + codebook_size`."""
+    mask_token_id: int
+    """The masked-diffusion mask id (LLaDA's `<|mdm_mask|>`)."""
+    eos_token_id: int
+    """The end of a text answer."""
+    n_kv_heads: int | None = None
+    """Key/value heads (None: `n_heads`)."""
+    mlp_hidden_size: int | None = None
+    """Feed-forward width (None: `mlp_ratio * d_model`)."""
+    mlp_ratio: int = 4
+    """Feed-forward width over `d_model` when `mlp_hidden_size` is not given."""
+    embedding_size: int | None = None
+    """Rows of the embedding and output tables (None: `vocab_size`)."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    rms_norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    max_sequence_length: int = 4096
+    """The longest sequence (prompt and generated region) the model takes."""
+    weight_tying: bool = False
+    """Whether the output head is the embedding table."""
+    include_bias: bool = False
+    """Biases on every linear layer."""
+    include_qkv_bias: bool = False
+    """Biases on the query/key/value projections."""
+    scale_logits: bool = False
+    """Whether logits are scaled by 1/sqrt(d_model)."""
+    activation_type: str = "silu"
+    """The feed-forward gate's activation (LLaDA's llama blocks: silu)."""
+    block_type: str = "llama"
+    """LLaDA's block type (only `llama` is served)."""
+    layer_norm_type: str = "rms"
+    """LLaDA's norm type (only `rms` is served)."""
+    rope: bool = True
+    """RoPE positions (LLaDA's masked diffusion requires them)."""
+    attention_layer_norm: bool = False
+    """Query/key norms (not used by LLaDA; refused)."""
+    text_max_new_tokens: int = 64
+    """Length of the masked answer region of a text task."""
+    text_steps: int = 64
+    """Denoising steps of a text answer (over all its blocks)."""
+    text_block_length: int = 32
+    """Semi-autoregressive block length of a text answer."""
+    num_vq_tokens: int = 256
+    """Image codes of one generated image (a square grid)."""
+    image_steps: int = 16
+    """Denoising steps of an image (MaskGIT)."""
+    image_temperature: float = 1.0
+    """Gumbel temperature of the image's re-masking, annealed to 0 over the steps."""
+    audio_max_new_tokens: int = 128
+    """Length of the masked speech-unit region."""
+    audio_steps: int = 64
+    """Denoising steps of the speech units (over all their blocks)."""
+    audio_block_length: int = 64
+    """Semi-autoregressive block length of the speech units."""
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "vocab_size", "llm_vocab_size"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads: {self.n_heads} does not divide d_model {self.d_model}")
+        if self.n_heads % self.kv_heads:
+            raise ValueError(f"n_kv_heads: {self.kv_heads} does not divide n_heads")
+        if self.block_type != "llama" or self.layer_norm_type != "rms" or not self.rope:
+            raise ValueError(
+                "block_type/layer_norm_type/rope: only LLaDA llama blocks with RMSNorm and "
+                f"RoPE are served, got {self.block_type!r}/{self.layer_norm_type!r}/{self.rope}"
+            )
+        if self.activation_type != "silu":
+            raise ValueError(
+                f"activation_type: only 'silu' is served, got {self.activation_type!r}"
+            )
+        if self.attention_layer_norm:
+            raise ValueError("attention_layer_norm: query/key norms are not served")
+        end = self.llm_vocab_size + self.codebook_size + self.audio_codebook_size
+        if end > self.table_size:
+            raise ValueError(
+                f"audio_codebook_size: text, image and speech ids end at {end}, past the "
+                f"{self.table_size} rows of the embedding table"
+            )
+        for name in ("text", "audio"):
+            length, block = (
+                getattr(self, f"{name}_max_new_tokens"),
+                getattr(self, f"{name}_block_length"),
+            )
+            if length <= 0 or block <= 0 or length % block:
+                raise ValueError(
+                    f"{name}_block_length: {block} must divide {name}_max_new_tokens {length}"
+                )
+            if getattr(self, f"{name}_steps") % (length // block):
+                raise ValueError(f"{name}_steps: must be a multiple of the number of blocks")
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ff_size(self) -> int:
+        return self.mlp_hidden_size or self.mlp_ratio * self.d_model
+
+    @property
+    def table_size(self) -> int:
+        return self.embedding_size or self.vocab_size
+
+    @property
+    def image_start(self) -> int:
+        return self.llm_vocab_size
+
+    @property
+    def audio_start(self) -> int:
+        return self.llm_vocab_size + self.codebook_size
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> DyninOmniConfig:
+        """The fields this class knows from a `config.json` dict (others are ignored)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})

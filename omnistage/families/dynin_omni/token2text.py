@@ -1,0 +1,171 @@
+"""Dynin-Omni's token2text stage: the LLaDA model writes a request's answer tokens by
+masked diffusion, and names which decoder they are for (`detok_id`).
+
+The task follows from what the request wants out (`GenerationItem.meta["modalities"]`,
+the output types of its final stages): audio -> text-to-speech units, image -> text-to-
+image codes, otherwise text. Each task appends a masked region to the prompt and fills
+it (text greedily, `unmask.fill_masks`; image codes and speech units sampled from the
+request's seed, `sampled_fill`):
+
+    text:  prompt  [mask] * text_max_new_tokens            (any id)
+    image: prompt  <|soi|> [mask] * num_vq_tokens <|eoi|>  (image codes only)
+    audio: prompt  <|soa|> [mask] * audio_max_new_tokens   (units, <|eoa|>, end of text)
+
+The loops are the reference's (see `unmask`, `sampled_fill`); the prompt around the
+region is this simple layout, not Dynin's `UniversalPrompting` templates (task tokens,
+padding to fixed lengths, classifier-free guidance prompts), which are not reproduced.
+
+The output is the region's ids relative to their codebook (image codes from 0, speech
+units from 0, cut at the first <|eoa|>; text ids cut at the first end of text), and the
+item's metadata gains `task`, `detok_id` and `prompt_length`, which the edges carry on.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from omnistage.families.dynin_omni.config import DyninOmniConfig
+from omnistage.families.dynin_omni.llada import LLaDAModelLM
+from omnistage.families.dynin_omni.sampled_fill import maskgit_image, speech_units
+from omnistage.families.dynin_omni.unmask import fill_masks
+from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
+
+DETOK_TEXT, DETOK_IMAGE, DETOK_AUDIO = 0, 1, 2
+"""`detok_id`: which stage decodes the tokens (text, token2image, token2audio)."""
+
+
+def task_of(meta: dict[str, Any]) -> str:
+    """The task of a request wanting `meta["modalities"]` (text when not said); ValueError
+    when it wants more than one: Dynin-Omni writes one modality per request."""
+    wanted = [m for m in str(meta.get("modalities", "")).split(",") if m]
+    if len(wanted) > 1:
+        raise ValueError(
+            f"modalities: Dynin-Omni writes one output per request (text, image or audio); "
+            f"asked for {', '.join(wanted)}"
+        )
+    return {"audio": "t2s", "image": "t2i"}.get(wanted[0] if wanted else "text", "t2t")
+
+
+class DyninToken2Text(GenerationModel):
+    architectures: ClassVar[tuple[str, ...]] = ()
+    output_modality: ClassVar[str] = "tokens"
+    takes_prompts: ClassVar[bool] = True
+    takes_seeds_and_speakers: ClassVar[bool] = True
+    """Image codes and speech units are sampled from the request's seed (text is greedy)."""
+
+    def __init__(self, cfg: DyninOmniConfig, tokenizer: Any, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.lm = LLaDAModelLM(cfg, dtype)
+        self.special = {
+            t: int(tokenizer.convert_tokens_to_ids(t))
+            for t in ("<|soi|>", "<|eoi|>", "<|soa|>", "<|eoa|>")
+        }
+
+    @classmethod
+    def from_checkpoint(cls, path: Path, hf_config: Any, dtype: torch.dtype) -> DyninToken2Text:
+        from omnistage.models.registry import auto_config_and_tokenizer
+
+        cfg = DyninOmniConfig.from_dict(json.loads((Path(path) / "config.json").read_text()))
+        _, tokenizer = auto_config_and_tokenizer(Path(path), "Dynin-Omni")
+        model = cls(cfg, tokenizer, dtype)
+        load_part_module(model.lm, Path(path), "", "Dynin-Omni LLaDA")
+        return model.eval()
+
+    def prompt_rows(self, prompt: str | None, prompt_token_ids: list[int] | None) -> torch.Tensor:
+        if prompt_token_ids is None:
+            if not prompt:
+                raise ValueError("prompt: the prompt is empty")
+            prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        return torch.tensor(list(prompt_token_ids), dtype=torch.long)
+
+    def output_text(self, item: GenerationItem, output: torch.Tensor) -> str:
+        if item.meta.get("task") != "t2t":
+            return ""
+        return self.tokenizer.decode(output.tolist(), skip_special_tokens=True)
+
+    def check_item(self, item: GenerationItem) -> None:
+        ids = item.rows
+        if ids.numel() == 0:
+            raise ValueError("prompt: the prompt is empty")
+        bad = ids[(ids < 0) | (ids >= self.cfg.llm_vocab_size)]
+        if bad.numel():
+            raise ValueError(f"prompt_token_ids: {int(bad[0])} is no text id of this model")
+        region = {"t2t": self.cfg.text_max_new_tokens, "t2i": self.cfg.num_vq_tokens + 2}
+        total = ids.numel() + region.get(task_of(item.meta), self.cfg.audio_max_new_tokens + 1)
+        if total > self.cfg.max_sequence_length:
+            raise ValueError(
+                f"prompt: {ids.numel()} tokens and the generated region ({total} in all) "
+                f"exceed the model's {self.cfg.max_sequence_length}"
+            )
+
+    @torch.inference_mode()
+    def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
+        # One item per model call: a request's tokens must not depend on its neighbours.
+        return [self._generate_one(item) for item in items]
+
+    def _generate_one(self, item: GenerationItem) -> torch.Tensor:
+        task, prompt = task_of(item.meta), item.rows.long()
+        generator = torch.Generator().manual_seed(0 if item.seed is None else int(item.seed))
+        out = {"t2t": self._text, "t2i": self._image, "t2s": self._speech}[task](prompt, generator)
+        detok = {"t2t": DETOK_TEXT, "t2i": DETOK_IMAGE, "t2s": DETOK_AUDIO}[task]
+        item.meta.update(task=task, detok_id=detok, prompt_length=int(prompt.numel()))
+        return out
+
+    def _text(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        c, n = self.cfg, self.cfg.text_max_new_tokens
+        x = fill_masks(
+            self.lm,
+            torch.cat([prompt, self._masks(n)]),
+            prompt.numel(),
+            n,
+            mask_id=c.mask_token_id,
+            block_length=c.text_block_length,
+            steps=c.text_steps,
+        )
+        answer = x[prompt.numel() :]
+        ends = (answer == c.eos_token_id).nonzero()
+        return answer[: int(ends[0])] if ends.numel() else answer
+
+    def _image(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        c, n = self.cfg, self.cfg.num_vq_tokens
+        soi, eoi = self._ids("<|soi|>"), self._ids("<|eoi|>")
+        return maskgit_image(
+            self.lm,
+            torch.cat([prompt, soi, self._masks(n), eoi]),
+            num_codes=n,
+            code_start=c.image_start,
+            codebook_size=c.codebook_size,
+            mask_id=c.mask_token_id,
+            steps=c.image_steps,
+            temperature=c.image_temperature,
+            generator=generator,
+        )
+
+    def _speech(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        c, n = self.cfg, self.cfg.audio_max_new_tokens
+        return speech_units(
+            self.lm,
+            torch.cat([prompt, self._ids("<|soa|>"), self._masks(n)]),
+            prompt.numel() + 1,
+            n,
+            unit_start=c.audio_start,
+            num_units=c.audio_codebook_size,
+            eoa_id=self.special["<|eoa|>"],
+            eos_id=c.eos_token_id,
+            mask_id=c.mask_token_id,
+            block_length=c.audio_block_length,
+            steps=c.audio_steps,
+            generator=generator,
+        )
+
+    def _ids(self, token: str) -> torch.Tensor:
+        return torch.tensor([self.special[token]], dtype=torch.long)
+
+    def _masks(self, n: int) -> torch.Tensor:
+        return torch.full((n,), self.cfg.mask_token_id, dtype=torch.long)

@@ -1,0 +1,186 @@
+"""A tiny random-weight Ming-Omni checkpoint (`BailingMMNativeForConditionalGeneration`
+layout): the built-in `demo-ming-omni` and what the tests build from.
+
+The real layout at small sizes (`config.py` describes it): `config.json`
+(`BailingMMConfig` with the real field names; no vision or audio encoder), one
+safetensors file with the reference's weight names (`model.model.word_embeddings.weight`,
+`model.model.layers.N.attention.query_key_value.weight`, `...mlp.gate.weight`,
+`...mlp.image_gate.weight`, `...mlp.experts.E.gate_proj.weight`,
+`...mlp.shared_experts.up_proj.weight`, `model.lm_head.weight`,
+`talker.model.model.layers.N.self_attn.q_proj.bias`, `talker.model.lm_head.weight`,
+`talker.thinker_to_talker_proj.weight`, `talker.vp_head.weight`, …), the thinker's
+byte-level tokenizer (with a ChatML template, not Ming's), and `talker/` with the
+talker's Qwen2 `config.json`, its byte-level tokenizer carrying the talker's special
+tokens, and one speaker (`spks/luna.pt`, a `[1, 192]` embedding).
+
+Weights are N(0, 0.2) for matrices, N(1, 0.1) for norms, N(0, 0.1) for biases. So
+that the random model behaves like a usable one, the thinker's head keeps only the
+byte tokens and `<|im_end|>` (it writes bytes and may end), and the talker's head
+only the speech ids and `<audio_eos>`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from omnistage.families.ming_omni.config import BailingMMConfig, BailingMoeConfig
+from omnistage.families.ming_omni.prompt import SPEAKERS_DIR
+from omnistage.models.tiny_checkpoints import VOCAB_SIZE, byte_tokenizer
+
+TALKER_SPECIALS = [
+    "<prompt>",
+    "</prompt>",
+    "<thinker_prefix>",
+    "</thinker_prefix>",
+    "<audio_pad>",
+    "<vp>",
+    "</vp>",
+    "<audio_bos>",
+    "<audio_eos>",
+    "<text_eos>",
+    "<text_pad>",
+]
+AUDIO_VOCAB = 64
+"""Speech BPE ids of the tiny talker (after its text ids)."""
+IM_END_ID = 2
+THINKER = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    use_qkv_bias=False,
+    use_bias=False,
+    rms_norm_eps=1e-6,
+    norm_head=True,
+    max_position_embeddings=1024,
+    rope_theta=600000.0,
+    pad_token_id=0,
+    eos_token_id=IM_END_ID,
+    num_experts=4,
+    num_shared_experts=1,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    moe_intermediate_size=32,
+    first_k_dense_replace=0,  # as the real one; the reference crashes on dense layers
+    multi_gate=True,
+)
+TALKER = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+)
+
+
+def _thinker_shapes(c: BailingMoeConfig) -> dict[str, tuple[int, ...]]:
+    h, hd = c.hidden_size, c.head_dim
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * hd
+    out = {"model.model.word_embeddings.weight": (c.vocab_size, h)}
+    for i in range(c.num_hidden_layers):
+        p = f"model.model.layers.{i}."
+        out[p + "attention.query_key_value.weight"] = (qkv, h)
+        out[p + "attention.dense.weight"] = (h, c.num_attention_heads * hd)
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        mlps = {"mlp.": c.intermediate_size}
+        if i >= c.first_k_dense_replace:
+            mlps = {f"mlp.experts.{e}.": c.moe_intermediate_size for e in range(c.num_experts)}
+            mlps["mlp.shared_experts."] = c.moe_intermediate_size * c.num_shared_experts
+            for gate in ("gate", "image_gate", "audio_gate"):
+                out[f"{p}mlp.{gate}.weight"] = (c.num_experts, h)
+        for m, inner in mlps.items():
+            out[p + m + "gate_proj.weight"] = (inner, h)
+            out[p + m + "up_proj.weight"] = (inner, h)
+            out[p + m + "down_proj.weight"] = (h, inner)
+    out["model.model.norm.weight"] = (h,)
+    out["model.lm_head.weight"] = (c.vocab_size, h)
+    return out
+
+
+def _draw(shapes: dict[str, tuple[int, ...]], g: torch.Generator) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif len(shape) >= 2:
+            out[name] = 0.2 * torch.randn(shape, generator=g)
+        else:
+            out[name] = 0.1 * torch.randn(shape, generator=g)
+    return out
+
+
+def _talker_shapes(decoder, thinker_hidden: int, vp: int) -> dict[str, tuple[int, ...]]:
+    from transformers import Qwen2ForCausalLM
+
+    with torch.device("meta"):
+        model = Qwen2ForCausalLM(decoder)
+    out = {f"talker.model.{n}": tuple(p.shape) for n, p in model.state_dict().items()}
+    h = decoder.hidden_size
+    out["talker.thinker_to_talker_proj.weight"] = (h, thinker_hidden)
+    out["talker.thinker_to_talker_proj.bias"] = (h,)
+    out["talker.vp_head.weight"] = (h, vp, 1)
+    out["talker.vp_head.bias"] = (h,)
+    return out
+
+
+def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.float32) -> Path:
+    """Write the seeded tiny checkpoint at `path` (float32 weights drawn, saved in `dtype`)."""
+    from safetensors.torch import save_file
+    from transformers import Qwen2Config
+
+    from omnistage.families.ming_omni.vocoder_tiny import write_tiny_vocoder
+
+    path = Path(path)
+    (path / SPEAKERS_DIR).mkdir(parents=True, exist_ok=True)
+    thinker_tok = byte_tokenizer()
+    talker_tok = byte_tokenizer(TALKER_SPECIALS)
+    text_vocab = len(talker_tok)
+    eos = talker_tok.convert_tokens_to_ids("<audio_eos>")
+    llm = BailingMoeConfig(**THINKER, architectures=["BailingMoeForCausalLM"])
+    talker_llm = Qwen2Config(**TALKER, vocab_size=text_vocab, eos_token_id=eos)
+    talker = dict(
+        qa_model_hidden_size=llm.hidden_size,
+        vocab_size=text_vocab + AUDIO_VOCAB,
+        text_vocab_size=text_vocab,
+        audio_vocab_size=AUDIO_VOCAB,
+        vp_feature_size=192,
+    )
+    config = BailingMMConfig(
+        mlp_depth=2,
+        llm_config=llm,
+        talker_config=talker,
+        architectures=["BailingMMNativeForConditionalGeneration"],
+    )
+    g = torch.Generator().manual_seed(seed)
+    weights = _draw(_thinker_shapes(llm), g)
+    resized = Qwen2Config(**{**talker_llm.to_dict(), "vocab_size": text_vocab + AUDIO_VOCAB})
+    weights |= _draw(_talker_shapes(resized, llm.hidden_size, 192), g)
+    keep = torch.zeros(llm.vocab_size, dtype=torch.bool)
+    keep[3:259] = True  # byte tokens
+    keep[IM_END_ID] = True
+    weights["model.lm_head.weight"][~keep] = 0.0
+    weights["talker.model.lm_head.weight"][:text_vocab][torch.arange(text_vocab) != eos] = 0.0
+    save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, path / "model.safetensors")
+    config.save_pretrained(path)
+    talker_llm.save_pretrained(path / "talker")
+    for folder, tok in ((path, thinker_tok), (path / "talker", talker_tok)):
+        tok.save_pretrained(folder)
+        # The class any transformers release reads (the reference pins 4.45).
+        settings_file = folder / "tokenizer_config.json"
+        settings = json.loads(settings_file.read_text())
+        settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+        settings_file.write_text(json.dumps(settings, indent=2))
+    luna = torch.randn(1, 192, generator=g)
+    torch.save(luna.to(dtype), path / SPEAKERS_DIR / "luna.pt")
+    write_tiny_vocoder(path / "talker", seed)
+    return path

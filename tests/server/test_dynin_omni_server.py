@@ -1,0 +1,115 @@
+"""The built-in demo-dynin-omni served through the existing endpoints: listed by
+`omnistage models`; chat completions answer with token2text's text (one output per
+request: asking text and audio is a 400 naming `modalities`); `/v1/images/generations` returns token2image's MAGVITv2 decode as a
+PNG (the same prompt and seed, the same image; the seed goes to token2text, which samples
+the codes); asking its fixed-size decoder for a size or diffusion settings, an empty prompt or one too long for the model is a 400 naming the
+field; `/v1/audio/speech` fails with the reason (EMOVA's speech decoder is missing)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from omnistage.models import builtin
+from tests.server.conftest import PipelineServer
+
+MODEL = "demo-dynin-omni"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[PipelineServer]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        with PipelineServer(MODEL) as live:
+            yield live
+
+
+def _image(response: httpx.Response) -> np.ndarray:
+    assert response.status_code == 200, response.text
+    (item,) = response.json()["data"]
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(item["b64_json"]))))
+
+
+def _post(server: PipelineServer, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json={"model": MODEL, **body}, timeout=120)
+
+
+def test_listed_by_omnistage_models() -> None:
+    assert "Dynin-Omni" in builtin.builtin_models()[MODEL]
+
+
+def test_image_generation_is_the_decoded_codes(server: PipelineServer) -> None:
+    first = _image(_post(server, "/v1/images/generations", {"prompt": "a cat"}))
+    again = _image(_post(server, "/v1/images/generations", {"prompt": "a cat"}))
+    other = _image(_post(server, "/v1/images/generations", {"prompt": "a blue boat"}))
+    assert first.shape == (8, 8, 3)
+    assert np.array_equal(first, again) and not np.array_equal(first, other)
+    seeded = [
+        _image(_post(server, "/v1/images/generations", {"prompt": "a cat", "seed": s}))
+        for s in (5, 5, 6)
+    ]
+    assert np.array_equal(seeded[0], seeded[1]) and not np.array_equal(seeded[0], seeded[2])
+    server.wait_idle()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "a cat", "size": "64x64"}, "size"),
+        ({"prompt": "a cat", "num_inference_steps": 4}, "num_inference_steps"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "x" * 600}, "prompt"),
+    ],
+)
+def test_bad_image_request_is_400_naming_the_field(
+    server: PipelineServer, body: dict, param: str
+) -> None:
+    response = _post(server, "/v1/images/generations", body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}:")
+    server.wait_idle()
+
+
+def test_chat_answers_with_token2text(server: PipelineServer) -> None:
+    hello = {"messages": [{"role": "user", "content": "hello"}]}
+    first = _post(server, "/v1/chat/completions", hello)
+    again = _post(server, "/v1/chat/completions", {**hello, "modalities": ["text"]})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["choices"][0]["message"]["content"]
+    assert body["usage"]["completion_tokens"] > 0
+    assert (
+        again.json()["choices"][0]["message"]["content"] == body["choices"][0]["message"]["content"]
+    )
+    server.wait_idle()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"messages": [{"role": "user", "content": "x" * 600}]}, "messages"),
+    ],
+)
+def test_bad_chat_request_is_400_naming_the_field(
+    server: PipelineServer, body: dict, param: str
+) -> None:
+    request = {"messages": [{"role": "user", "content": "hi"}], **body}
+    response = _post(server, "/v1/chat/completions", request)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    server.wait_idle()
+
+
+def test_speech_fails_with_its_reason(server: PipelineServer) -> None:
+    response = _post(server, "/v1/audio/speech", {"input": "hi"})
+    assert response.status_code == 500
+    assert "EMOVA" in response.json()["error"]["message"]
+    server.wait_idle()

@@ -1,0 +1,99 @@
+"""POST /v1/chat/completions over Ming-Omni (the built-in demo-ming-omni: thinker -> talker
+-> vocoder) with the real server and the real `openai` client: a text answer, whole and
+streamed; text and audio, whole and streamed (the same samples, up to the two pcm16 conversions); bad input (an unknown
+voice among it) is a 400 in the OpenAI error shape naming the field, and the server goes
+on serving."""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+from collections.abc import Iterator
+
+import numpy as np
+import openai
+import pytest
+
+from tests.server.conftest import PipelineServer
+
+MODEL = "demo-ming-omni"
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[PipelineServer]:
+    with PipelineServer(MODEL) as live:
+        yield live
+
+
+def test_text_answer_whole_and_streamed(server: PipelineServer) -> None:
+    client = server.openai()
+    whole = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=6, temperature=0, modalities=["text"]
+    )
+    assert whole.choices[0].message.content
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=6,
+        temperature=0,
+        modalities=["text"],
+        stream=True,
+    )
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert "".join(pieces) == whole.choices[0].message.content
+    server.wait_idle()
+
+
+def test_bad_input_is_a_400_naming_the_field(server: PipelineServer) -> None:
+    client = server.openai()
+    for param, kwargs in {
+        "messages": dict(messages=[]),
+        "max_tokens": dict(messages=HELLO, max_tokens=-1),
+        "modalities": dict(messages=HELLO, modalities=["audio"]),
+        "audio.voice": dict(
+            messages=HELLO, modalities=["text", "audio"], audio={"format": "wav", "voice": "x"}
+        ),
+    }.items():
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.chat.completions.create(model=MODEL, **kwargs)
+        error = exc.value.response.json()["error"]
+        assert error["param"] == param, error
+        assert error["type"] == "invalid_request_error"
+    after = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=3, modalities=["text"]
+    )
+    assert after.choices[0].message.content is not None
+    server.wait_idle()
+
+
+def test_text_and_audio_whole_and_streamed(server: PipelineServer) -> None:
+    client = server.openai()
+    body = dict(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=6,
+        temperature=0,
+        modalities=["text", "audio"],
+        audio={"format": "wav", "voice": "luna"},
+        seed=3,
+    )
+    reply = client.chat.completions.create(**body)
+    message = reply.choices[0].message
+    assert message.audio is not None and message.audio.transcript == message.content
+    with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as wav:
+        assert wav.getframerate() == 22050 and wav.getnframes() > 0
+        pcm = wav.readframes(wav.getnframes())
+    streamed = b""
+    for chunk in client.chat.completions.create(**body, stream=True):
+        sound = getattr(chunk.choices[0].delta, "audio", None) if chunk.choices else None
+        sound = sound if sound is None or isinstance(sound, dict) else sound.model_dump()
+        if sound and sound.get("data"):
+            streamed += base64.b64decode(sound["data"])
+    # The same samples: the stream's pcm16 deltas are converted as soundfile writes the wav.
+    whole_pcm = np.frombuffer(pcm, np.int16).astype(np.int32)
+    streamed_pcm = np.frombuffer(streamed, np.int16).astype(np.int32)
+    np.testing.assert_array_equal(streamed_pcm, whole_pcm)
+    assert np.abs(whole_pcm).max() > 100  # not silence
+    server.wait_idle()
