@@ -61,7 +61,13 @@ class RotaryEmbedding(nn.Module):
         `d / 2` frequencies takes the position of one row (`mrope_frequency_rows`). Every
         table entry is `cos/sin(position * inv_freq)` computed in float32, so picking
         entries per frequency equals transformers' float32 recomposition exactly."""
-        rows = mrope_frequency_rows(self.cos.shape[1] // 2, section, interleaved)
+        self.enable_position_rows(
+            mrope_frequency_rows(self.cos.shape[1] // 2, section, interleaved)
+        )
+
+    def enable_position_rows(self, rows: torch.Tensor) -> None:
+        """Also rotate with [3, T] positions, frequency `i` by row `rows[i]` of them ([d / 2]
+        int64 in 0..2; e.g. HunyuanImage-3's 2-D RoPE: rows 1, 2, 1, 2, …)."""
         device = self.cos.device
         self.mrope_rows = torch.cat([rows, rows]).to(device)
         self._columns = torch.arange(2 * len(rows), device=device)

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from jinja2.exceptions import TemplateError
 
 from omnistage.multimodal.media import resolve_url
 from omnistage.multimodal.modalities import MODALITIES
@@ -128,12 +129,17 @@ def render_chat(
                 images.append(_image_source(part))
                 parts.append({"type": "image", "image": f"<image {len(images) - 1}>"})
         rendered.append({"role": message["role"], "content": parts})
-    prompt = tokenizer.apply_chat_template(
-        rendered,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        **dict(chat_template_kwargs or {}),
-    )
+    try:
+        prompt = tokenizer.apply_chat_template(
+            rendered,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **dict(chat_template_kwargs or {}),
+        )
+    except TemplateError as exc:
+        if type(exc) is not TemplateError:  # a broken template, not the request's input
+            raise
+        raise ValueError(str(exc)) from None  # the template's own `raise_exception`
     for name, items in (("audio", audios), ("image", images)):
         placeholder = (placeholders or {}).get(name)
         if placeholder is None:

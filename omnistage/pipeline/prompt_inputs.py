@@ -7,7 +7,8 @@ A prompt is one of:
   `"multi_modal_data": {"audio": item | [items], "image": item | [items]}`, one item per
   placeholder of the prompt, in order (as vLLM takes them);
 - `{"messages": [...]}`: OpenAI-style chat messages, rendered with the entry model's
-  chat template; content parts may be text, audio (`{"type": "audio", "audio": ...}`,
+  chat template (and the optional `"chat_template_kwargs"`, e.g. HunyuanImage-3's
+  `bot_task`; a value the template refuses is a ValueError naming it); content parts may be text, audio (`{"type": "audio", "audio": ...}`,
   `input_audio`, `audio_url`) and image (`image`, `image_url`).
 
 Audio items are file paths, file bytes, or `(samples, sampling_rate)`; images are file
@@ -86,14 +87,17 @@ class PromptReader:
                 f"'messages', got {type(prompt).__name__}"
             )
         unknown = sorted(
-            set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data", "messages"}
+            set(prompt)
+            - {"prompt", "prompt_token_ids", "multi_modal_data", "messages", "chat_template_kwargs"}
         )
         if unknown:
             raise ValueError(f"prompt: unknown field {unknown[0]!r}")
         if "messages" in prompt:
-            if set(prompt) != {"messages"}:
+            if set(prompt) - {"messages", "chat_template_kwargs"}:
                 raise ValueError("messages: give either 'messages' or a 'prompt', not both")
-            return self._read_messages(prompt["messages"])
+            return self._read_messages(prompt["messages"], prompt.get("chat_template_kwargs"))
+        if "chat_template_kwargs" in prompt:
+            raise ValueError("chat_template_kwargs: only with 'messages'")
         text, ids = _text_and_ids(prompt)
         media = prompt.get("multi_modal_data") or {}
         if not isinstance(media, Mapping):
@@ -108,7 +112,7 @@ class PromptReader:
             self._images(_as_list(media.get("image"))),
         )
 
-    def _read_messages(self, messages: Any) -> PromptInputs:
+    def _read_messages(self, messages: Any, template_kwargs: Any = None) -> PromptInputs:
         from omnistage.models.loader import load_tokenizer, resolve_model
         from omnistage.multimodal.registry import render_model_chat
 
@@ -117,8 +121,19 @@ class PromptReader:
 
             chat = render_chat(LastUserText(), messages, supported=self.input_modalities)
             return PromptInputs(chat.prompt, None, [], self._images(chat.images))
+        if template_kwargs is not None and not (
+            isinstance(template_kwargs, Mapping)
+            and all(isinstance(k, str) for k in template_kwargs)
+        ):
+            raise ValueError("chat_template_kwargs: expected a dict of names to values")
         tokenizer = load_tokenizer(resolve_model(self.model))
-        chat = render_model_chat(self._path, tokenizer, messages, supported=self.input_modalities)
+        chat = render_model_chat(
+            self._path,
+            tokenizer,
+            messages,
+            chat_template_kwargs=template_kwargs,
+            supported=self.input_modalities,
+        )
         return PromptInputs(chat.prompt, None, self._audios(chat.audios), self._images(chat.images))
 
     def _check(self, modality: str) -> None:

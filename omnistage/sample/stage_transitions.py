@@ -12,7 +12,8 @@ Section budgets bound how long a section may run: `{"</think>": {"max_tokens":
 `</think>` once 24 tokens were generated without one, and `</recaption>` once
 32 tokens followed the `<recaption>` that opened the caption without one (a
 thinking budget; it also lets a random-weight demo thinker always finish its
-sections).
+sections). A prompt that ends with the opening token (a chat template that opens the
+answer with `<think>`) opens the section at the output's start.
 
 Used as a logits processor configured on the engine (`stage_transitions=`,
 `stage_budgets=`), or called by a model's own `sample()`.
@@ -39,7 +40,8 @@ class SectionBudget:
     max_tokens: int
     after: int | None = None
 
-    def forced_token(self, history: Sequence[int]) -> int | None:
+    def forced_token(self, history: Sequence[int], prompt_last: int | None = None) -> int | None:
+        """`prompt_last`: the prompt's last token (an `after` there opens the section)."""
         if self.after is None:  # the section opens with the output and closes once
             if len(history) < self.max_tokens or self.close in history:
                 return None
@@ -47,7 +49,11 @@ class SectionBudget:
         # The open section starts at the first `after` since the last `close` (a repeated
         # `after` inside it does not restart the budget).
         closed = max((i for i, t in enumerate(history) if t == self.close), default=-1)
-        start = next((i for i in range(closed + 1, len(history)) if history[i] == self.after), None)
+        if closed < 0 and prompt_last == self.after:
+            start: int | None = -1  # opened by the prompt
+        else:
+            after = range(closed + 1, len(history))
+            start = next((i for i in after if history[i] == self.after), None)
         if start is None or len(history) - (start + 1) < self.max_tokens:
             return None
         return self.close
@@ -114,8 +120,9 @@ class StageTransitions:
             [budget(k, v) for k, v in (budgets or {}).items()],
         )
 
-    def forced_token(self, history: Sequence[int]) -> int | None:
-        """The token the history must continue with, or None."""
+    def forced_token(self, history: Sequence[int], prompt_last: int | None = None) -> int | None:
+        """The token the history must continue with, or None (`prompt_last`: the prompt's
+        last token, for budgets of a section the prompt opens)."""
         n = len(history)
         tail = list(history[max(0, n - self._window) :])
         m = len(tail)
@@ -128,15 +135,21 @@ class StageTransitions:
                 if tuple(tail[start:end]) == trigger and tuple(tail[end:]) == forced[:k]:
                     return forced[k]
         for budget in self.budgets:
-            token = budget.forced_token(history)
+            token = budget.forced_token(history, prompt_last)
             if token is not None:
                 return token
         return None
 
-    def apply(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Force rows in place: [B, V] logits, one real history per row."""
+    def apply(
+        self,
+        logits: torch.Tensor,
+        histories: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int]] | None = None,
+    ) -> torch.Tensor:
+        """Force rows in place: [B, V] logits, one real output history (and prompt) per row."""
         for row, history in enumerate(histories):
-            token = self.forced_token(history)
+            prompt = prompts[row] if prompts is not None else ()
+            token = self.forced_token(history, prompt[-1] if len(prompt) else None)
             if token is not None:
                 keep = logits[row, token].clone()
                 logits[row].fill_(float("-inf"))

@@ -87,7 +87,7 @@ class SamplingDispatch:
         raw_logprobs = compute_logprobs(logits, md) if md.max_num_logprobs is not None else None
         logits = apply_logits_processors(logits, md)
         if self.stage_transitions is not None:
-            self.stage_transitions.apply(logits, md.output_token_ids)
+            self.stage_transitions.apply(logits, md.output_token_ids, md.prompt_token_ids)
         tokens = None
         if self.model.prefer_model_sampler:
             tokens = self.model.sample(logits, md)

@@ -10,6 +10,7 @@ FAMILY = Family(
     name="hunyuan_image3",
     models={"HunyuanImage3ForCausalMM": f"{_PKG}.model:HunyuanImage3ForCausalMM"},
     configs={"hunyuan_image_3_moe": f"{_PKG}.config:HunyuanImage3Config"},
+    input_encoders={"hunyuan_image_3_moe": f"{_PKG}.input_encoder:HunyuanImage3InputEncoder"},
     diffusion_pipelines={
         "OmnistageHunyuanImage3Pipeline": f"{_PKG}.pipeline:HunyuanImage3Pipeline"
     },
@@ -20,11 +21,12 @@ FAMILY = Family(
             description=(
                 "a tiny random-weight HunyuanImage-3 (MoE decoder that thinks, recaptions and "
                 "picks the aspect ratio with its own sampler, then denoises the image with its "
-                "image head and VAE): every part runs, its thoughts are random bytes and its "
-                "pictures noise"
+                "image head and VAE; it also reads images, image-to-text): every part runs, its "
+                "thoughts are random bytes and its pictures noise"
             ),
             maker=f"{_PKG}.tiny:make_tiny_hunyuan_image3",
             deploy="demo-hunyuan-image3",
+            version=2,
         )
     },
 )

@@ -15,23 +15,27 @@ the image-bidirectional mask (`rope2d.py`); its last-layer rows of the image tok
 done for the unconditional context and the two are mixed as the reference's
 `ClassifierFreeGuidance` does; Euler steps of `flow_match.py` move the latents.
 
-Every step recomputes the context's rows: the image tokens come after it and text is
-causal, so the context's keys and values are the same each step (the reference
-keeps them in a cache; the numbers are the same).
+The context's keys and values are the same at every step (the image tokens come after
+it and text is causal), so they are computed once per request (`context_kv`, as the
+reference keeps them in its cache after the first step) and each step runs only the
+`<timestep>` and image rows over them (`velocity` given a `ContextKV`). Given the token
+ids instead, a step recomputes the whole sequence: the same numbers up to float rounding
+(`tests/models/test_hunyuan_image3_kv_reuse.py`), kept to prove it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from omnistage.families.hunyuan_image3.config import HunyuanImage3Config
 from omnistage.families.hunyuan_image3.flow_match import FlowMatchEuler
 from omnistage.families.hunyuan_image3.image_head import ImageHead
+from omnistage.families.hunyuan_image3.layers import KV
 from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
 from omnistage.families.hunyuan_image3.rope2d import denoise_mask, image_positions, rope_tables
 
@@ -49,13 +53,34 @@ class DenoiseRequest:
     shift: float
 
 
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint folder's safetensors files, by name."""
+@dataclass
+class ContextKV:
+    """Every decoder layer's keys and values of one context (rotated and normed)."""
+
+    length: int
+    layers: list[KV] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+Context = list[int] | ContextKV
+"""A context as token ids (recomputed every step) or as its cached keys and values."""
+
+
+def read_weights(path: Path, prefixes: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The tensors of the checkpoint folder's safetensors files, by name: every one, or
+    those whose names start with one of `prefixes` (the others are not read)."""
     weights: dict[str, torch.Tensor] = {}
-    for file in sorted(Path(path).glob("*.safetensors")):
-        weights.update(load_file(str(file)))
-    if not weights:
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
         raise ValueError(f"{path}: no safetensors files")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+                if not prefixes or name.startswith(prefixes):
+                    weights[name] = f.get_tensor(name)
     return weights
 
 
@@ -89,27 +114,56 @@ class HunyuanImageDenoiser:
         head.load(weights)
         return cls(decoder.eval(), head.eval(), config)
 
-    def velocity(self, context: list[int], latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def _tables(
+        self, seq_len: int, start: int, h: int, w: int, first: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cos, sin and mask of rows [first, seq_len) of a step's sequence whose h x w image
+        tokens start at `start`."""
+        dtype = self.decoder.ln_f.weight.dtype
+        positions = image_positions(seq_len, start, h, w)[first:]
+        cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, dtype)
+        mask = denoise_mask(seq_len, start, h * w)[first:]
+        return cos.to(device), sin.to(device), mask.to(device)
+
+    @torch.no_grad()
+    def context_kv(self, context: list[int], device: torch.device) -> ContextKV:
+        """The keys and values of every layer over `context` (causal text, plain positions):
+        what each denoising step attends to. The last layer's rows need no output."""
+        ids = torch.tensor(context, dtype=torch.int64, device=device)
+        x = self.decoder.wte(ids)
+        cos, sin, mask = self._tables(len(context), len(context), 0, 0, 0, device)
+        cached = ContextKV(len(context))
+        *layers, last = self.decoder.layers
+        for layer in layers:
+            x, kv = layer.dense(x, cos, sin, mask)
+            cached.layers.append(kv)
+        _, k, v = last.self_attn.rotated_qkv(last.input_layernorm(x), cos, sin)
+        cached.layers.append((k, v))
+        return cached
+
+    def velocity(self, context: Context, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """[1, C, h, w] latents at time `t` ([1], sigma * 1000) -> [1, C, h, w] velocity."""
         _, _, h, w = latents.shape
         dtype = self.decoder.ln_f.weight.dtype
-        ids = torch.tensor(context, dtype=torch.int64, device=latents.device)
         image_rows = self.head.patch_embed(latents.to(dtype), self.head.time_embed(t))[0]
-        x = torch.cat([self.decoder.wte(ids), self.head.timestep_emb(t), image_rows])
-        start, n = len(context) + 1, h * w
-        cos, sin = rope_tables(
-            image_positions(x.shape[0], start, h, w), self.head_dim, self.rope_theta, dtype
-        )
-        mask = denoise_mask(x.shape[0], start, n).to(latents.device)
-        cos, sin = cos.to(latents.device), sin.to(latents.device)
-        for layer in self.decoder.layers:
-            x = layer.dense(x, cos, sin, mask)
-        return self.head.final_layer(x[None, start : start + n], self.head.time_embed_2(t), h, w)
+        x = torch.cat([self.head.timestep_emb(t), image_rows])
+        cached = isinstance(context, ContextKV)
+        length = context.length if cached else len(context)
+        if not cached:
+            ids = torch.tensor(context, dtype=torch.int64, device=latents.device)
+            x = torch.cat([self.decoder.wte(ids), x])
+        start, n = length + 1, h * w
+        first = length if cached else 0
+        cos, sin, mask = self._tables(length + 1 + n, start, h, w, first, latents.device)
+        for i, layer in enumerate(self.decoder.layers):
+            x, _ = layer.dense(x, cos, sin, mask, context.layers[i] if cached else None)
+        rows = x[None, start - first : start - first + n]
+        return self.head.final_layer(rows, self.head.time_embed_2(t), h, w)
 
     def guided_velocity(
         self,
-        context: list[int],
-        uncond_context: list[int] | None,
+        context: Context,
+        uncond_context: Context | None,
         latents: torch.Tensor,
         t: torch.Tensor,
         guidance_scale: float,
@@ -124,14 +178,21 @@ class HunyuanImageDenoiser:
         return v_uncond + guidance_scale * (v - v_uncond)
 
     @torch.no_grad()
-    def generate(self, request: DenoiseRequest, noise: torch.Tensor) -> torch.Tensor:
-        """Denoise `noise` [1, C, token_h, token_w]; returns the final latents."""
+    def generate(
+        self, request: DenoiseRequest, noise: torch.Tensor, reuse_kv: bool = True
+    ) -> torch.Tensor:
+        """Denoise `noise` [1, C, token_h, token_w]; returns the final latents. `reuse_kv`:
+        the contexts' keys and values computed once (else every step recomputes them)."""
         scheduler = FlowMatchEuler(request.steps, request.shift)
+        context: Context = request.context
+        uncond: Context | None = request.uncond_context
+        if reuse_kv:
+            context = self.context_kv(request.context, noise.device)
+            if uncond is not None and request.guidance_scale > 1.0:
+                uncond = self.context_kv(uncond, noise.device)
         latents = noise
         for t in scheduler.timesteps:
             t = t.reshape(1).to(latents.device)
-            v = self.guided_velocity(
-                request.context, request.uncond_context, latents, t, request.guidance_scale
-            )
+            v = self.guided_velocity(context, uncond, latents, t, request.guidance_scale)
             latents = scheduler.step(v, t, latents)[0]
         return latents

@@ -19,6 +19,8 @@ shared SwiGLU of `num_shared_expert * moe_intermediate_size` is added ungated.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,20 @@ from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
+
+KV = tuple[torch.Tensor, torch.Tensor]
+"""One layer's keys and values of some rows, [T, kv_heads, head_dim] each."""
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """A run of image tokens in this step's prefill rows [first, last) of one sequence."""
+
+    first: int
+    last: int
+    keys: int
+    """How many of the sequence's positions the run's rows see: up to the run's end."""
+    block_ids: torch.Tensor
 
 
 class HunyuanAttention(nn.Module):
@@ -51,6 +67,8 @@ class HunyuanAttention(nn.Module):
             self.key_layernorm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype)
         self.rotary = rotary
         self.kv_cache: torch.Tensor | None = None
+        self.image_spans: list[ImageSpan] = []
+        """This step's runs of prompt image tokens, set by the model before each forward."""
 
     def split_qkv(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[T, width] grouped rows -> q [T, heads, d], k and v [T, kv_heads, d]."""
@@ -67,17 +85,42 @@ class HunyuanAttention(nn.Module):
         meta = get_forward_context()
         write_kv(self.kv_cache, k, v, meta.slot_mapping)
         out = attend(q.contiguous(), k, v, self.kv_cache, meta, self.scale)
+        for span in self.image_spans:
+            out[span.first : span.last] = self._image_rows(q[span.first : span.last], span)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
-    def dense(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """One whole sequence without the KV cache (the image head's denoising steps):
-        x [T, hidden], cos/sin [T, d] (2-D RoPE), mask [T, T] bool (True: may attend)."""
+    def _image_rows(self, q: torch.Tensor, span: ImageSpan) -> torch.Tensor:
+        """Rows of one run of image tokens: every key up to the run's end, the run's own
+        later ones included (the reference's image-bidirectional mask; the cache already
+        holds this step's keys)."""
+        cache = self.kv_cache
+        _, kv_heads, _, block_size, head_dim = cache.shape
+        blocks = span.block_ids[: -(-span.keys // block_size)]
+        keys, values = (
+            cache[i].index_select(1, blocks).reshape(kv_heads, -1, head_dim)[:, : span.keys]
+            for i in (0, 1)
+        )
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[None], values[None], scale=self.scale, enable_gqa=True
+        )
+        return out[0].transpose(0, 1)
+
+    def rotated_qkv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, heads, d], k and v [T, kv_heads, d] of x [T, hidden], rotated by cos/sin
+        [T, d] (2-D RoPE) and normed: the keys and values a later step may reuse."""
         q, k, v = self.split_qkv(self.qkv_proj(x))
         q, k = rotate(q, cos[:, None], sin[:, None]), rotate(k, cos[:, None], sin[:, None])
         if self.query_layernorm is not None:
             q, k = self.query_layernorm(q), self.key_layernorm(k)
+        return q, k, v
+
+    def dense_attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Queries [Tq, heads, d] over keys/values [Tk, kv_heads, d] with mask [Tq, Tk] bool
+        (True: may attend), then `o_proj`."""
         # Query head i reads KV head i // groups, as the reference's `repeat_kv`.
         k, v = (t.repeat_interleave(self.groups, dim=1) for t in (k, v))
         out = F.scaled_dot_product_attention(
@@ -88,6 +131,23 @@ class HunyuanAttention(nn.Module):
             scale=self.scale,
         )
         return self.o_proj(out.transpose(0, 1).reshape(-1, self.num_heads * self.head_dim))
+
+    def dense(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: KV | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        """Rows x [T, hidden] without the paged KV cache (the image head's denoising steps),
+        after the rows whose keys and values are `past` ([P, kv_heads, d] each, or None);
+        mask [T, P + T]. Returns the output rows and x's own (k, v)."""
+        q, k, v = self.rotated_qkv(x, cos, sin)
+        keys, values = (
+            (k, v) if past is None else (torch.cat([past[0], k]), torch.cat([past[1], v]))
+        )
+        return self.dense_attend(q, keys, values, mask), (k, v)
 
 
 class HunyuanMLP(nn.Module):
@@ -175,8 +235,15 @@ class HunyuanDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def dense(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor:
-        """`forward` of one whole sequence without the KV cache (`HunyuanAttention.dense`)."""
-        x = x + self.self_attn.dense(self.input_layernorm(x), cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        past: KV | None = None,
+    ) -> tuple[torch.Tensor, KV]:
+        """`forward` of rows without the paged KV cache (`HunyuanAttention.dense`): the
+        output rows and the rows' own keys and values."""
+        attn, kv = self.self_attn.dense(self.input_layernorm(x), cos, sin, mask, past)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), kv

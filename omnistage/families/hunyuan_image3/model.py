@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from omnistage.families.hunyuan_image3.layers import HunyuanDecoderLayer
+from omnistage.families.hunyuan_image3.layers import HunyuanDecoderLayer, ImageSpan
 from omnistage.families.hunyuan_image3.sampler import HunyuanImage3Sampler
 from omnistage.families.hunyuan_image3.tokens import HunyuanTokens, first_eos
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Embedding, Linear
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import DefaultRope, RotaryEmbedding
@@ -42,12 +43,47 @@ IMAGE_HEAD_PREFIXES = (
 )
 
 
+def enable_2d_rope(rotary: RotaryEmbedding) -> None:
+    """Let the table also take [3, T] (index, row, column) positions: frequency i rotates
+    by the row for even i and by the column for odd i (the reference's 2-D RoPE). Text
+    takes (p, p, p): the same table entries as the 1-D position p."""
+    rotary.enable_position_rows(1 + torch.arange(rotary.cos.shape[1] // 2) % 2)
+
+
+def image_spans(input_ids: torch.Tensor, meta: Any, image_ids: torch.Tensor) -> list[ImageSpan]:
+    """The runs (longer than one token) of image tokens among this step's prefill rows.
+    A run that reaches the end of its chunk may go on in the next one, whose rows this
+    one could not see: refused (serve image prompts without chunked prefill)."""
+    flags = torch.isin(input_ids, image_ids).tolist()
+    spans = []
+    for seq in meta.prefills:
+        i, end = seq.query_start, seq.query_start + seq.query_len
+        while i < end:
+            if not flags[i]:
+                i += 1
+                continue
+            j = i
+            while j < end and flags[j]:
+                j += 1
+            if j - i > 1:
+                if j == end:
+                    raise ValueError(
+                        "max_num_batched_tokens: an input image's tokens were split across "
+                        "prefill chunks; serve image prompts with enable_chunked_prefill off"
+                    )
+                keys = seq.context_len + j - seq.query_start
+                spans.append(ImageSpan(i, j, keys, seq.block_ids))
+            i = j
+    return spans
+
+
 class HunyuanImage3Model(nn.Module):
     """`model.*` of the checkpoint: token embedding, decoder layers, final norm."""
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__()
         rotary = RotaryEmbedding(DefaultRope(config), max_positions, dtype)
+        enable_2d_rope(rotary)
         self.wte = Embedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList(
             HunyuanDecoderLayer(config, i, dtype, rotary) for i in range(config.num_hidden_layers)
@@ -58,6 +94,8 @@ class HunyuanImage3Model(nn.Module):
 class HunyuanImage3ForCausalMM(CausalLM):
     architectures = ("HunyuanImage3ForCausalMM",)
     prefer_model_sampler = True
+    supports_mrope = True
+    """[3, T] (index, row, column) positions for prompts with images (`enable_2d_rope`)."""
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__()
@@ -72,7 +110,10 @@ class HunyuanImage3ForCausalMM(CausalLM):
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = attn.num_kv_heads
         self.head_dim = attn.head_dim
-        self.sampler = HunyuanImage3Sampler(_tokens(config))
+        tokens = _tokens(config)
+        self.sampler = HunyuanImage3Sampler(tokens)
+        self.image_ids = torch.tensor([tokens.img, tokens.joint_img_sep])
+        """The tokens of an input image's two runs and the separator between them."""
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.wte(input_ids)
@@ -84,7 +125,11 @@ class HunyuanImage3ForCausalMM(CausalLM):
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.model.wte(input_ids) if inputs_embeds is None else inputs_embeds
+        spans = []
+        if inputs_embeds is not None and positions.ndim == 2:  # a prompt with images
+            spans = image_spans(input_ids, get_forward_context(), self.image_ids)
         for layer in self.model.layers:
+            layer.self_attn.image_spans = spans
             x = layer(positions, x)
         return self.model.ln_f(x)
 

@@ -15,6 +15,9 @@ whole context. Here, per request:
   `<cfg>` in place of the text of the sections it marks unconditional; which sections
   those are in its chat template, e.g. role prefixes, is not checked here: it needs
   the real tokenizer);
+- at admission the context's keys and values (and the unconditional context's, when
+  guidance applies) are computed once (`HunyuanImageDenoiser.context_kv`); each step
+  then runs only the `<timestep>` and image rows over them;
 - `denoise.py` predicts the guided velocity each step, `flow_match.FlowMatchEuler`
   steps the latents, and the VAE decoder (`vae_decoder.py`) makes the pixels.
 
@@ -36,7 +39,11 @@ import torch
 from omnistage.diffusion.model import MODEL_INDEX, DiffusionInput, DiffusionLimits, DiffusionModel
 from omnistage.diffusion.params import ResolvedDiffusionParams
 from omnistage.families.hunyuan_image3.config import HunyuanImage3Config
-from omnistage.families.hunyuan_image3.denoise import HunyuanImageDenoiser, read_weights
+from omnistage.families.hunyuan_image3.denoise import (
+    ContextKV,
+    HunyuanImageDenoiser,
+    read_weights,
+)
 from omnistage.families.hunyuan_image3.flow_match import FlowMatchEuler
 from omnistage.families.hunyuan_image3.resolution import ratio_index
 from omnistage.families.hunyuan_image3.tokens import HunyuanTokens, first_eos
@@ -60,6 +67,9 @@ class HunyuanLimits(DiffusionLimits):
 class HunyuanCondition:
     context: list[int]
     uncond_context: list[int]
+    context_kv: ContextKV
+    uncond_kv: ContextKV | None
+    """None when guidance does not apply (scale <= 1)."""
 
 
 class HunyuanImage3Pipeline(DiffusionModel):
@@ -139,7 +149,10 @@ class HunyuanImage3Pipeline(DiffusionModel):
             context = self.image_context(item.prior_token_ids.tolist())
             context += [self.tokens.size, self.tokens.ratios[ratio]]
             uncond = [t if t in self.tokens.specials else self.tokens.cfg for t in context]
-            out.append(HunyuanCondition(context, uncond))
+            guided = item.params.guidance_scale > 1.0
+            kv = self.denoiser.context_kv(context, self.device)
+            uncond_kv = self.denoiser.context_kv(uncond, self.device) if guided else None
+            out.append(HunyuanCondition(context, uncond, kv, uncond_kv))
         return out
 
     def image_context(self, ids: list[int]) -> list[int]:
@@ -172,7 +185,7 @@ class HunyuanImage3Pipeline(DiffusionModel):
             t = timesteps[i : i + 1].to(torch.float32)
             rows.append(
                 self.denoiser.guided_velocity(
-                    condition.context, condition.uncond_context, latents[i : i + 1], t, scale
+                    condition.context_kv, condition.uncond_kv, latents[i : i + 1], t, scale
                 )
             )
         return torch.cat(rows)

@@ -1,8 +1,10 @@
 """HunyuanImage-3's own sampler (`prefer_model_sampler`): forced sections, then the
 default sampler.
 
-On the logits of each row, from the row's real output history only (DESIGN.md
-invariant 1; seeds/000 is this sampler reading placeholders under async):
+On the logits of each row, from the row's real output history (DESIGN.md invariant 1;
+seeds/000 is this sampler reading placeholders under async), or, before the first
+output token, the prompt's last token (the `image` bot task's prompt ends with the size
+token):
 
 - `</think>` forces `<recaption>`; `</recaption>` forces `<answer> <boi>
   <img_size_{base}>` (the stage transitions of the reference's generation mode);
@@ -38,11 +40,18 @@ class HunyuanImage3Sampler:
         self.ratio_set = frozenset(tokens.ratios)
         self.sampler = Sampler()
 
-    def restrict(self, logits: torch.Tensor, histories: Sequence[Sequence[int]]) -> None:
-        """Force each row's next token where its history says so, in place."""
+    def restrict(
+        self,
+        logits: torch.Tensor,
+        histories: Sequence[Sequence[int]],
+        prompts: Sequence[Sequence[int]] | None = None,
+    ) -> None:
+        """Force each row's next token where its history (or, with no output yet, its
+        prompt's last token) says so, in place."""
         self.transitions.apply(logits, histories)
         for row, history in enumerate(histories):
-            last = history[-1] if history else None
+            prompt = prompts[row] if prompts is not None else ()
+            last = history[-1] if history else (prompt[-1] if len(prompt) else None)
             if last == self.tokens.size:
                 ratios = self.ratios.to(logits.device)
                 self._force(logits, row, int(ratios[logits[row, ratios].argmax()]))
@@ -55,5 +64,5 @@ class HunyuanImage3Sampler:
         logits[row, token] = 0.0
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        self.restrict(logits, metadata.output_token_ids)
+        self.restrict(logits, metadata.output_token_ids, metadata.prompt_token_ids)
         return self.sampler(logits, metadata)

@@ -1,8 +1,9 @@
 """A tiny random-weight HunyuanImage-3 checkpoint: config.json with the real fields,
-safetensors with the real parameter names (decoder, image head, VAE decoder), a
-byte-level tokenizer with its special tokens whose chat template opens the answer with
-`<think>`, and the `model_index.json` omnistage's image stage reads
-(`pipeline.PIPELINE_CLASS`, a few denoising steps); the built-in `demo-hunyuan-image3`.
+safetensors with the real parameter names (decoder, image head, VAE decoder and encoder,
+the SigLIP2 vision encoder and its aligner), a byte-level tokenizer with its special tokens whose
+chat template opens the answer as the request's `bot_task` asks (`<think>` by default),
+and the `model_index.json` omnistage's image stage reads (`pipeline.PIPELINE_CLASS`, a
+few denoising steps); the built-in `demo-hunyuan-image3`.
 
 The decoder is the real one at toy size: grouped-query attention with RMSNorm on q
 and k, a dense first layer (`moe_layer_num_skipped: 1`) and MoE layers with top-2
@@ -26,17 +27,47 @@ from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
 from omnistage.families.hunyuan_image3.pipeline import PIPELINE_CLASS
 from omnistage.families.hunyuan_image3.tokens import special_token_names
 from omnistage.families.hunyuan_image3.vae_decoder import VaeDecoder
+from omnistage.families.hunyuan_image3.vae_encoder import VaeEncoder
+from omnistage.families.hunyuan_image3.vision import HunyuanVisionEncoder
 from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, byte_tokenizer
 
 IMAGE_BASE_SIZE = 256
 """`<img_size_256>`: the tiny model's base image size (real: 1024); with the VAE's 16x
 downsampling a 1:1 image is 16 x 16 latent tokens."""
 FIRST_SPECIAL_ID = 259
-THINK_CHAT_TEMPLATE = CHAT_TEMPLATE.replace(
-    "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>{% endif %}"
+BOT_TASKS = ("think_recaption", "recaption", "image", "auto")
+"""The answer's first section, by the request's `bot_task` (`chat_template_kwargs`); auto:
+none (the model's own choice, e.g. a plain text answer about an input image)."""
+CONTENT = (
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<boi><img><eoi>{% else %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
 )
-"""The byte tokenizer's template, the assistant turn opened with `<think>` (the reference's
-`bot_task: think` prefix)."""
+"""A message's content: its text, each image part as `<boi><img><eoi>` (the multimodal
+processor's placeholder)."""
+
+
+def bot_task_template(image_base_size: int) -> str:
+    """The byte tokenizer's template with the assistant turn opened as the reference's
+    `bot_task` prefixes it: `<think>` (think_recaption, the default), `<recaption>`, nothing
+    (auto), or `<answer><boi><img_size_B>` (image: the sampler picks the ratio and ends).
+    Another bot_task is refused by name."""
+    opening = (
+        "{% set task = bot_task | default('think_recaption') %}"
+        "{% if task == 'think_recaption' %}<think>"
+        "{% elif task == 'recaption' %}<recaption>"
+        f"{{% elif task == 'image' %}}<answer><boi><img_size_{image_base_size}>"
+        "{% elif task == 'auto' %}"
+        "{% else %}{{ raise_exception('bot_task: expected one of "
+        + ", ".join(BOT_TASKS)
+        + ", got ' ~ task) }}{% endif %}"
+    )
+    template = CHAT_TEMPLATE.replace("{{ m['content'] }}", CONTENT)
+    return template.replace(
+        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n" + opening + "{% endif %}"
+    )
+
+
 DRAW_SETTINGS = {"default_steps": 4, "default_guidance": 2.5, "flow_shift": 3.0}
 
 TINY_CONFIG: dict[str, Any] = dict(
@@ -82,6 +113,25 @@ TINY_CONFIG: dict[str, Any] = dict(
         sample_tsize=8,
         scaling_factor=0.75,
     ),
+    vit=dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_channels=3,
+        num_patches=16,
+        patch_size=16,
+        hidden_act="gelu_pytorch_tanh",
+        layer_norm_eps=1e-6,
+        attention_dropout=0.0,
+        vision_use_head=False,
+        _attn_implementation="sdpa",
+        output_attentions=False,
+        output_hidden_states=False,
+        use_return_dict=True,
+    ),
+    vit_processor=dict(patch_size=16, max_num_patches=16),
+    vit_aligner=dict(projector_type="mlp_gelu", input_dim=32, n_embed=64, depth=2),
     pad_token_id=0,
     bos_token_id=1,
     eos_token_id=2,
@@ -109,9 +159,21 @@ def random_image_head_weights(config: HunyuanImage3Config, seed: int) -> dict[st
 
 
 def random_vae_decoder_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
-    """The VAE decoder's tensors (`vae.decoder.*`), seeded; the encoder is not written."""
+    """The VAE decoder's tensors (`vae.decoder.*`), seeded."""
     vae = VaeDecoder(config.vae, torch.float32)
     return _random([(f"vae.decoder.{n}", p.shape) for n, p in vae.named_parameters()], seed + 2)
+
+
+def random_vae_encoder_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
+    """The VAE encoder's tensors (`vae.encoder.*`), seeded."""
+    vae = VaeEncoder(config.vae, torch.float32)
+    return _random([(f"vae.encoder.{n}", p.shape) for n, p in vae.named_parameters()], seed + 4)
+
+
+def random_vision_weights(config: HunyuanImage3Config, seed: int) -> dict[str, torch.Tensor]:
+    """The vision encoder's tensors (`vision_model.*`, `vision_aligner.*`), seeded."""
+    encoder = HunyuanVisionEncoder(config, torch.float32)
+    return _random([(n, p.shape) for n, p in encoder.named_parameters()], seed + 3)
 
 
 def _random(named: list[tuple[str, Any]], seed: int) -> dict[str, torch.Tensor]:
@@ -139,6 +201,8 @@ def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) 
         **random_lm_weights(config, seed),
         **random_image_head_weights(config, seed),
         **random_vae_decoder_weights(config, seed),
+        **random_vision_weights(config, seed),
+        **random_vae_encoder_weights(config, seed),
     }
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
     values.update(architectures=["HunyuanImage3ForCausalMM"], model_type=MODEL_TYPE)
@@ -146,6 +210,6 @@ def make_tiny_hunyuan_image3(path: str | Path, seed: int = 0, **overrides: Any) 
     index = {"_class_name": PIPELINE_CLASS, **DRAW_SETTINGS}
     (path / "model_index.json").write_text(json.dumps(index, indent=1))
     tokenizer = byte_tokenizer(special_token_names(config.image_base_size))
-    tokenizer.chat_template = THINK_CHAT_TEMPLATE
+    tokenizer.chat_template = bot_task_template(config.image_base_size)
     tokenizer.save_pretrained(path)
     return path

@@ -27,6 +27,10 @@ class HunyuanTokens:
     answer: int
     boi: int
     eoi: int
+    img: int
+    """`<img>`: each token of an image in the context."""
+    joint_img_sep: int
+    """`<joint_img_sep>`: between an input image's VAE and ViT tokens."""
     size: int
     """`<img_size_{image_base_size}>`."""
     ratios: tuple[int, ...]
@@ -58,6 +62,8 @@ class HunyuanTokens:
             answer=id_of("<answer>"),
             boi=id_of("<boi>"),
             eoi=id_of("<eoi>"),
+            img=id_of("<img>"),
+            joint_img_sep=id_of("<joint_img_sep>"),
             size=id_of(f"<img_size_{image_base_size}>"),
             ratios=tuple(id_of(t) for t in ratios),
             eos=eos,
@@ -83,6 +89,7 @@ def special_token_names(image_base_size: int) -> list[str]:
         f"<img_size_{image_base_size}>",
         *ratios,
         "<cfg>",
+        "<joint_img_sep>",
     ]
 
 
