@@ -39,13 +39,17 @@ DETOK_TEXT, DETOK_IMAGE, DETOK_AUDIO = 0, 1, 2
 
 
 def task_of(meta: dict[str, Any]) -> str:
-    """The task of a request wanting `meta["modalities"]` (text when not said); ValueError
-    when it wants more than one: Dynin-Omni writes one modality per request."""
+    """The task of a request wanting `meta["modalities"]` (text when not said). Dynin-Omni
+    writes one modality per request: text beside image or audio (a chat asking for audio
+    out) is the other one's task, whose text output is empty; ValueError for two non-text
+    outputs."""
     wanted = [m for m in str(meta.get("modalities", "")).split(",") if m]
     if len(wanted) > 1:
+        wanted = [m for m in wanted if m != "text"]
+    if len(wanted) > 1:
         raise ValueError(
-            f"modalities: Dynin-Omni writes one output per request (text, image or audio); "
-            f"asked for {', '.join(wanted)}"
+            f"modalities: Dynin-Omni writes one output per request (text, image or audio; "
+            f"text beside one of the others); asked for {', '.join(wanted)}"
         )
     return {"audio": "t2s", "image": "t2i"}.get(wanted[0] if wanted else "text", "t2t")
 
