@@ -4,7 +4,10 @@
 - the LLaDA backbone's logits equal LLaDA's `LLaDAModelLM` within 1e-5;
 - greedy masked-diffusion text ids equal Dynin's `mmu_generate`, token for token;
 - the MAGVITv2 decoder's output equals Show-o's within 1e-5, and its uint8 pixels are
-  Show-o's post-processing exactly.
+  Show-o's post-processing exactly;
+- seeded image codes and speech units equal Dynin's loops draw for draw, the speech units
+  with classifier-free guidance (the tiny checkpoint's `audio_cfg_scale` 2.5, Dynin's t2s
+  default), which changes them.
 """
 
 from __future__ import annotations
@@ -101,3 +104,19 @@ def test_sampled_image_codes_and_speech_units_equal_dynin(reference, text_model,
         item = GenerationItem(prompt, seed=seed, meta={"modalities": task})
         (ours,) = text_model.generate([item])
         assert ours.tolist() == reference[f"{key}/{i}"].tolist(), (task, i)
+
+
+def test_speech_guidance_is_what_the_fixture_checks(reference, text_model):
+    import dataclasses
+
+    prompt = torch.from_numpy(reference["prompt/0"])
+    assert text_model.cfg.audio_cfg_scale == 2.5
+    guided = text_model.generate([GenerationItem(prompt, seed=0, meta={"modalities": "audio"})])
+    plain_cfg = dataclasses.replace(text_model.cfg, audio_cfg_scale=0.0)
+    original, text_model.cfg = text_model.cfg, plain_cfg
+    try:
+        plain = text_model.generate([GenerationItem(prompt, seed=0, meta={"modalities": "audio"})])
+    finally:
+        text_model.cfg = original
+    assert guided[0].tolist() == reference["speech_units/0"].tolist()
+    assert plain[0].tolist() != guided[0].tolist()

@@ -106,6 +106,9 @@ class DyninOmniConfig:
     """Denoising steps of the speech units (over all their blocks)."""
     audio_block_length: int = 64
     """Semi-autoregressive block length of the speech units."""
+    audio_cfg_scale: float = 2.5
+    """Classifier-free guidance of the speech units against their region all masked (0: off;
+    2.5: Dynin's t2s `cfg_scale`)."""
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "vocab_size", "llm_vocab_size"):
@@ -143,6 +146,8 @@ class DyninOmniConfig:
                 )
             if getattr(self, f"{name}_steps") % (length // block):
                 raise ValueError(f"{name}_steps: must be a multiple of the number of blocks")
+        if self.audio_cfg_scale < 0:
+            raise ValueError(f"audio_cfg_scale: must be >= 0, got {self.audio_cfg_scale}")
 
     @property
     def kv_heads(self) -> int:

@@ -103,6 +103,7 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int) -> dict:
         "audio_max_new_tokens": 8,
         "audio_steps": 4,
         "audio_block_length": 4,
+        "audio_cfg_scale": 2.5,
     }
 
 

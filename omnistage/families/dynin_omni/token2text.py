@@ -166,6 +166,7 @@ class DyninToken2Text(GenerationModel):
             block_length=c.audio_block_length,
             steps=c.audio_steps,
             generator=generator,
+            cfg_scale=c.audio_cfg_scale,
         )
 
     def _ids(self, token: str) -> torch.Tensor:
