@@ -5,9 +5,11 @@
 - greedy masked-diffusion text ids equal Dynin's `mmu_generate`, token for token;
 - the MAGVITv2 decoder's output equals Show-o's within 1e-5, and its uint8 pixels are
   Show-o's post-processing exactly;
-- seeded image codes and speech units equal Dynin's loops draw for draw, the speech units
-  with classifier-free guidance (the tiny checkpoint's `audio_cfg_scale` 2.5, Dynin's t2s
-  default), which changes them.
+- seeded image codes and speech units equal Dynin's loops draw for draw; the speech units
+  in Dynin's `t2s_gen` template (chat-wrapped text after the instruction, `<|t2s|>`, left
+  `[iPAD]` padding to max_text_len + 1 and its attention mask; two prompts padded, one
+  cut), with classifier-free guidance (the tiny checkpoint's `audio_cfg_scale` 2.5,
+  Dynin's t2s default), which changes them.
 """
 
 from __future__ import annotations
@@ -120,3 +122,16 @@ def test_speech_guidance_is_what_the_fixture_checks(reference, text_model):
         text_model.cfg = original
     assert guided[0].tolist() == reference["speech_units/0"].tolist()
     assert plain[0].tolist() != guided[0].tolist()
+
+
+def test_speech_prompts_are_dynins_t2s_template(reference, text_model):
+    padded = 0
+    for i in range(3):
+        ids, mask = text_model.speech_prompt(torch.from_numpy(reference[f"prompt/{i}"]))
+        assert ids.tolist() == reference[f"speech_prompt/{i}"].tolist(), i
+        assert (
+            mask.numel() == ids.numel()
+            and mask.sum() == (ids != text_model.cfg.ipad_token_id).sum()
+        )
+        padded += int(ids[0] == text_model.cfg.ipad_token_id)
+    assert padded == 2  # "hello" and "Why?" are padded, "a cat on a mat" is cut

@@ -26,6 +26,15 @@ MODEL_TYPE = "dynin_omni"
 VQ_IMAGE_DIR = "vq_model_image"
 SPECIAL_TOKENS = ("<|soi|>", "<|eoi|>", "<|soa|>", "<|eoa|>", "<|mdm_mask|>")
 """Dynin's start/end of image and audio tokens and the masked-diffusion mask token."""
+TEMPLATE_TOKENS = (
+    "<|t2s|>",
+    "[iPAD]",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
+"""The speech template's task and padding tokens and the chat headers (the tiny tokenizer's;
+a real checkpoint has them as reserved or LLaMA-3 ids)."""
 
 
 class DyninOmniHFConfig(PretrainedConfig):
@@ -106,6 +115,15 @@ class DyninOmniConfig:
     """Denoising steps of the speech units (over all their blocks)."""
     audio_block_length: int = 64
     """Semi-autoregressive block length of the speech units."""
+    max_text_len: int = 1024
+    """`UniversalPrompting`'s `max_text_len` (vLLM-Omni's `prompt_max_text_len`): a speech
+    prompt is padded or cut to one more position than this."""
+    t2s_instruction: str = "Please read the following text naturally."
+    """The instruction before the text of a speech request (vLLM-Omni's default)."""
+    t2s_token_id: int = 126099
+    """`<|t2s|>` (Dynin's reserved id)."""
+    ipad_token_id: int = 126093
+    """`[iPAD]`, the templates' left padding (Dynin's reserved id)."""
     audio_cfg_scale: float = 2.5
     """Classifier-free guidance of the speech units against their region all masked (0: off;
     2.5: Dynin's t2s `cfg_scale`)."""

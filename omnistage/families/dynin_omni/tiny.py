@@ -20,6 +20,7 @@ import torch
 from omnistage.families.dynin_omni.config import (
     MODEL_TYPE,
     SPECIAL_TOKENS,
+    TEMPLATE_TOKENS,
     VQ_IMAGE_DIR,
     DyninOmniConfig,
 )
@@ -68,7 +69,7 @@ _WEIGHT_NORMED = re.compile(
 )
 
 
-def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int) -> dict:
+def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int, template_ids: dict) -> dict:
     codebook, audio = 2 ** TINY_MAGVIT["z_channels"], 32
     vocab = tokenizer_len + codebook + audio
     return {
@@ -104,6 +105,9 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int) -> dict:
         "audio_steps": 4,
         "audio_block_length": 4,
         "audio_cfg_scale": 2.5,
+        "max_text_len": 44,  # "hello" and "Why?" padded, longer prompts cut
+        "t2s_instruction": "Read this.",
+        **template_ids,
     }
 
 
@@ -130,10 +134,17 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
 
     path = Path(path)
     (path / VQ_IMAGE_DIR).mkdir(parents=True, exist_ok=True)
-    tokenizer = byte_tokenizer(list(SPECIAL_TOKENS))
+    tokenizer = byte_tokenizer(list(SPECIAL_TOKENS + TEMPLATE_TOKENS))
     tokenizer.save_pretrained(str(path))
+    template_ids = {
+        "t2s_token_id": tokenizer.convert_tokens_to_ids("<|t2s|>"),
+        "ipad_token_id": tokenizer.convert_tokens_to_ids("[iPAD]"),
+    }
     config = tiny_config(
-        len(tokenizer), tokenizer.convert_tokens_to_ids("<|mdm_mask|>"), tokenizer.eos_token_id
+        len(tokenizer),
+        tokenizer.convert_tokens_to_ids("<|mdm_mask|>"),
+        tokenizer.eos_token_id,
+        template_ids,
     )
     (path / "config.json").write_text(json.dumps(config, indent=2))
     generator = torch.Generator().manual_seed(seed)

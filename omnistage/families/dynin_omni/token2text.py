@@ -30,6 +30,7 @@ import torch
 
 from omnistage.families.dynin_omni.config import DyninOmniConfig
 from omnistage.families.dynin_omni.llada import LLaDAModelLM
+from omnistage.families.dynin_omni.prompting import t2s_chat_text, t2s_gen_prompt
 from omnistage.families.dynin_omni.sampled_fill import maskgit_image, speech_units
 from omnistage.families.dynin_omni.unmask import fill_masks
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
@@ -100,8 +101,12 @@ class DyninToken2Text(GenerationModel):
         bad = ids[(ids < 0) | (ids >= self.cfg.llm_vocab_size)]
         if bad.numel():
             raise ValueError(f"prompt_token_ids: {int(bad[0])} is no text id of this model")
-        region = {"t2t": self.cfg.text_max_new_tokens, "t2i": self.cfg.num_vq_tokens + 2}
-        total = ids.numel() + region.get(task_of(item.meta), self.cfg.audio_max_new_tokens + 1)
+        c, task = self.cfg, task_of(item.meta)
+        region = {"t2t": c.text_max_new_tokens, "t2i": c.num_vq_tokens + 2}.get(task, 0)
+        # A speech prompt is padded or cut to the template's max_text_len + 1 positions.
+        total = (
+            ids.numel() + region if task != "t2s" else c.max_text_len + 2 + c.audio_max_new_tokens
+        )
         if total > self.cfg.max_sequence_length:
             raise ValueError(
                 f"prompt: {ids.numel()} tokens and the generated region ({total} in all) "
@@ -151,12 +156,37 @@ class DyninToken2Text(GenerationModel):
             generator=generator,
         )
 
+    def speech_prompt(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, attention mask) of a speech request: the prompt in vLLM-Omni's chat wrapping
+        after the instruction, in Dynin's `t2s_gen` template (see `prompting`)."""
+        c = self.cfg
+        head, tail = (
+            self.tokenizer.encode(part, add_special_tokens=False)
+            for part in t2s_chat_text("\0", c.t2s_instruction).split("\0")
+        )
+        return t2s_gen_prompt(
+            [*head, *prompt.tolist(), *tail],
+            c.audio_max_new_tokens,
+            task_id=c.t2s_token_id,
+            bos_id=int(self.tokenizer.bos_token_id),
+            eos_id=c.eos_token_id,
+            soa_id=self.special["<|soa|>"],
+            pad_id=c.ipad_token_id,
+            mask_id=c.mask_token_id,
+            max_text_len=c.max_text_len,
+        )
+
     def _speech(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         c, n = self.cfg, self.cfg.audio_max_new_tokens
+        ids, mask = self.speech_prompt(prompt)
+
+        def logits(x: torch.Tensor) -> torch.Tensor:
+            return self.lm(x, mask.expand(x.shape[0], -1))
+
         return speech_units(
-            self.lm,
-            torch.cat([prompt, self._ids("<|soa|>"), self._masks(n)]),
-            prompt.numel() + 1,
+            logits,
+            ids,
+            ids.numel() - n,
             n,
             unit_start=c.audio_start,
             num_units=c.audio_codebook_size,
