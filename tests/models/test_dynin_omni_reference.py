@@ -9,7 +9,9 @@
   in Dynin's `t2s_gen` template (chat-wrapped text after the instruction, `<|t2s|>`, left
   `[iPAD]` padding to max_text_len + 1 and its attention mask; two prompts padded, one
   cut), with classifier-free guidance (the tiny checkpoint's `audio_cfg_scale` 2.5,
-  Dynin's t2s default), which changes them.
+  Dynin's t2s default), which changes them; the image codes in Dynin's `t2i_gen`
+  template, guided against the empty text's template (`image_guidance_scale` 3.5,
+  Dynin's t2i default), which changes them too.
 """
 
 from __future__ import annotations
@@ -135,3 +137,25 @@ def test_speech_prompts_are_dynins_t2s_template(reference, text_model):
         )
         padded += int(ids[0] == text_model.cfg.ipad_token_id)
     assert padded == 2  # "hello" and "Why?" are padded, "a cat on a mat" is cut
+
+
+def test_image_prompts_are_dynins_t2i_template_and_guidance_matters(reference, text_model):
+    import dataclasses
+
+    for i in range(3):
+        ids, mask, uncond, uncond_mask = text_model.image_prompts(
+            torch.from_numpy(reference[f"prompt/{i}"])
+        )
+        assert ids.tolist() == reference[f"image_prompt/{i}"].tolist(), i
+        assert ids.numel() == uncond.numel() == mask.numel() == uncond_mask.numel()
+        assert uncond_mask.sum() < mask.sum()  # the empty text is padded more
+    prompt = torch.from_numpy(reference["prompt/0"])
+    item = GenerationItem(prompt, seed=0, meta={"modalities": "image"})
+    assert text_model.generate([item])[0].tolist() == reference["image_tokens/0"].tolist()
+    original = text_model.cfg
+    text_model.cfg = dataclasses.replace(original, image_guidance_scale=0.0)
+    try:
+        plain = text_model.generate([GenerationItem(prompt, seed=0, meta={"modalities": "image"})])
+    finally:
+        text_model.cfg = original
+    assert plain[0].tolist() != reference["image_tokens/0"].tolist()

@@ -248,8 +248,10 @@ def test_bad_input_names_the_field_and_the_pipeline_serves_on(checkpoint):
         assert out.error is not None and "modalities: Dynin-Omni writes one output" in out.error
         (out,) = omni.generate({"prompt_token_ids": [5, 100000]}, modalities=["image"])
         assert out.error is not None and "prompt_token_ids" in out.error
-        (out,) = omni.generate("x" * 600, modalities=["image"])
+        (out,) = omni.generate("x" * 600, modalities=["text"])
         assert out.error is not None and "prompt: 600 tokens" in out.error
+        (out,) = omni.generate("x" * 600, modalities=["image"])  # cut by the t2i template
+        assert out.error is None and np.asarray(out.image).shape == (8, 8, 3)
         with pytest.raises(ValueError, match="voice: 'alice' is not one of"):
             omni.generate("say hi", modalities=["audio"], voice="alice")
         (out,) = omni.generate({"prompt_token_ids": [5, -1]}, modalities=["audio"])

@@ -28,6 +28,7 @@ SPECIAL_TOKENS = ("<|soi|>", "<|eoi|>", "<|soa|>", "<|eoa|>", "<|mdm_mask|>")
 """Dynin's start/end of image and audio tokens and the masked-diffusion mask token."""
 TEMPLATE_TOKENS = (
     "<|t2s|>",
+    "<|t2i|>",
     "[iPAD]",
     "<|start_header_id|>",
     "<|end_header_id|>",
@@ -122,6 +123,11 @@ class DyninOmniConfig:
     """The instruction before the text of a speech request (vLLM-Omni's default)."""
     t2s_token_id: int = 126099
     """`<|t2s|>` (Dynin's reserved id)."""
+    t2i_token_id: int = 126088
+    """`<|t2i|>` (Dynin's reserved id)."""
+    image_guidance_scale: float = 3.5
+    """Classifier-free guidance of the image codes against the empty text's template (0: off;
+    3.5: Dynin's t2i `guidance_scale`)."""
     ipad_token_id: int = 126093
     """`[iPAD]`, the templates' left padding (Dynin's reserved id)."""
     audio_cfg_scale: float = 2.5
@@ -164,8 +170,9 @@ class DyninOmniConfig:
                 )
             if getattr(self, f"{name}_steps") % (length // block):
                 raise ValueError(f"{name}_steps: must be a multiple of the number of blocks")
-        if self.audio_cfg_scale < 0:
-            raise ValueError(f"audio_cfg_scale: must be >= 0, got {self.audio_cfg_scale}")
+        for name in ("audio_cfg_scale", "image_guidance_scale"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
 
     @property
     def kv_heads(self) -> int:

@@ -105,6 +105,7 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int, template_ids: dic
         "audio_steps": 4,
         "audio_block_length": 4,
         "audio_cfg_scale": 2.5,
+        "image_guidance_scale": 3.5,
         "max_text_len": 44,  # "hello" and "Why?" padded, longer prompts cut
         "t2s_instruction": "Read this.",
         **template_ids,
@@ -138,6 +139,7 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
     tokenizer.save_pretrained(str(path))
     template_ids = {
         "t2s_token_id": tokenizer.convert_tokens_to_ids("<|t2s|>"),
+        "t2i_token_id": tokenizer.convert_tokens_to_ids("<|t2i|>"),
         "ipad_token_id": tokenizer.convert_tokens_to_ids("[iPAD]"),
     }
     config = tiny_config(

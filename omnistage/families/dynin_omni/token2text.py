@@ -7,13 +7,15 @@ image codes, otherwise text. Each task appends a masked region to the prompt and
 it (text greedily, `unmask.fill_masks`; image codes and speech units sampled from the
 request's seed, `sampled_fill`):
 
-    text:  prompt  [mask] * text_max_new_tokens            (any id)
-    image: prompt  <|soi|> [mask] * num_vq_tokens <|eoi|>  (image codes only)
-    audio: prompt  <|soa|> [mask] * audio_max_new_tokens   (units, <|eoa|>, end of text)
+    text:  prompt  [mask] * text_max_new_tokens            (any id; plain layout)
+    image: Dynin's t2i_gen template of the prompt, <|soi|> masks <|eoi|>, guided against
+           the empty text's template (`image_guidance_scale`)
+    audio: Dynin's t2s_gen template of the chat-wrapped prompt, <|soa|> masks, guided
+           against the speech region all masked (`audio_cfg_scale`)
 
-The loops are the reference's (see `unmask`, `sampled_fill`); the prompt around the
-region is this simple layout, not Dynin's `UniversalPrompting` templates (task tokens,
-padding to fixed lengths, classifier-free guidance prompts), which are not reproduced.
+(see `prompting`; the templates' padding is hidden by LLaDA's attention mask). The loops
+are the reference's (see `unmask`, `sampled_fill`); the text task's chat template is not
+reproduced.
 
 The output is the region's ids relative to their codebook (image codes from 0, speech
 units from 0, cut at the first <|eoa|>; text ids cut at the first end of text), and the
@@ -30,7 +32,7 @@ import torch
 
 from omnistage.families.dynin_omni.config import DyninOmniConfig
 from omnistage.families.dynin_omni.llada import LLaDAModelLM
-from omnistage.families.dynin_omni.prompting import t2s_chat_text, t2s_gen_prompt
+from omnistage.families.dynin_omni.prompting import gen_prompt, t2s_chat_text
 from omnistage.families.dynin_omni.sampled_fill import maskgit_image, speech_units
 from omnistage.families.dynin_omni.unmask import fill_masks
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
@@ -102,11 +104,11 @@ class DyninToken2Text(GenerationModel):
         if bad.numel():
             raise ValueError(f"prompt_token_ids: {int(bad[0])} is no text id of this model")
         c, task = self.cfg, task_of(item.meta)
-        region = {"t2t": c.text_max_new_tokens, "t2i": c.num_vq_tokens + 2}.get(task, 0)
-        # A speech prompt is padded or cut to the template's max_text_len + 1 positions.
-        total = (
-            ids.numel() + region if task != "t2s" else c.max_text_len + 2 + c.audio_max_new_tokens
-        )
+        # Image and speech prompts are padded or cut to the templates' max_text_len + 1.
+        total = {
+            "t2t": ids.numel() + c.text_max_new_tokens,
+            "t2i": c.max_text_len + 3 + c.num_vq_tokens,
+        }.get(task, c.max_text_len + 2 + c.audio_max_new_tokens)
         if total > self.cfg.max_sequence_length:
             raise ValueError(
                 f"prompt: {ids.numel()} tokens and the generated region ({total} in all) "
@@ -143,10 +145,20 @@ class DyninToken2Text(GenerationModel):
 
     def _image(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         c, n = self.cfg, self.cfg.num_vq_tokens
-        soi, eoi = self._ids("<|soi|>"), self._ids("<|eoi|>")
+        ids, mask, uncond, uncond_mask = self.image_prompts(prompt)
+        text_end, scale = c.max_text_len + 1, c.image_guidance_scale
+
+        def logits(x: torch.Tensor) -> torch.Tensor:
+            if scale <= 0.0:
+                return self.lm(x, mask[None])
+            # The guidance sequence: the empty text's template, then the image region so far.
+            both = torch.cat([x, torch.cat([uncond[None, :text_end], x[:, text_end:]], 1)])
+            cond, unguided = self.lm(both, torch.stack([mask, uncond_mask])).chunk(2, dim=0)
+            return (1 + scale) * cond - scale * unguided
+
         return maskgit_image(
-            self.lm,
-            torch.cat([prompt, soi, self._masks(n), eoi]),
+            logits,
+            ids,
             num_codes=n,
             code_start=c.image_start,
             codebook_size=c.codebook_size,
@@ -159,18 +171,29 @@ class DyninToken2Text(GenerationModel):
     def speech_prompt(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, attention mask) of a speech request: the prompt in vLLM-Omni's chat wrapping
         after the instruction, in Dynin's `t2s_gen` template (see `prompting`)."""
-        c = self.cfg
         head, tail = (
             self.tokenizer.encode(part, add_special_tokens=False)
-            for part in t2s_chat_text("\0", c.t2s_instruction).split("\0")
+            for part in t2s_chat_text("\0", self.cfg.t2s_instruction).split("\0")
         )
-        return t2s_gen_prompt(
-            [*head, *prompt.tolist(), *tail],
-            c.audio_max_new_tokens,
-            task_id=c.t2s_token_id,
+        ids = [*head, *prompt.tolist(), *tail]
+        return self._template(ids, self.cfg.audio_max_new_tokens, "t2s")
+
+    def image_prompts(self, prompt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(ids, mask, guidance ids, guidance mask) of an image request: Dynin's `t2i_gen`
+        template of the prompt, and of an empty text (see `prompting`)."""
+        n = self.cfg.num_vq_tokens
+        return (*self._template(prompt.tolist(), n, "t2i"), *self._template([], n, "t2i"))
+
+    def _template(self, text: list[int], n: int, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+        c, speech = self.cfg, task == "t2s"
+        return gen_prompt(
+            text,
+            n,
+            task_id=c.t2s_token_id if speech else c.t2i_token_id,
             bos_id=int(self.tokenizer.bos_token_id),
             eos_id=c.eos_token_id,
-            soa_id=self.special["<|soa|>"],
+            start_id=self.special["<|soa|>" if speech else "<|soi|>"],
+            end_id=None if speech else self.special["<|eoi|>"],
             pad_id=c.ipad_token_id,
             mask_id=c.mask_token_id,
             max_text_len=c.max_text_len,
