@@ -7,7 +7,7 @@
   Show-o's post-processing exactly;
 - seeded image codes and speech units equal Dynin's loops draw for draw; the speech units
   in Dynin's `t2s_gen` template (chat-wrapped text after the instruction, `<|t2s|>`, left
-  `[iPAD]` padding to max_text_len + 1 and its attention mask; two prompts padded, one
+  `[iPAD]` padding to t2s_max_text_len + 1 and its attention mask; two prompts padded, one
   cut), with classifier-free guidance (the tiny checkpoint's `audio_cfg_scale` 2.5,
   Dynin's t2s default), which changes them; the image codes in Dynin's `t2i_gen`
   template, guided against the empty text's template (`image_guidance_scale` 3.5,
@@ -149,6 +149,8 @@ def test_image_prompts_are_dynins_t2i_template_and_guidance_matters(reference, t
         assert ids.tolist() == reference[f"image_prompt/{i}"].tolist(), i
         assert ids.numel() == uncond.numel() == mask.numel() == uncond_mask.numel()
         assert uncond_mask.sum() < mask.sum()  # the empty text is padded more
+        padded = int(ids[0] == text_model.cfg.ipad_token_id)
+        assert padded == (i != 1), i  # "a cat on a mat" is cut
     prompt = torch.from_numpy(reference["prompt/0"])
     item = GenerationItem(prompt, seed=0, meta={"modalities": "image"})
     assert text_model.generate([item])[0].tolist() == reference["image_tokens/0"].tolist()

@@ -116,9 +116,11 @@ class DyninOmniConfig:
     """Denoising steps of the speech units (over all their blocks)."""
     audio_block_length: int = 64
     """Semi-autoregressive block length of the speech units."""
-    max_text_len: int = 1024
-    """`UniversalPrompting`'s `max_text_len` (vLLM-Omni's `prompt_max_text_len`): a speech
-    prompt is padded or cut to one more position than this."""
+    t2i_max_text_len: int = 128
+    """`UniversalPrompting`'s `max_text_len` for image requests (vLLM-Omni's t2i
+    `prompt_max_text_len`): the text part is padded or cut to one more position."""
+    t2s_max_text_len: int = 1024
+    """The same for speech requests (vLLM-Omni's t2s `prompt_max_text_len`)."""
     t2s_instruction: str = "Please read the following text naturally."
     """The instruction before the text of a speech request (vLLM-Omni's default)."""
     t2s_token_id: int = 126099

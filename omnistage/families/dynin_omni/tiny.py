@@ -106,7 +106,8 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int, template_ids: dic
         "audio_block_length": 4,
         "audio_cfg_scale": 2.5,
         "image_guidance_scale": 3.5,
-        "max_text_len": 44,  # "hello" and "Why?" padded, longer prompts cut
+        "t2i_max_text_len": 12,  # "hello" and "Why?" padded, "a cat on a mat" cut
+        "t2s_max_text_len": 44,  # the same in the chat wrapping
         "t2s_instruction": "Read this.",
         **template_ids,
     }

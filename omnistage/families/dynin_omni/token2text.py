@@ -104,11 +104,11 @@ class DyninToken2Text(GenerationModel):
         if bad.numel():
             raise ValueError(f"prompt_token_ids: {int(bad[0])} is no text id of this model")
         c, task = self.cfg, task_of(item.meta)
-        # Image and speech prompts are padded or cut to the templates' max_text_len + 1.
+        # Image and speech prompts are padded or cut to their templates' max_text_len + 1.
         total = {
             "t2t": ids.numel() + c.text_max_new_tokens,
-            "t2i": c.max_text_len + 3 + c.num_vq_tokens,
-        }.get(task, c.max_text_len + 2 + c.audio_max_new_tokens)
+            "t2i": c.t2i_max_text_len + 3 + c.num_vq_tokens,
+        }.get(task, c.t2s_max_text_len + 2 + c.audio_max_new_tokens)
         if total > self.cfg.max_sequence_length:
             raise ValueError(
                 f"prompt: {ids.numel()} tokens and the generated region ({total} in all) "
@@ -146,7 +146,7 @@ class DyninToken2Text(GenerationModel):
     def _image(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         c, n = self.cfg, self.cfg.num_vq_tokens
         ids, mask, uncond, uncond_mask = self.image_prompts(prompt)
-        text_end, scale = c.max_text_len + 1, c.image_guidance_scale
+        text_end, scale = c.t2i_max_text_len + 1, c.image_guidance_scale
 
         def logits(x: torch.Tensor) -> torch.Tensor:
             if scale <= 0.0:
@@ -196,7 +196,7 @@ class DyninToken2Text(GenerationModel):
             end_id=None if speech else self.special["<|eoi|>"],
             pad_id=c.ipad_token_id,
             mask_id=c.mask_token_id,
-            max_text_len=c.max_text_len,
+            max_text_len=c.t2s_max_text_len if speech else c.t2i_max_text_len,
         )
 
     def _speech(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
