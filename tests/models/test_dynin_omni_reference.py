@@ -4,7 +4,14 @@
 - the LLaDA backbone's logits equal LLaDA's `LLaDAModelLM` within 1e-5;
 - greedy masked-diffusion text ids equal Dynin's `mmu_generate`, token for token;
 - the MAGVITv2 decoder's output equals Show-o's within 1e-5, and its uint8 pixels are
-  Show-o's post-processing exactly.
+  Show-o's post-processing exactly;
+- seeded image codes and speech units equal Dynin's loops draw for draw; the speech units
+  in Dynin's `t2s_gen` template (chat-wrapped text after the instruction, `<|t2s|>`, left
+  `[iPAD]` padding to t2s_max_text_len + 1 and its attention mask; two prompts padded, one
+  cut), with classifier-free guidance (the tiny checkpoint's `audio_cfg_scale` 2.5,
+  Dynin's t2s default), which changes them; the image codes in Dynin's `t2i_gen`
+  template, guided against the empty text's template (`image_guidance_scale` 3.5,
+  Dynin's t2i default), which changes them too.
 """
 
 from __future__ import annotations
@@ -101,3 +108,56 @@ def test_sampled_image_codes_and_speech_units_equal_dynin(reference, text_model,
         item = GenerationItem(prompt, seed=seed, meta={"modalities": task})
         (ours,) = text_model.generate([item])
         assert ours.tolist() == reference[f"{key}/{i}"].tolist(), (task, i)
+
+
+def test_speech_guidance_is_what_the_fixture_checks(reference, text_model):
+    import dataclasses
+
+    prompt = torch.from_numpy(reference["prompt/0"])
+    assert text_model.cfg.audio_cfg_scale == 2.5
+    guided = text_model.generate([GenerationItem(prompt, seed=0, meta={"modalities": "audio"})])
+    plain_cfg = dataclasses.replace(text_model.cfg, audio_cfg_scale=0.0)
+    original, text_model.cfg = text_model.cfg, plain_cfg
+    try:
+        plain = text_model.generate([GenerationItem(prompt, seed=0, meta={"modalities": "audio"})])
+    finally:
+        text_model.cfg = original
+    assert guided[0].tolist() == reference["speech_units/0"].tolist()
+    assert plain[0].tolist() != guided[0].tolist()
+
+
+def test_speech_prompts_are_dynins_t2s_template(reference, text_model):
+    padded = 0
+    for i in range(3):
+        ids, mask = text_model.speech_prompt(torch.from_numpy(reference[f"prompt/{i}"]))
+        assert ids.tolist() == reference[f"speech_prompt/{i}"].tolist(), i
+        assert (
+            mask.numel() == ids.numel()
+            and mask.sum() == (ids != text_model.cfg.ipad_token_id).sum()
+        )
+        padded += int(ids[0] == text_model.cfg.ipad_token_id)
+    assert padded == 2  # "hello" and "Why?" are padded, "a cat on a mat" is cut
+
+
+def test_image_prompts_are_dynins_t2i_template_and_guidance_matters(reference, text_model):
+    import dataclasses
+
+    for i in range(3):
+        ids, mask, uncond, uncond_mask = text_model.image_prompts(
+            torch.from_numpy(reference[f"prompt/{i}"])
+        )
+        assert ids.tolist() == reference[f"image_prompt/{i}"].tolist(), i
+        assert ids.numel() == uncond.numel() == mask.numel() == uncond_mask.numel()
+        assert uncond_mask.sum() < mask.sum()  # the empty text is padded more
+        padded = int(ids[0] == text_model.cfg.ipad_token_id)
+        assert padded == (i != 1), i  # "a cat on a mat" is cut
+    prompt = torch.from_numpy(reference["prompt/0"])
+    item = GenerationItem(prompt, seed=0, meta={"modalities": "image"})
+    assert text_model.generate([item])[0].tolist() == reference["image_tokens/0"].tolist()
+    original = text_model.cfg
+    text_model.cfg = dataclasses.replace(original, image_guidance_scale=0.0)
+    try:
+        plain = text_model.generate([GenerationItem(prompt, seed=0, meta={"modalities": "image"})])
+    finally:
+        text_model.cfg = original
+    assert plain[0].tolist() != reference["image_tokens/0"].tolist()

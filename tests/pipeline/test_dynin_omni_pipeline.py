@@ -11,8 +11,10 @@ its tiny checkpoint: seed 003's two hops of one data plane.
   stays held.
 - A text task is token2text's own final output (the decoders never run); asking one
   request for two outputs is refused, naming `modalities`.
-- float64: requests batched give the same tokens, texts and images as each alone; a seed (of
-  token2text, which samples image codes and speech units) reproduces an image.
+- token2audio speaks: EMOVA's decoder turns the units into a 22050 Hz waveform in the
+  request's voice (a style condition); a voice it lacks is refused naming `voice`.
+- float64: requests batched give the same tokens, texts, images and speech as each alone; a
+  seed (of token2text, which samples image codes and speech units) reproduces an image.
 - Bad input fails the request with the field named; the pipeline goes on serving.
 """
 
@@ -26,8 +28,7 @@ import pytest
 import torch
 
 from omnistage import SamplingParams
-from omnistage.families.dynin_omni.tiny import make_tiny_dynin_omni
-from omnistage.families.dynin_omni.token2audio import MISSING
+from omnistage.families.dynin_omni.tiny import TINY_STYLES, make_tiny_dynin_omni
 from omnistage.models.generation import GenerationItem
 from omnistage.pipeline.deploy import load_deploy, packaged_deploy_path
 from omnistage.pipeline.messages import (
@@ -110,7 +111,7 @@ def test_metadata_crosses_both_hops_exactly_once_each(cores):
     submit = SubmitRequest(
         request_id="r",
         prompt="hello",
-        voice="alice",
+        voice=TINY_STYLES[2],
         language="en",
         modalities=["audio"],
         send_to=[HOP1],
@@ -129,12 +130,13 @@ def test_metadata_crosses_both_hops_exactly_once_each(cores):
     assert hop2.edge == HOP2 and hop2.last
 
     assert third.handle(SubmitRequest(request_id="r", wait_for=[HOP2])) == []
-    (failed,) = third.handle(deliver(hop2))
-    assert isinstance(failed, RequestFailed) and failed.message == MISSING
+    assert third.handle(deliver(hop2)) == []
+    (speech,) = of_type(third.run_step(), StageOutput)
+    assert speech.finished and speech.data is not None and speech.data.shape[0] > 0
 
     (p1,), (p2,) = into_image, into_audio
     meta = {
-        "meta.speaker": "alice",
+        "meta.speaker": TINY_STYLES[2],
         "meta.language": "en",
         "meta.modalities": "audio",
         "meta.task": "t2s",
@@ -242,13 +244,37 @@ def test_bad_input_names_the_field_and_the_pipeline_serves_on(checkpoint):
     with Omni(deploy(checkpoint, dtype="float32"), in_process=True) as omni:
         with pytest.raises(ValueError, match="prompt"):
             omni.generate("", modalities=["image"])
-        (out,) = omni.generate("hi", modalities=["text", "image"])
+        (out,) = omni.generate("hi", modalities=["image", "audio"])
         assert out.error is not None and "modalities: Dynin-Omni writes one output" in out.error
         (out,) = omni.generate({"prompt_token_ids": [5, 100000]}, modalities=["image"])
         assert out.error is not None and "prompt_token_ids" in out.error
-        (out,) = omni.generate("x" * 600, modalities=["image"])
+        (out,) = omni.generate("x" * 600, modalities=["text"])
         assert out.error is not None and "prompt: 600 tokens" in out.error
-        (out,) = omni.generate("say hi", modalities=["audio"])
-        assert out.error == f"stage token2audio: {MISSING}"
+        (out,) = omni.generate("x" * 600, modalities=["image"])  # cut by the t2i template
+        assert out.error is None and np.asarray(out.image).shape == (8, 8, 3)
+        with pytest.raises(ValueError, match="voice: 'alice' is not one of"):
+            omni.generate("say hi", modalities=["audio"], voice="alice")
+        (out,) = omni.generate({"prompt_token_ids": [5, -1]}, modalities=["audio"])
+        assert out.error is not None and "prompt_token_ids" in out.error
         (out,) = omni.generate("still serving", modalities=["image"])
         assert out.error is None and np.asarray(out.image).shape == (8, 8, 3)
+
+
+def test_speech_alone_equals_batched_and_voices_and_seeds_matter_float64(checkpoint):
+    prompts = ["hello there", "a cat", "x"]
+    with Omni(deploy(checkpoint), in_process=True) as omni:
+        batched = omni.generate(prompts, modalities=["audio"])
+        alone = [omni.generate(p, modalities=["audio"])[0] for p in prompts]
+        for a, b in zip(alone, batched, strict=True):
+            assert a.error is None and b.error is None, (a.error, b.error)
+            assert a.sample_rate == 22050 and a.audio.dtype == np.float32
+            np.testing.assert_array_equal(a.audio, b.audio)
+            assert a.audio.size > 0 and np.abs(a.audio).max() <= 1.0
+        assert len({a.audio.tobytes() for a in alone}) == len(prompts)
+        voiced = [
+            omni.generate("hello there", modalities=["audio"], voice=v)[0].audio
+            for v in (TINY_STYLES[1], TINY_STYLES[0])
+        ]
+        assert np.array_equal(voiced[0], alone[0].audio)  # the default style
+        assert not np.array_equal(voiced[0], voiced[1])
+        assert all(v == 0 for s in omni.stage_counters().values() for v in s.values())

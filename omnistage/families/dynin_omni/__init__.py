@@ -1,9 +1,9 @@
 """Dynin-Omni (snu-aidas/Dynin-Omni): a LLaDA masked-diffusion model that writes text (its
 own final output), image codes or speech units, and the decoders after it, as three
 stages with two hops of one data plane: token2text -> token2image (MAGVITv2) ->
-token2audio (EMOVA; not implemented: its requests fail with a clear error)."""
+token2audio (EMOVA's unit-to-speech decoder; its style conditions are the voices)."""
 
-from omnistage.models.family import Demo, Family
+from omnistage.models.family import Demo, Family, Voices
 
 _PKG = "omnistage.families.dynin_omni"
 
@@ -20,13 +20,20 @@ FAMILY = Family(
         "dynin_token2audio": f"{_PKG}.edges:DyninImageToAudio",
     },
     deploys_by_model_type={"dynin_omni": "dynin-omni"},
+    voices={  # emova_u2s.DEFAULT_STYLE, Dynin's t2s condition
+        "dynin_token2audio": Voices(
+            f"{_PKG}.token2audio:styles",
+            "gender-female_emotion-neutral_speed-normal_pitch-normal",
+            clones_uploads=False,
+        )
+    },
     demos={
         "demo-dynin-omni": Demo(
             description=(
-                "a tiny random-weight Dynin-Omni (LLaDA masked diffusion + MAGVITv2 image "
-                "decoder): token2text -> token2image -> token2audio with the prompt metadata "
-                "on both hops; its images are noise and speech decoding (EMOVA) is not "
-                "implemented. For real output pass a downloaded Dynin-Omni folder as --model"
+                "a tiny random-weight Dynin-Omni (LLaDA masked diffusion, MAGVITv2 image "
+                "decoder, EMOVA unit-to-speech decoder): token2text -> token2image -> "
+                "token2audio with the prompt metadata on both hops; its images and speech are "
+                "noise. For real output pass a downloaded Dynin-Omni folder as --model"
             ),
             maker=f"{_PKG}.tiny:make_tiny_dynin_omni",
             deploy="dynin-omni",

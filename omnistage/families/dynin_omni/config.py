@@ -26,6 +26,16 @@ MODEL_TYPE = "dynin_omni"
 VQ_IMAGE_DIR = "vq_model_image"
 SPECIAL_TOKENS = ("<|soi|>", "<|eoi|>", "<|soa|>", "<|eoa|>", "<|mdm_mask|>")
 """Dynin's start/end of image and audio tokens and the masked-diffusion mask token."""
+TEMPLATE_TOKENS = (
+    "<|t2s|>",
+    "<|t2i|>",
+    "[iPAD]",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
+"""The speech template's task and padding tokens and the chat headers (the tiny tokenizer's;
+a real checkpoint has them as reserved or LLaMA-3 ids)."""
 
 
 class DyninOmniHFConfig(PretrainedConfig):
@@ -106,6 +116,25 @@ class DyninOmniConfig:
     """Denoising steps of the speech units (over all their blocks)."""
     audio_block_length: int = 64
     """Semi-autoregressive block length of the speech units."""
+    t2i_max_text_len: int = 128
+    """`UniversalPrompting`'s `max_text_len` for image requests (vLLM-Omni's t2i
+    `prompt_max_text_len`): the text part is padded or cut to one more position."""
+    t2s_max_text_len: int = 1024
+    """The same for speech requests (vLLM-Omni's t2s `prompt_max_text_len`)."""
+    t2s_instruction: str = "Please read the following text naturally."
+    """The instruction before the text of a speech request (vLLM-Omni's default)."""
+    t2s_token_id: int = 126099
+    """`<|t2s|>` (Dynin's reserved id)."""
+    t2i_token_id: int = 126088
+    """`<|t2i|>` (Dynin's reserved id)."""
+    image_guidance_scale: float = 3.5
+    """Classifier-free guidance of the image codes against the empty text's template (0: off;
+    3.5: Dynin's t2i `guidance_scale`)."""
+    ipad_token_id: int = 126093
+    """`[iPAD]`, the templates' left padding (Dynin's reserved id)."""
+    audio_cfg_scale: float = 2.5
+    """Classifier-free guidance of the speech units against their region all masked (0: off;
+    2.5: Dynin's t2s `cfg_scale`)."""
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "vocab_size", "llm_vocab_size"):
@@ -143,6 +172,9 @@ class DyninOmniConfig:
                 )
             if getattr(self, f"{name}_steps") % (length // block):
                 raise ValueError(f"{name}_steps: must be a multiple of the number of blocks")
+        for name in ("audio_cfg_scale", "image_guidance_scale"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
 
     @property
     def kv_heads(self) -> int:

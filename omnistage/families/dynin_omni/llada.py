@@ -67,7 +67,9 @@ class LLaDALlamaBlock(nn.Module):
         self.up_proj = nn.Linear(d, cfg.ff_size, bias=cfg.include_bias, dtype=dtype)
         self.ff_out = nn.Linear(cfg.ff_size, d, bias=cfg.include_bias, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         b, t, _ = x.shape
         cfg = self.cfg
         h = self.attn_norm(x)
@@ -78,7 +80,8 @@ class LLaDALlamaBlock(nn.Module):
         if cfg.kv_heads != cfg.n_heads:
             rep = cfg.n_heads // cfg.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=False)
+        mask = None if bias is None else bias.to(k.dtype)
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False)
         x = x + self.attn_out(att.transpose(1, 2).reshape(b, t, cfg.d_model))
         h = self.ff_norm(x)
         return x + self.ff_out(F.silu(self.ff_proj(h)) * self.up_proj(h))
@@ -108,13 +111,22 @@ class LLaDAModelLM(nn.Module):
         self.cfg = cfg
         self.model = _LLaDAModel(cfg, dtype)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """`[batch, seq]` ids -> `[batch, seq, table_size]` logits (full attention)."""
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`[batch, seq]` ids -> `[batch, seq, table_size]` logits (full attention). With an
+        `attention_mask` ([batch, seq], 0 = padding), a query/key pair is attended only where
+        both are kept: LLaDA's bool `attention_bias`, as float32 with its minimum elsewhere."""
         tr = self.model.transformer
         x = tr.wte(input_ids)
         sin, cos = rotary(input_ids.shape[1], self.cfg.head_dim, self.cfg.rope_theta, x.device)
+        bias = None
+        if attention_mask is not None:
+            keep = attention_mask.bool()
+            bias = (keep[:, :, None] & keep[:, None, :]).unsqueeze(1).to(torch.float)
+            bias.masked_fill_(bias == 0.0, torch.finfo(bias.dtype).min)
         for block in tr.blocks:
-            x = block(x, sin, cos)
+            x = block(x, sin, cos, bias)
         x = tr.ln_f(x)
         logits = F.linear(x, tr.wte.weight) if self.cfg.weight_tying else tr.ff_out(x)
         if self.cfg.scale_logits:

@@ -9,7 +9,9 @@ seed, prompt and weights only, never on its neighbours:
 - `speech_units`: text-to-speech units, as the reference's `t2s_generate_mmu_like`:
   block by block, each step samples the block's positions over the speech units, <|eoa|>
   and the end of text, and keeps the most probable samples (the block's masks spread
-  evenly over its steps).
+  evenly over its steps). With `cfg_scale` > 0 each step also runs the sequence with its
+  whole speech region masked again (the reference's unconditional branch, in the same
+  batch) and takes `uncond + (cfg_scale + 1) * (cond - uncond)`.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def speech_units(
     block_length: int,
     steps: int,
     generator: torch.Generator,
+    cfg_scale: float = 0.0,
 ) -> torch.Tensor:
     """The speech units (relative) written into `ids[start : start + length]` (all masks),
     cut before the first <|eoa|> or end of text."""
@@ -104,7 +107,8 @@ def speech_units(
         for k in transfer_counts(int((work[0, cols] == mask_id).sum()), inner_steps):
             block = work[0, cols]
             masked = block == mask_id
-            logits = logits_fn(work)[0].index_select(0, cols)
+            logits = _guided(logits_fn, work, start, length, mask_id, cfg_scale)
+            logits = logits.index_select(0, cols)
             combined = torch.cat(
                 [
                     logits[:, unit_start : unit_start + num_units],
@@ -132,6 +136,18 @@ def speech_units(
     return _relative_units(
         work[0, start : start + length], unit_start, num_units, eoa_id, eos_id, mask_id
     )
+
+
+def _guided(
+    logits_fn: Logits, work: torch.Tensor, start: int, length: int, mask_id: int, scale: float
+) -> torch.Tensor:
+    """The sequence's logits, classifier-free guided against its speech region all masked."""
+    if scale <= 0.0:
+        return logits_fn(work)[0]
+    uncond = work.clone()
+    uncond[:, start : start + length] = mask_id
+    cond, unguided = logits_fn(torch.cat([work, uncond])).chunk(2, dim=0)
+    return (unguided + (scale + 1.0) * (cond - unguided))[0]
 
 
 def _relative_units(

@@ -3,13 +3,16 @@
 The layout omnistage serves: the LLaDA model's `config.json` (LLaDA's and Dynin's field
 names, `model_type: dynin_omni`), its `model.safetensors` in LLaDA's parameter names, a
 byte-level tokenizer with Dynin's special tokens, and the MAGVITv2 image decoder in
-`vq_model_image/` (its `config.json` states the tiny sizes; weights in MAGVITv2's names).
+`vq_model_image/` (its `config.json` states the tiny sizes; weights in MAGVITv2's names),
+and EMOVA's unit-to-speech decoder in `vq_model_audio/` (UVITS names, weight norm as
+`weight_g`/`weight_v`, three named styles; see `emova_u2s`).
 Vocabulary: the tokenizer's ids, then the image codes, then the speech units.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -17,6 +20,7 @@ import torch
 from omnistage.families.dynin_omni.config import (
     MODEL_TYPE,
     SPECIAL_TOKENS,
+    TEMPLATE_TOKENS,
     VQ_IMAGE_DIR,
     DyninOmniConfig,
 )
@@ -32,7 +36,40 @@ TINY_MAGVIT = {
 """A 4x4 grid of 6-bit codes -> 8x8 pixels."""
 
 
-def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int) -> dict:
+TINY_U2S_MODEL = {
+    "inter_channels": 4,
+    "hidden_channels": 8,
+    "filter_channels": 16,
+    "n_heads": 2,
+    "n_layers": 2,
+    "kernel_size": 3,
+    "p_dropout": 0.1,
+    "resblock": "1",
+    "resblock_kernel_sizes": [3, 5],
+    "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5]],
+    "upsample_rates": [2, 2],
+    "upsample_initial_channel": 16,
+    "upsample_kernel_sizes": [4, 4],
+    "n_layers_q": 3,
+    "use_spectral_norm": False,
+    "gin_channels": 8,
+    "use_sdp": True,
+}
+"""UVITS `hps.model` of the tiny speech decoder (4 output samples per frame)."""
+TINY_STYLES = (
+    "gender-female_emotion-happy_speed-normal_pitch-high",
+    "gender-female_emotion-neutral_speed-normal_pitch-normal",
+    "gender-male_emotion-sad_speed-slow_pitch-low",
+)
+NON_UNIT_SYMBOLS = 178
+"""UVITS `symbols_with_4096`: pad, punctuation, letters and IPA before the unit numbers."""
+_WEIGHT_NORMED = re.compile(
+    r"^decoder\.(flow\.flows\.\d+\.enc\.(cond_layer|in_layers\.\d+|res_skip_layers\.\d+)"
+    r"|dec\.(ups\.\d+|resblocks\.\d+\.convs[12]?\.\d+))\.weight$"
+)
+
+
+def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int, template_ids: dict) -> dict:
     codebook, audio = 2 ** TINY_MAGVIT["z_channels"], 32
     vocab = tokenizer_len + codebook + audio
     return {
@@ -67,6 +104,12 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int) -> dict:
         "audio_max_new_tokens": 8,
         "audio_steps": 4,
         "audio_block_length": 4,
+        "audio_cfg_scale": 2.5,
+        "image_guidance_scale": 3.5,
+        "t2i_max_text_len": 12,  # "hello" and "Why?" padded, "a cat on a mat" cut
+        "t2s_max_text_len": 44,  # the same in the chat wrapping
+        "t2s_instruction": "Read this.",
+        **template_ids,
     }
 
 
@@ -93,10 +136,18 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
 
     path = Path(path)
     (path / VQ_IMAGE_DIR).mkdir(parents=True, exist_ok=True)
-    tokenizer = byte_tokenizer(list(SPECIAL_TOKENS))
+    tokenizer = byte_tokenizer(list(SPECIAL_TOKENS + TEMPLATE_TOKENS))
     tokenizer.save_pretrained(str(path))
+    template_ids = {
+        "t2s_token_id": tokenizer.convert_tokens_to_ids("<|t2s|>"),
+        "t2i_token_id": tokenizer.convert_tokens_to_ids("<|t2i|>"),
+        "ipad_token_id": tokenizer.convert_tokens_to_ids("[iPAD]"),
+    }
     config = tiny_config(
-        len(tokenizer), tokenizer.convert_tokens_to_ids("<|mdm_mask|>"), tokenizer.eos_token_id
+        len(tokenizer),
+        tokenizer.convert_tokens_to_ids("<|mdm_mask|>"),
+        tokenizer.eos_token_id,
+        template_ids,
     )
     (path / "config.json").write_text(json.dumps(config, indent=2))
     generator = torch.Generator().manual_seed(seed)
@@ -106,4 +157,44 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
     weights = {f"decoder.{k}": v for k, v in _randomize(decoder, generator, 0.2).items()}
     (path / VQ_IMAGE_DIR / "config.json").write_text(json.dumps(TINY_MAGVIT, indent=2))
     save_file(weights, str(path / VQ_IMAGE_DIR / "model.safetensors"))
+    make_tiny_emova_u2s(path, config["audio_codebook_size"], generator)
     return path
+
+
+def make_tiny_emova_u2s(path: Path, n_units: int, generator: torch.Generator) -> None:
+    """EMOVA's speech decoder for a tiny checkpoint, in `path / vq_model_audio`."""
+    from safetensors.torch import save_file
+
+    from omnistage.families.dynin_omni.emova_u2s import VQ_AUDIO_DIR, EmovaU2S, U2SConfig
+
+    raw = {
+        "model_type": "emova_speech_tokenizer",
+        "u2s_num_styles": len(TINY_STYLES),
+        "u2s_dim_styles": TINY_U2S_MODEL["gin_channels"],
+        "u2s_style2idx": {name: i for i, name in enumerate(TINY_STYLES)},
+        "u2s_config": {
+            "num_symbols": NON_UNIT_SYMBOLS + n_units,
+            "sampling_rate": 22050,
+            "model": TINY_U2S_MODEL,
+        },
+    }
+    (path / VQ_AUDIO_DIR).mkdir(parents=True, exist_ok=True)
+    (path / VQ_AUDIO_DIR / "config.json").write_text(json.dumps(raw, indent=2))
+    model = EmovaU2S(U2SConfig.from_dict(raw), n_units)
+    state = {}
+    for name, p in model.state_dict().items():
+        std = 0.1 if name.startswith("decoder.dec.") else 0.3  # a waveform short of tanh's 1
+        noise = torch.randn(p.shape, generator=generator, dtype=torch.float32) * std
+        if name.endswith("GAMMA"):
+            noise = noise + 1.0
+        elif name == "style_embedding.weight":
+            noise = noise / std
+        elif name == "decoder.dp.flows.0.m":
+            noise[0] -= 1.5  # log-durations near 0..1: units of 1 to 3 frames
+        if _WEIGHT_NORMED.match(name):
+            scale = 1.0 + 0.1 * torch.randn(p.shape[0], 1, 1, generator=generator)
+            state[f"{name}_g"] = noise.norm(dim=(1, 2), keepdim=True) * scale
+            state[f"{name}_v"] = noise
+        else:
+            state[name] = noise
+    save_file(state, str(path / VQ_AUDIO_DIR / "model.safetensors"))

@@ -7,13 +7,15 @@ image codes, otherwise text. Each task appends a masked region to the prompt and
 it (text greedily, `unmask.fill_masks`; image codes and speech units sampled from the
 request's seed, `sampled_fill`):
 
-    text:  prompt  [mask] * text_max_new_tokens            (any id)
-    image: prompt  <|soi|> [mask] * num_vq_tokens <|eoi|>  (image codes only)
-    audio: prompt  <|soa|> [mask] * audio_max_new_tokens   (units, <|eoa|>, end of text)
+    text:  prompt  [mask] * text_max_new_tokens            (any id; plain layout)
+    image: Dynin's t2i_gen template of the prompt, <|soi|> masks <|eoi|>, guided against
+           the empty text's template (`image_guidance_scale`)
+    audio: Dynin's t2s_gen template of the chat-wrapped prompt, <|soa|> masks, guided
+           against the speech region all masked (`audio_cfg_scale`)
 
-The loops are the reference's (see `unmask`, `sampled_fill`); the prompt around the
-region is this simple layout, not Dynin's `UniversalPrompting` templates (task tokens,
-padding to fixed lengths, classifier-free guidance prompts), which are not reproduced.
+(see `prompting`; the templates' padding is hidden by LLaDA's attention mask). The loops
+are the reference's (see `unmask`, `sampled_fill`); the text task's chat template is not
+reproduced.
 
 The output is the region's ids relative to their codebook (image codes from 0, speech
 units from 0, cut at the first <|eoa|>; text ids cut at the first end of text), and the
@@ -30,6 +32,7 @@ import torch
 
 from omnistage.families.dynin_omni.config import DyninOmniConfig
 from omnistage.families.dynin_omni.llada import LLaDAModelLM
+from omnistage.families.dynin_omni.prompting import gen_prompt, t2s_chat_text
 from omnistage.families.dynin_omni.sampled_fill import maskgit_image, speech_units
 from omnistage.families.dynin_omni.unmask import fill_masks
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
@@ -39,13 +42,17 @@ DETOK_TEXT, DETOK_IMAGE, DETOK_AUDIO = 0, 1, 2
 
 
 def task_of(meta: dict[str, Any]) -> str:
-    """The task of a request wanting `meta["modalities"]` (text when not said); ValueError
-    when it wants more than one: Dynin-Omni writes one modality per request."""
+    """The task of a request wanting `meta["modalities"]` (text when not said). Dynin-Omni
+    writes one modality per request: text beside image or audio (a chat asking for audio
+    out) is the other one's task, whose text output is empty; ValueError for two non-text
+    outputs."""
     wanted = [m for m in str(meta.get("modalities", "")).split(",") if m]
     if len(wanted) > 1:
+        wanted = [m for m in wanted if m != "text"]
+    if len(wanted) > 1:
         raise ValueError(
-            f"modalities: Dynin-Omni writes one output per request (text, image or audio); "
-            f"asked for {', '.join(wanted)}"
+            f"modalities: Dynin-Omni writes one output per request (text, image or audio; "
+            f"text beside one of the others); asked for {', '.join(wanted)}"
         )
     return {"audio": "t2s", "image": "t2i"}.get(wanted[0] if wanted else "text", "t2t")
 
@@ -96,8 +103,12 @@ class DyninToken2Text(GenerationModel):
         bad = ids[(ids < 0) | (ids >= self.cfg.llm_vocab_size)]
         if bad.numel():
             raise ValueError(f"prompt_token_ids: {int(bad[0])} is no text id of this model")
-        region = {"t2t": self.cfg.text_max_new_tokens, "t2i": self.cfg.num_vq_tokens + 2}
-        total = ids.numel() + region.get(task_of(item.meta), self.cfg.audio_max_new_tokens + 1)
+        c, task = self.cfg, task_of(item.meta)
+        # Image and speech prompts are padded or cut to their templates' max_text_len + 1.
+        total = {
+            "t2t": ids.numel() + c.text_max_new_tokens,
+            "t2i": c.t2i_max_text_len + 3 + c.num_vq_tokens,
+        }.get(task, c.t2s_max_text_len + 2 + c.audio_max_new_tokens)
         if total > self.cfg.max_sequence_length:
             raise ValueError(
                 f"prompt: {ids.numel()} tokens and the generated region ({total} in all) "
@@ -134,10 +145,20 @@ class DyninToken2Text(GenerationModel):
 
     def _image(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         c, n = self.cfg, self.cfg.num_vq_tokens
-        soi, eoi = self._ids("<|soi|>"), self._ids("<|eoi|>")
+        ids, mask, uncond, uncond_mask = self.image_prompts(prompt)
+        text_end, scale = c.t2i_max_text_len + 1, c.image_guidance_scale
+
+        def logits(x: torch.Tensor) -> torch.Tensor:
+            if scale <= 0.0:
+                return self.lm(x, mask[None])
+            # The guidance sequence: the empty text's template, then the image region so far.
+            both = torch.cat([x, torch.cat([uncond[None, :text_end], x[:, text_end:]], 1)])
+            cond, unguided = self.lm(both, torch.stack([mask, uncond_mask])).chunk(2, dim=0)
+            return (1 + scale) * cond - scale * unguided
+
         return maskgit_image(
-            self.lm,
-            torch.cat([prompt, soi, self._masks(n), eoi]),
+            logits,
+            ids,
             num_codes=n,
             code_start=c.image_start,
             codebook_size=c.codebook_size,
@@ -147,12 +168,48 @@ class DyninToken2Text(GenerationModel):
             generator=generator,
         )
 
+    def speech_prompt(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, attention mask) of a speech request: the prompt in vLLM-Omni's chat wrapping
+        after the instruction, in Dynin's `t2s_gen` template (see `prompting`)."""
+        head, tail = (
+            self.tokenizer.encode(part, add_special_tokens=False)
+            for part in t2s_chat_text("\0", self.cfg.t2s_instruction).split("\0")
+        )
+        ids = [*head, *prompt.tolist(), *tail]
+        return self._template(ids, self.cfg.audio_max_new_tokens, "t2s")
+
+    def image_prompts(self, prompt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(ids, mask, guidance ids, guidance mask) of an image request: Dynin's `t2i_gen`
+        template of the prompt, and of an empty text (see `prompting`)."""
+        n = self.cfg.num_vq_tokens
+        return (*self._template(prompt.tolist(), n, "t2i"), *self._template([], n, "t2i"))
+
+    def _template(self, text: list[int], n: int, task: str) -> tuple[torch.Tensor, torch.Tensor]:
+        c, speech = self.cfg, task == "t2s"
+        return gen_prompt(
+            text,
+            n,
+            task_id=c.t2s_token_id if speech else c.t2i_token_id,
+            bos_id=int(self.tokenizer.bos_token_id),
+            eos_id=c.eos_token_id,
+            start_id=self.special["<|soa|>" if speech else "<|soi|>"],
+            end_id=None if speech else self.special["<|eoi|>"],
+            pad_id=c.ipad_token_id,
+            mask_id=c.mask_token_id,
+            max_text_len=c.t2s_max_text_len if speech else c.t2i_max_text_len,
+        )
+
     def _speech(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         c, n = self.cfg, self.cfg.audio_max_new_tokens
+        ids, mask = self.speech_prompt(prompt)
+
+        def logits(x: torch.Tensor) -> torch.Tensor:
+            return self.lm(x, mask.expand(x.shape[0], -1))
+
         return speech_units(
-            self.lm,
-            torch.cat([prompt, self._ids("<|soa|>"), self._masks(n)]),
-            prompt.numel() + 1,
+            logits,
+            ids,
+            ids.numel() - n,
             n,
             unit_start=c.audio_start,
             num_units=c.audio_codebook_size,
@@ -162,6 +219,7 @@ class DyninToken2Text(GenerationModel):
             block_length=c.audio_block_length,
             steps=c.audio_steps,
             generator=generator,
+            cfg_scale=c.audio_cfg_scale,
         )
 
     def _ids(self, token: str) -> torch.Tensor:
