@@ -321,3 +321,15 @@ def make_demo_mimo_audio(path: str | Path, seed: int = 0) -> Path:
     make_tiny_mimo_audio(path / "published", seed)
     convert(path / "published", path)
     return path
+
+
+CLIP_SAMPLES = (24048, 144)
+"""The clips the encoder's fixture encodes (at the tiny hop of 4 samples: 6013 mel frames,
+two segments whose second pools an odd tail; 37 frames, one segment, an odd tail)."""
+
+
+def tiny_clip(samples: int) -> torch.Tensor:
+    """A deterministic test clip: a chirp plus a tone, float32 in [-0.8, 0.8]."""
+    t = torch.arange(samples, dtype=torch.float64) / 24000.0
+    chirp = torch.sin(2 * torch.pi * (200.0 + 2000.0 * t) * t)
+    return (0.5 * chirp + 0.3 * torch.sin(2 * torch.pi * 3100.0 * t)).float()
