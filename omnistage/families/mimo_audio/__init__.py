@@ -1,8 +1,9 @@
 """MiMo-Audio (XiaomiMiMo): one fused LM that writes text and 8-codebook speech codes in
 one sequence (its local transformer writes each position's group of frames), then
-code2wav, the MiMo-Audio tokenizer's decoder. Its tiny checkpoint is the built-in
-`demo-mimo-audio`. Checkpoints as published (`model_type: qwen2`, architectures
-`MiMoAudioModel`) are seen through a view (`layout.py`)."""
+code2wav, the MiMo-Audio tokenizer's decoder; audio in through its encoder
+(`audio_input.py`). Its tiny checkpoint is the built-in `demo-mimo-audio`. Checkpoints
+as published (`model_type: qwen2`, architectures `MiMoAudioModel`) are seen through a
+view (`layout.py`)."""
 
 from omnistage.models.family import Demo, Family, PartSpec
 
@@ -18,6 +19,7 @@ FAMILY = Family(
     parts={(MODEL_TYPE, "lm"): PartSpec((), "MiMoAudioForCausalLM", (("", ""),))},
     generation_parts={(MODEL_TYPE, "code2wav"): f"{_PKG}.code2wav:MiMoAudioCode2Wav"},
     configs={MODEL_TYPE: f"{_PKG}.config:MiMoAudioConfig"},
+    input_encoders={MODEL_TYPE: f"{_PKG}.audio_input:MiMoAudioInputEncoder"},
     edges={"mimo_audio_codes": f"{_PKG}.edges:MiMoAudioCodes"},
     deploys_by_model_type={MODEL_TYPE: "mimo-audio"},
     architecture_layouts={"MiMoAudioModel": f"{_PKG}.layout:convert"},
@@ -33,7 +35,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_demo_mimo_audio",
             deploy="demo-mimo-audio",
-            version=2,
+            version=3,
         )
     },
 )

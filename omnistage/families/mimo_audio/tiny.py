@@ -37,9 +37,14 @@ SPECIALS = [
 ]
 EMPTY_ID = 261  # byte tokenizer: 3 specials, 256 bytes, then SPECIALS in order
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for item in m['content'] %}"
+    "{% if item['type'] == 'text' %}{{ item['text'] }}"
+    "{% elif item['type'] == 'audio' or 'audio' in item or 'input_audio' in item %}"
+    "<|sosp|><|empty|><|eosp|>{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<|sostm|>{% endif %}"
 )
+"""String content as it is; an audio part as the audio span `audio_input.py` expands."""
 SPEECH_SIZES = [16, 16, 8, 8, 8, 8, 8, 8]
 EMPTY_LOGIT = 4.0
 """Length of the `<|empty|>` head row (how often the tiny LM speaks)."""
@@ -326,6 +331,10 @@ def make_demo_mimo_audio(path: str | Path, seed: int = 0) -> Path:
 CLIP_SAMPLES = (24048, 144)
 """The clips the encoder's fixture encodes (at the tiny hop of 4 samples: 6013 mel frames,
 two segments whose second pools an odd tail; 37 frames, one segment, an odd tail)."""
+
+
+AUDIO_IN_SAMPLES = 1600
+"""The spoken prompt of the fixture: 0.1 s at 16 kHz (38 LM positions of speech)."""
 
 
 def tiny_clip(samples: int) -> torch.Tensor:
