@@ -4,8 +4,9 @@
   prompt (its `InputSegment` layout of the encoder's codes), and the greedy reply's text
   tokens and every code equal the official code's (`fixtures/mimo_audio/encoder.json`,
   `audio_in`; float32).
-- Sync and async scheduling give identical tokens and payload bytes with audio in
-  (float64, sampled and seeded), batched beside a text prompt.
+- Sync and async scheduling give identical tokens, payload bytes and audio with audio in
+  (float64, sampled and seeded), batched beside a text prompt; the spoken prompt alone
+  equals it batched.
 - A clip too short to encode, and a prompt whose audio spans and clips disagree, are
   errors naming the field.
 """
@@ -88,3 +89,7 @@ def test_sync_equals_async_with_audio_in(checkpoint) -> None:
     assert [o.token_ids for o in a[0]] == [o.token_ids for o in s[0]]
     assert a[1] == s[1]
     assert [o.audio.tobytes() for o in a[0]] == [o.audio.tobytes() for o in s[0]]
+    (alone,), received = run(
+        tiny_speech_deploy("demo-mimo-audio", checkpoint), prompts[:1], sampled
+    )
+    assert alone.token_ids == a[0][0].token_ids and received[0, 0] == a[1][0, 0]

@@ -24,10 +24,17 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from omnistage.families.mimo_audio.audio_encoder import load_audio_encoder, wav2mel
-from omnistage.families.mimo_audio.config import MODEL_TYPE, speech_empty_ids
-from omnistage.families.mimo_audio.model import AudioParts, patch_encode
+from omnistage.families.mimo_audio.config import (
+    MODEL_TYPE,
+    input_local_config,
+    speech_empty_ids,
+    speech_vocab_sizes,
+)
+from omnistage.families.mimo_audio.local_transformer import LocalTransformer
+from omnistage.families.mimo_audio.model import patch_encode
 from omnistage.multimodal.modalities import MediaTokens
 from omnistage.multimodal.prompts import EncodedPrompt
 
@@ -63,6 +70,20 @@ def _load_weights(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
+class InputParts(nn.Module):
+    """The LM's input-side audio modules (`model.AudioParts` without the local
+    transformer and its heads), by the checkpoint's names."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        inner = input_local_config(config)
+        sizes = speech_vocab_sizes(config)
+        self.input_local_transformer = LocalTransformer(inner)
+        self.speech_embeddings = nn.ModuleList(nn.Embedding(n, inner.hidden_size) for n in sizes)
+        width = inner.hidden_size * config.group_size
+        self.speech_group_downcast = nn.Linear(width, config.hidden_size, bias=False)
+
+
 class MiMoAudioInputEncoder:
     model_type = MODEL_TYPE
     model_name = "MiMo-Audio"
@@ -75,12 +96,11 @@ class MiMoAudioInputEncoder:
         if EMBED not in weights:
             raise ValueError(f"model: {path} has no {EMBED}")
         self.embed = weights.pop(EMBED).to(dtype)
-        self.parts = AudioParts(config)
-        missing = [k for k in self.parts.state_dict() if k.startswith(INPUT_PARTS)]
-        missing = [k for k in missing if k not in weights]
+        self.parts = InputParts(config)
+        missing = [k for k in self.parts.state_dict() if k not in weights]
         if missing:
             raise ValueError(f"model: {path} has no {missing[0]}")
-        self.parts.load_state_dict(weights, strict=False)
+        self.parts.load_state_dict(weights, strict=True)
         self.parts.to(dtype).eval()
         self.group, self.channels = int(config.group_size), int(config.audio_channels)
         self.empty_codes = torch.tensor(speech_empty_ids(config) * self.group)
