@@ -125,6 +125,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from omnistage.models import registry
     from omnistage.models.builtin import describe_builtin_models
     from omnistage.models.registry import deploys_by_model_type, supported_architectures
 
@@ -136,6 +137,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     print("Omni checkpoints (HF dir), served as multi-stage pipelines with a packaged deploy:")
     for model_type, deploy in sorted(deploys_by_model_type().items()):
         print(f"  model_type {model_type:<16} deploy {deploy}")
+    for arch in registry.layout_architectures():
+        print(f"  architectures {arch} (as published; its family's deploy, through a view)")
     return 0
 
 

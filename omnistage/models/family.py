@@ -102,3 +102,7 @@ class Family:
     """A file naming a checkpoint folder in a family's own layout (not HF's: no
     config.json) -> "module:function" `(folder, out)` writing its HF view into `out`
     (converted once, kept in the cache directory; `models/layout_cache.py`)."""
+    architecture_layouts: Mapping[str, str] = field(default_factory=dict)
+    """config.json `architectures` name -> a converter like `layouts`', for checkpoints
+    published with another family's `model_type` (MiMo-Audio's `qwen2`); a config.json
+    whose `model_type` is a family's own (`configs`) is already a view."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import json
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -186,9 +187,28 @@ def layout_converter(path: Path) -> Any:
     """The converter of a checkpoint folder in a family's own layout (`Family.layouts`),
     or None for an HF-layout folder."""
     if (path / "config.json").is_file():
-        return None
+        return _architecture_layout(path / "config.json")
     marker = next((m for m in sorted(_merged("layouts")) if (path / m).is_file()), None)
     return None if marker is None else _resolved("layouts", marker)
+
+
+def _architecture_layout(config_file: Path) -> Any:
+    """The converter of an HF folder whose config.json names a family's architecture under
+    a `model_type` no family owns (`Family.architecture_layouts`), or None."""
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or config.get("model_type") in _merged("configs"):
+        return None
+    layouts = _merged("architecture_layouts")
+    arch = next((a for a in config.get("architectures") or () if a in layouts), None)
+    return None if arch is None else _resolved("architecture_layouts", arch)
+
+
+def layout_architectures() -> list[str]:
+    """The architectures a family claims under another `model_type` (`omnistage models`)."""
+    return sorted(_merged("architecture_layouts"))
 
 
 def generation_model_class(architectures: list[str]) -> type | None:

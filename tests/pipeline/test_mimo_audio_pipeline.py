@@ -26,6 +26,7 @@ from omnistage import SamplingParams
 from omnistage.core.payload import pack_payload, unpack_payload
 from omnistage.families.mimo_audio.code2wav import MiMoAudioCode2Wav
 from omnistage.families.mimo_audio.tiny import EMPTY_ID, make_tiny_mimo_audio
+from omnistage.models.loader import resolve_model
 from omnistage.pipeline.omni import Omni
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
 
@@ -46,6 +47,12 @@ def reference() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, reference) -> Path:
     return make_tiny_mimo_audio(tmp_path_factory.mktemp("mimo") / "tiny", reference["seed"])
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    """The view of the published-layout checkpoint (`layout.py`) lands in a test cache."""
+    monkeypatch.setenv("OMNISTAGE_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "cache"))
 
 
 def run(spec, prompts, params) -> tuple[list[Any], dict[tuple[int, int], dict]]:
@@ -149,9 +156,8 @@ def test_a_chunk_that_is_not_whole_segments_is_refused(checkpoint):
     from omnistage.models import registry
     from omnistage.models.generation import GenerationItem
 
-    model = MiMoAudioCode2Wav.from_checkpoint(
-        checkpoint, registry.auto_config(checkpoint), torch.float64
-    )
+    view = resolve_model(str(checkpoint)).path  # the published layout's view
+    model = MiMoAudioCode2Wav.from_checkpoint(view, registry.auto_config(view), torch.float64)
     rows = torch.tensor([[EMPTY_ID, *[1] * 32]] * 5)
     model.check_item(GenerationItem(rows, offset=375, last=True))  # a last chunk: any length
     model.check_item(GenerationItem(torch.cat([rows] * 75), offset=0, last=False))

@@ -1,6 +1,6 @@
 """MiMo-Audio (the built-in demo-mimo-audio: fused LM -> code2wav) behind the real server
 with the real `openai` client: chat completions with text and audio out, whole and
-streamed, and `/v1/audio/speech`; bad input is a 400 in the OpenAI error shape naming
+streamed, and `/v1/audio/speech`, chat with an `input_audio` clip; bad input is a 400 in the OpenAI error shape naming
 the field, and the server goes on serving."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import base64
 import io
 from collections.abc import Iterator
 
+import httpx
+import numpy as np
 import openai
 import pytest
 import soundfile
@@ -80,4 +82,37 @@ def test_speech_and_bad_input_is_a_400_naming_the_field(server: PipelineServer) 
         assert error["param"] == param and error["type"] == "invalid_request_error"
     after = client.audio.speech.create(model=MODEL, input="Still here.", voice="default").content
     assert soundfile.read(io.BytesIO(after))[0].size > 0
+    server.wait_idle()
+
+
+def _wav(seconds: float, rate: int = 16000) -> str:
+    t = np.arange(int(seconds * rate)) / rate
+    buffer = io.BytesIO()
+    soundfile.write(buffer, 0.3 * np.sin(2 * np.pi * 440 * t), rate, format="WAV")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_chat_with_audio_in_and_bad_audio_is_a_400(server: PipelineServer) -> None:
+    client = server.openai()
+    part = {"type": "input_audio", "input_audio": {"format": "wav", "data": _wav(0.1)}}
+    messages = [{"role": "user", "content": [part, {"type": "text", "text": "Answer."}]}]
+    kwargs = dict(model=MODEL, modalities=["text", "audio"], max_tokens=6, temperature=0)
+    reply = client.chat.completions.create(messages=messages, **kwargs)
+    assert reply.choices[0].message.audio is not None
+    assert reply.usage.completion_tokens == 6
+    bad = [
+        ({"format": "mp3", "data": _wav(0.1)}, "declared audio/mp3, but the data is audio/wav"),
+        ({"format": "wav", "data": "bm90IGEgd2F2"}, "input_audio.format: declared audio/wav"),
+        ({"format": "wav", "data": _wav(0.0001)}, "too short"),
+    ]
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for audio, says in bad:
+            content = [{"type": "input_audio", "input_audio": audio}]
+            body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+            response = http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert says in error["message"] and error["type"] == "invalid_request_error", error
+    after = client.chat.completions.create(messages=HELLO, **kwargs)
+    assert after.choices[0].message.audio is not None
     server.wait_idle()

@@ -241,3 +241,77 @@ class AudioDecoderConfig:
     def samples_per_code(self) -> int:
         """Output samples per code frame."""
         return self.avg_pooler * self.decoder_stride_size * self.hop_length
+
+
+@dataclass(frozen=True)
+class AudioEncoderConfig:
+    """The audio tokenizer's encoder and its log-mel front end (the fields of the
+    tokenizer's `config.json` that `AudioEncoder` and `wav2mel` read)."""
+
+    n_mels: int = 128
+    """Mel bins of the input features."""
+    d_model: int = 1280
+    """Width of the encoder and the quantizer's codebooks."""
+    kernel_size: int = 3
+    """Kernel of both input convolutions."""
+    stride_size: int = 2
+    """Stride of the second input convolution."""
+    avg_pooler: int = 4
+    """Frames pooled into one code (a strided convolution; 1: none)."""
+    encoder_layers: int = 32
+    """Encoder transformer layers."""
+    encoder_attention_heads: int = 20
+    """Heads of the encoder transformer."""
+    encoder_ffn_dim: int = 5120
+    """Feed-forward width of the encoder."""
+    encoder_causal: bool = False
+    """Whether the encoder attends causally."""
+    encoder_attn_window_size: tuple[int, int] = (-1, -1)
+    """(left, right) attention window of the encoder (-1: unbounded)."""
+    encoder_skip_layer_id: int | None = None
+    """1-based layer whose output is added to the last layer's (None: no skip)."""
+    num_quantizers: int = 12
+    """Codebooks of the residual quantizer."""
+    codebook_size: tuple[int, ...] = (1024,)
+    """Codes per codebook (the last repeats for the rest)."""
+    rope_theta: float = 10000.0
+    """RoPE base of the encoder."""
+    ln_type: str = "LayerNorm"
+    """"LayerNorm" or "RMSNorm"."""
+    activation_function: str = "gelu"
+    """Feed-forward activation (a transformers `ACT2FN` name)."""
+    sampling_rate: int = 24000
+    """Sample rate the clip is resampled to."""
+    nfft: int = 1024
+    """FFT size of the mel spectrogram."""
+    hop_length: int = 240
+    """Samples per mel frame."""
+    window_size: int = 1024
+    """Hann window length of the mel spectrogram."""
+    fmin: float = 0.0
+    """Lowest mel filter frequency."""
+    fmax: float | None = None
+    """Highest mel filter frequency (None: half the sample rate)."""
+
+    def __post_init__(self) -> None:
+        if self.ln_type not in ("LayerNorm", "RMSNorm"):
+            raise ValueError(f"ln_type: {self.ln_type!r} is neither LayerNorm nor RMSNorm")
+        if self.d_model % self.encoder_attention_heads:
+            raise ValueError(f"encoder_attention_heads: does not divide d_model {self.d_model}")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> AudioEncoderConfig:
+        """The fields of a tokenizer `config.json` (others ignored; None keeps a default,
+        except `encoder_skip_layer_id` and `fmax`, whose None means none)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        optional = ("encoder_skip_layer_id", "fmax")
+        kwargs = {k: v for k, v in raw.items() if k in names and (v is not None or k in optional)}
+        for key in ("encoder_attn_window_size", "codebook_size"):
+            if key in kwargs:
+                kwargs[key] = tuple(kwargs[key])
+        return cls(**kwargs)
+
+    @property
+    def codebook_sizes(self) -> list[int]:
+        sizes = list(self.codebook_size)
+        return sizes + [sizes[-1]] * (self.num_quantizers - len(sizes))

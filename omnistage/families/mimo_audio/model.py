@@ -85,6 +85,28 @@ class AudioParts(nn.Module):
         self.hidden_states_downcast = nn.Linear(config.hidden_size, local.hidden_size, bias=False)
 
 
+def patch_encode(
+    a: AudioParts, codes: torch.Tensor, empty: torch.Tensor, group: int, full_attention: bool
+) -> torch.Tensor:
+    """The patch encoder: [n, G*C] codes (frame-major; `empty` the [G*C] empty ids) ->
+    [n, hidden] (zero where every code is empty), in the parts' dtype."""
+    n = codes.shape[0]
+    is_speech = (codes != empty).any(dim=1)
+    frames = codes.view(n, group, -1)
+    width = a.speech_embeddings[0].embedding_dim
+    # The reference sums the channels into a bfloat16 buffer whatever the model's dtype.
+    summed = torch.zeros(n, group, width, dtype=torch.bfloat16, device=codes.device)
+    for c, table in enumerate(a.speech_embeddings):
+        ids = frames[:, :, c]
+        keep = ids != empty[c]
+        summed += table(ids.clamp(0, table.num_embeddings - 1)) * keep[..., None]
+    mask = is_speech[:, None, None]
+    summed = summed * mask
+    encoded = a.input_local_transformer(summed, causal=not full_attention)
+    encoded = encoded * mask
+    return a.speech_group_downcast(encoded.reshape(n, -1))
+
+
 class MiMoAudioForCausalLM(Qwen2ForCausalLM):
     architectures = ("MiMoAudioForCausalLM", "MiMoAudioModel")
     prefer_model_sampler = True
@@ -130,23 +152,9 @@ class MiMoAudioForCausalLM(Qwen2ForCausalLM):
     def embed_token_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """[n, G*C] codes (frame-major) -> [n, hidden]: the patch encoder of each speaking
         position, zero for a position whose codes are all empty ids."""
-        n = codes.shape[0]
-        a = self.audio
         empty = self.empty_codes.to(codes.device)
-        is_speech = (codes != empty).any(dim=1)
-        frames = codes.view(n, self.group_size, self.channels)
-        width = a.speech_embeddings[0].embedding_dim
-        # The reference sums the channels into a bfloat16 buffer whatever the model's dtype.
-        summed = torch.zeros(n, self.group_size, width, dtype=torch.bfloat16, device=codes.device)
-        for c, table in enumerate(a.speech_embeddings):
-            ids = frames[:, :, c]
-            keep = ids != empty[c]
-            summed += table(ids.clamp(0, table.num_embeddings - 1)) * keep[..., None]
-        mask = is_speech[:, None, None]
-        summed = summed * mask
-        encoded = a.input_local_transformer(summed, causal=not self.full_input_attention)
-        encoded = encoded * mask
-        return a.speech_group_downcast(encoded.reshape(n, -1)).to(self.dtype)
+        full = self.full_input_attention
+        return patch_encode(self.audio, codes, empty, self.group_size, full).to(self.dtype)
 
     # -- output side ---------------------------------------------------------------------
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,12 @@
 """A tiny random-weight MiMo-Audio checkpoint in the real layout (the built-in
 `demo-mimo-audio`).
 
-`config.json` (the LM: Qwen2 fields plus MiMo-Audio's, `model_type` mimo_audio so that
-the registry finds its deploy), `generation_config.json`, a byte-level tokenizer with
+Written as the Hub publishes it (`layout.py` reads it through the same view as a real
+checkpoint): `config.json` (the LM: Qwen2 fields plus MiMo-Audio's, `model_type` qwen2,
+architectures `MiMoAudioModel`, no `<|empty|>` id), `generation_config.json`, a byte-level tokenizer with
 MiMo-Audio's special tokens and a chat template whose assistant turn opens with
-`<|sostm|>` (the reference's spoken-reply prompt), `model.safetensors` by the
-reference's parameter names (`model.*`, `lm_head`, `local_transformer.*`,
+`<|sostm|>` (the reference's spoken-reply prompt), the weights in two shards with their
+`model.safetensors.index.json`, by the reference's parameter names (`model.*`, `lm_head`, `local_transformer.*`,
 `input_local_transformer.*`, `local_transformer_lm_heads.*`, `speech_embeddings.*`,
 `speech_group_downcast`, `hidden_states_downcast`), and the audio tokenizer under
 `audio_tokenizer/` (its `config.json` fields and every tensor of the reference's
@@ -36,9 +37,14 @@ SPECIALS = [
 ]
 EMPTY_ID = 261  # byte tokenizer: 3 specials, 256 bytes, then SPECIALS in order
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for item in m['content'] %}"
+    "{% if item['type'] == 'text' %}{{ item['text'] }}"
+    "{% elif item['type'] == 'audio' or 'audio' in item or 'input_audio' in item %}"
+    "<|sosp|><|empty|><|eosp|>{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n<|sostm|>{% endif %}"
 )
+"""String content as it is; an audio part as the audio span `audio_input.py` expands."""
 SPEECH_SIZES = [16, 16, 8, 8, 8, 8, 8, 8]
 EMPTY_LOGIT = 4.0
 """Length of the `<|empty|>` head row (how often the tiny LM speaks)."""
@@ -46,8 +52,8 @@ EMPTY_LOGIT = 4.0
 
 def tiny_lm_config() -> dict:
     return dict(
-        architectures=["MiMoAudioForCausalLM"],
-        model_type="mimo_audio",
+        architectures=["MiMoAudioModel"],
+        model_type="qwen2",
         vocab_size=272,
         hidden_size=32,
         intermediate_size=64,
@@ -74,7 +80,6 @@ def tiny_lm_config() -> dict:
         input_local_layers=1,
         input_local_dim=16,
         input_full_attention=True,
-        empty_token_id=EMPTY_ID,
         torch_dtype="float32",
     )
 
@@ -274,6 +279,21 @@ def tiny_tokenizer():
     return tok
 
 
+def _save_sharded(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Two shards (`model-0000i-of-00002.safetensors`, the LM's layers apart from the
+    rest) and `model.safetensors.index.json`, as the Hub's checkpoints are stored."""
+    from safetensors.torch import save_file
+
+    names = [f"model-0000{i}-of-00002.safetensors" for i in (1, 2)]
+    index = {k: names[0 if k.startswith("model.") else 1] for k in weights}
+    for name in names:
+        shard = {k: v.contiguous() for k, v in weights.items() if index[k] == name}
+        save_file(shard, path / name, metadata={"format": "pt"})
+    size = sum(v.numel() * v.element_size() for v in weights.values())
+    body = {"metadata": {"total_size": size}, "weight_map": dict(sorted(index.items()))}
+    (path / "model.safetensors.index.json").write_text(json.dumps(body, indent=2))
+
+
 def make_tiny_mimo_audio(path: str | Path, seed: int = 0) -> Path:
     """Write the tiny checkpoint to `path` (created) and return it."""
     from safetensors.torch import save_file
@@ -282,7 +302,7 @@ def make_tiny_mimo_audio(path: str | Path, seed: int = 0) -> Path:
     (path / "audio_tokenizer").mkdir(parents=True, exist_ok=True)
     config = tiny_lm_config()
     weights = random_lm_weights(config, seed)
-    save_file({k: v.contiguous() for k, v in weights.items()}, path / "model.safetensors")
+    _save_sharded(weights, path)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     generation = dict(eos_token_id=[2, tiny_tokenizer().convert_tokens_to_ids("<|eostm|>")])
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
@@ -295,3 +315,30 @@ def make_tiny_mimo_audio(path: str | Path, seed: int = 0) -> Path:
     )
     (path / "audio_tokenizer" / "config.json").write_text(json.dumps(codec, indent=2))
     return path
+
+
+def make_demo_mimo_audio(path: str | Path, seed: int = 0) -> Path:
+    """The built-in demo: the tiny checkpoint as published in `path/published`, its
+    served view (`layout.convert`) in `path`."""
+    from omnistage.families.mimo_audio.layout import convert
+
+    path = Path(path)
+    make_tiny_mimo_audio(path / "published", seed)
+    convert(path / "published", path)
+    return path
+
+
+CLIP_SAMPLES = (24048, 144)
+"""The clips the encoder's fixture encodes (at the tiny hop of 4 samples: 6013 mel frames,
+two segments whose second pools an odd tail; 37 frames, one segment, an odd tail)."""
+
+
+AUDIO_IN_SAMPLES = 1600
+"""The spoken prompt of the fixture: 0.1 s at 16 kHz (38 LM positions of speech)."""
+
+
+def tiny_clip(samples: int) -> torch.Tensor:
+    """A deterministic test clip: a chirp plus a tone, float32 in [-0.8, 0.8]."""
+    t = torch.arange(samples, dtype=torch.float64) / 24000.0
+    chirp = torch.sin(2 * torch.pi * (200.0 + 2000.0 * t) * t)
+    return (0.5 * chirp + 0.3 * torch.sin(2 * torch.pi * 3100.0 * t)).float()
