@@ -5,6 +5,7 @@ one worker thread, in submission order."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -73,3 +74,37 @@ def test_the_thread_executor_runs_steps_in_order_on_its_own_named_thread():
     executor.shutdown()
     with pytest.raises(RuntimeError):  # shut down: no step runs any more
         executor.submit(_step(a=1))
+
+
+class _SlowRunner(_Runner):
+    """Each step takes a while and logs when it starts and ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        (req_id,) = scheduler_output.num_scheduled_tokens
+        self.events.append(f"start {req_id}")
+        time.sleep(0.02)
+        self.events.append(f"end {req_id}")
+        return super().execute_model(scheduler_output)
+
+
+def test_the_thread_executor_never_runs_two_steps_at_once():
+    runner = _SlowRunner()
+    executor = ThreadExecutor(runner)
+    futures = [executor.submit(_step(**{f"r{i}": 1})) for i in range(4)]
+    for future in futures:
+        future.result()
+    expected = [e for i in range(4) for e in (f"start r{i}", f"end r{i}")]
+    assert runner.events == expected  # one step at a time, in submission order
+    executor.shutdown()
+
+
+def test_shutdown_waits_for_the_step_that_is_running():
+    runner = _SlowRunner()
+    executor = ThreadExecutor(runner)
+    future = executor.submit(_step(a=1))
+    executor.shutdown()
+    assert future.done() and runner.events == ["start a", "end a"]
