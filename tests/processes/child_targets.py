@@ -36,12 +36,14 @@ def exit_quietly(code: int, channel: Connection) -> None:
 class CountingRunner:
     """A model runner without a model, for `ProcessExecutor` tests: each step samples, per
     scheduled request, the number of tokens scheduled for it; a request named "boom" makes
-    the step raise, one named "slow" makes it take a minute."""
+    the step raise, one named "slow" makes it take a minute, one named "break_stats" makes
+    every later `stats()` raise."""
 
     def __init__(self, num_kv_blocks: int) -> None:
         self.num_kv_blocks = num_kv_blocks
         self.startup_phases = {"build": 0.25}
         self.steps = 0
+        self.stats_broken = False
 
     def execute_model(self, scheduler_output):
         from omnistage.core.sched_output import ModelRunnerOutput
@@ -50,12 +52,16 @@ class CountingRunner:
             raise RuntimeError("boom in the runner")
         if "slow" in scheduler_output.num_scheduled_tokens:
             time.sleep(60)
+        if "break_stats" in scheduler_output.num_scheduled_tokens:
+            self.stats_broken = True
         self.steps += 1
         ids = list(scheduler_output.num_scheduled_tokens)
         counts = [[scheduler_output.num_scheduled_tokens[r]] for r in ids]
         return ModelRunnerOutput(req_ids=ids, sampled_token_ids=counts, logprobs=[None] * len(ids))
 
     def stats(self) -> dict[str, int]:
+        if self.stats_broken:
+            raise RuntimeError("no stats today")
         return {"steps": self.steps}
 
 

@@ -177,3 +177,13 @@ def test_a_start_failure_is_the_users_only_when_the_worker_raised_a_value_error(
         str(ours)
         == "model runner worker failed to start:\n" + trace + "RuntimeError: out of memory\n"
     )
+
+
+def test_stats_the_runner_cannot_give_raise_its_traceback(executor):
+    executor.wait_ready()
+    executor.execute_model(_step(break_stats=1))
+    with pytest.raises(RunnerFailed) as info:
+        executor.runner_stats()
+    text = str(info.value)
+    assert text.startswith("Traceback (most recent call last):\n")
+    assert text.rstrip().endswith("RuntimeError: no stats today")
