@@ -65,10 +65,14 @@ class CountingRunner:
         return {"steps": self.steps}
 
 
-def counting_runner(num_kv_blocks: int) -> CountingRunner:
+def counting_runner(num_kv_blocks: int, timed: bool = True) -> CountingRunner:
+    """A `CountingRunner`; `timed=False`: one without `startup_phases` (they are optional)."""
     if num_kv_blocks < 1:
         raise ValueError(f"num_kv_blocks: {num_kv_blocks} cannot hold a request")
-    return CountingRunner(num_kv_blocks)
+    runner = CountingRunner(num_kv_blocks)
+    if not timed:
+        del runner.startup_phases
+    return runner
 
 
 def ready_then_stats(channel: Connection) -> None:

@@ -147,6 +147,10 @@ def test_the_worker_loop_answers_steps_and_stats_in_order_and_stops_on_shutdown(
     conn.send_bytes(_ENCODER.encode(Shutdown()))
     thread.join(5)
     assert not thread.is_alive()
+    conn, thread = _serve_in_a_thread(4, False)  # a runner that does not time its start
+    assert _FROM_WORKER.decode(conn.recv_bytes()) == Ready(num_kv_blocks=4, startup_phases={})
+    conn.close()
+    thread.join(5)
 
 
 def test_the_worker_loop_reports_a_runner_it_cannot_build_and_ends_when_the_engine_leaves():
