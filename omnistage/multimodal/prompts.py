@@ -45,6 +45,28 @@ class EncodedPrompt:
     image_grid_thw: torch.Tensor
     """`[num_images, 3]` int64 patch grids (t, h, w) from the image processor."""
 
+    @classmethod
+    def audio_only(
+        cls,
+        prompt_token_ids: list[int],
+        prompt_embeds: torch.Tensor,
+        audio_mask: torch.Tensor,
+        audio_token_counts: list[int],
+    ) -> EncodedPrompt:
+        """A prompt whose only media are audio clips, at plain positions `0..L-1` (no
+        images, no 3-D positions): what a model without M-RoPE encodes."""
+        return cls(
+            prompt_token_ids=prompt_token_ids,
+            prompt_embeds=prompt_embeds,
+            mrope_positions=torch.arange(len(prompt_token_ids)).expand(3, -1).clone(),
+            rope_delta=0,
+            audio_mask=audio_mask,
+            visual_pos_mask=torch.zeros_like(audio_mask),
+            deepstack_embeds=[],
+            audio_token_counts=audio_token_counts,
+            image_grid_thw=torch.zeros(0, 3, dtype=torch.long),
+        )
+
     @property
     def uses_mrope(self) -> bool:
         """True when the positions are not plain `0..L-1` (the prompt has images)."""

@@ -205,14 +205,4 @@ class CovoAudioInputEncoder:
         mask = ids_t == pad
         if features:
             embeds[mask] = torch.cat(features).to(embeds.dtype)
-        return EncodedPrompt(
-            prompt_token_ids=expanded,
-            prompt_embeds=embeds,
-            mrope_positions=torch.arange(len(expanded)).expand(3, -1).clone(),
-            rope_delta=0,
-            audio_mask=mask,
-            visual_pos_mask=torch.zeros_like(mask),
-            deepstack_embeds=[],
-            audio_token_counts=[f.shape[0] for f in features],
-            image_grid_thw=torch.zeros(0, 3, dtype=torch.long),
-        )
+        return EncodedPrompt.audio_only(expanded, embeds, mask, [f.shape[0] for f in features])

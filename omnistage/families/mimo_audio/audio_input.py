@@ -168,14 +168,4 @@ class MiMoAudioInputEncoder:
             full = bool(self.config.input_full_attention)
             speech = patch_encode(self.parts, torch.cat(codes), self.empty_codes, self.group, full)
             embeds[mask] += speech.to(embeds.dtype)
-        return EncodedPrompt(
-            prompt_token_ids=expanded,
-            prompt_embeds=embeds,
-            mrope_positions=torch.arange(len(expanded)).expand(3, -1).clone(),
-            rope_delta=0,
-            audio_mask=mask,
-            visual_pos_mask=torch.zeros_like(mask),
-            deepstack_embeds=[],
-            audio_token_counts=[c.shape[0] for c in codes],
-            image_grid_thw=torch.zeros(0, 3, dtype=torch.long),
-        )
+        return EncodedPrompt.audio_only(expanded, embeds, mask, [c.shape[0] for c in codes])
