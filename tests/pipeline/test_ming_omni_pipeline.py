@@ -109,7 +109,23 @@ def test_sync_and_async_give_identical_ids_and_payloads(ckpt, sync_run):
     assert ids == async_ids
     assert received.keys() == async_received.keys()
     for key, data in received.items():
-        assert async_received[key] == data, key
+        _assert_same_payload(async_received[key], data)
+
+
+def _assert_same_payload(packed: bytes, expected_packed: bytes) -> None:
+    """Ids, codes and metadata exactly; the thinker's hidden rows within 1e-12 (float64):
+    the step an async scheduler runs ahead puts a finished request in a batch of another
+    size, which rounds the other rows' sums differently (the talker's ids and audio are
+    still identical, checked above)."""
+    got, expected = unpack_payload(packed), unpack_payload(expected_packed)
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        if name == "hidden_states.output":
+            torch.testing.assert_close(got[name], value, rtol=0, atol=1e-12)
+        elif isinstance(value, torch.Tensor):
+            assert torch.equal(got[name], value), name
+        else:
+            assert got[name] == value, name
 
 
 def test_alone_equals_batched(ckpt, sync_run):
@@ -117,16 +133,7 @@ def test_alone_equals_batched(ckpt, sync_run):
     for i in (2,):  # the longest prompt
         alone_ids, alone_received = _run(_deploy(ckpt, False), [PROMPTS[i]])
         assert alone_ids == [ids[i]]
-        alone = unpack_payload(alone_received[0, EDGE, 0])
-        batched = unpack_payload(received[i, EDGE, 0])
-        assert alone.keys() == batched.keys()
-        for name, value in batched.items():
-            if name == "hidden_states.output":
-                torch.testing.assert_close(alone[name], value, rtol=0, atol=1e-12)
-            elif isinstance(value, torch.Tensor):
-                assert torch.equal(alone[name], value), name
-            else:
-                assert alone[name] == value, name
+        _assert_same_payload(alone_received[0, EDGE, 0], received[i, EDGE, 0])
 
 
 def test_meta_finished_exactly_once(ckpt, sync_run):
