@@ -24,6 +24,7 @@ and re-exported here.
 from __future__ import annotations
 
 import difflib
+import mmap
 import re
 import struct
 from collections.abc import Mapping
@@ -281,7 +282,11 @@ def payload_nbytes(payload: Mapping[str, Any]) -> int:
     return PackedPayload(payload, where="payload_nbytes").nbytes
 
 
-def _entry_tensor(entry: _Entry, data: memoryview, where: str) -> torch.Tensor:
+def _entry_tensor(
+    entry: _Entry, data: memoryview, where: str, shared: tuple[Any, int] | None = None
+) -> torch.Tensor:
+    """The tensor of `entry`: a copy out of `data`, or with `shared` = (the writable buffer
+    object, where its data starts) a view of that buffer, which it keeps alive."""
     dtype = DTYPES.get(entry.dtype)
     if dtype is None:
         raise PayloadError(f"{where}: key {entry.key!r} has unknown dtype {entry.dtype!r}")
@@ -295,12 +300,21 @@ def _entry_tensor(entry: _Entry, data: memoryview, where: str) -> torch.Tensor:
         raise PayloadError(
             f"{where}: key {entry.key!r} ({entry.dtype}{entry.shape}) does not fit the buffer"
         )
+    if shared is not None and numel:
+        base, data_start = shared
+        flat = torch.frombuffer(base, dtype=dtype, count=numel, offset=data_start + entry.offset)
+        return flat.view(entry.shape)
     with data[entry.offset : entry.offset + expected] as src:
         return tensor_copy_from(src, dtype, entry.shape)
 
 
-def unpack_payload(buffer: bytes | memoryview, *, where: str = "unpack_payload") -> Payload:
-    """Decode and validate a packed payload. Tensors are copies: `buffer` may be freed after."""
+def unpack_payload(
+    buffer: bytes | memoryview | mmap.mmap, *, where: str = "unpack_payload", views: bool = False
+) -> Payload:
+    """Decode and validate a packed payload. Tensors are copies (`buffer` may be freed
+    after), or with `views` views of `buffer` (a writable object exporting the buffer
+    protocol, e.g. a private mapping of a shared-memory segment), which they keep alive:
+    the payload is read without a copy."""
     with memoryview(buffer) as raw, raw.cast("B") as mv:
         if mv.nbytes < _HEADER_LEN.size:
             raise PayloadError(f"{where}: buffer of {mv.nbytes} bytes is too short")
@@ -322,7 +336,8 @@ def unpack_payload(buffer: bytes | memoryview, *, where: str = "unpack_payload")
                 if entry.key in payload:
                     raise PayloadError(f"{where}: key {entry.key!r} appears twice")
                 if entry.kind == "tensor":
-                    payload[entry.key] = _entry_tensor(entry, data, where)
+                    shared = (buffer, data_start) if views else None
+                    payload[entry.key] = _entry_tensor(entry, data, where, shared)
                     end = max(end, entry.offset + entry.nbytes)
                 else:
                     payload[entry.key] = entry.value  # type: ignore[assignment]

@@ -365,3 +365,34 @@ def test_shm_no_resource_tracker_warnings_and_segments_outlive_producer(shm_scri
     assert torch.equal(consumer.get(keep)["ids.output"], torch.arange(6))
     consumer.close()
     assert namespace_segments(namespace) == []
+
+
+def test_shm_hands_the_consumer_views_of_one_mapping_not_copies(namespace):
+    """One copy in all (into the segment): the tensors a consumer gets are views of its
+    private mapping of the claimed segment, laid out as packed, and writable (copy on
+    write) without reaching anyone else."""
+    producer = make_connector("edge", "shm", {"timeout_s": 5}, namespace=namespace)
+    consumer = make_connector("edge", "shm", {"timeout_s": 5}, namespace=namespace)
+    payload = _payload(1)
+    got = consumer.get(producer.put(payload_key("r1", EDGE, 0), payload))
+    _assert_equal(payload, got)
+    hidden, codes = got["hidden_states.output"], got["codes.audio"]
+    segment = _mapped_file(hidden.data_ptr())
+    assert segment.startswith("/dev/shm/omni_") and segment.endswith("(deleted)"), segment
+    assert _mapped_file(codes.data_ptr()) == segment
+    codes += 1
+    assert torch.equal(codes, payload["codes.audio"] + 1)
+    del got, hidden, codes  # the mapping goes with its last view
+    consumer.close()
+    producer.close()
+
+
+def _mapped_file(address: int) -> str:
+    """What this process has mapped at `address` (from /proc/self/maps; "" if anonymous)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                return fields[5].strip() if len(fields) > 5 else ""
+    raise AssertionError(f"address {address:#x} is not mapped")

@@ -20,6 +20,11 @@ nothing: the consumer may still need what this process produced.
 ``get`` and ``cleanup`` work on the ``/dev/shm`` files directly (open, unlink,
 mmap), which is what ``shm_open``/``shm_unlink`` do on Linux, and keeps the
 consumer away from the resource tracker altogether.
+
+Copies: ``put`` writes the payload into the segment (the one copy); ``get`` maps
+the claimed segment privately and hands out tensors that are views of the mapping
+(the memory is freed when the last of them is), so a hand-off such as Bagel's KV
+rows crosses processes with one copy.
 """
 
 from __future__ import annotations
@@ -142,8 +147,11 @@ class SharedMemoryConnector(Connector):
         self._tombstones.add(key)
         try:
             size = handle.nbytes or os.fstat(fd).st_size
-            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mm, memoryview(mm) as view:
-                return unpack_payload(view, where=f"connector {self.name!r} get {key!r}")
+            # A private (copy-on-write) mapping of the claimed, unlinked segment: the
+            # payload's tensors are views of it and keep it alive, so reading copies
+            # nothing; writing into a tensor copies only the page it touches.
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            return unpack_payload(mm, where=f"connector {self.name!r} get {key!r}", views=True)
         finally:
             os.close(fd)
 
