@@ -102,33 +102,7 @@ def render_chat(
     supported = frozenset(supported)
     audios: list[Any] = []
     images: list[Any] = []
-    rendered = []
-    for message in messages:
-        content = message["content"]
-        if isinstance(content, str):
-            rendered.append({"role": message["role"], "content": content})
-            continue
-        if not isinstance(content, list) or not all(isinstance(p, Mapping) for p in content):
-            raise ValueError("messages: content must be a string or a list of content parts")
-        parts = []
-        for part in content:
-            modality = _part_modality(part)
-            if modality == "video":
-                raise ValueError("video: video input is not supported")
-            if modality != "text" and modality not in supported:
-                raise ValueError(f"{modality}: this model does not accept {modality} input")
-            if modality == "text":
-                text = part.get("text")
-                if not isinstance(text, str):
-                    raise ValueError("messages: a text content part needs a string 'text'")
-                parts.append({"type": "text", "text": text})
-            elif modality == "audio":
-                audios.append(_audio_source(part))
-                parts.append({"type": "audio", "audio": f"<audio {len(audios) - 1}>"})
-            else:
-                images.append(_image_source(part))
-                parts.append({"type": "image", "image": f"<image {len(images) - 1}>"})
-        rendered.append({"role": message["role"], "content": parts})
+    rendered = [_render_message(m, supported, audios, images) for m in messages]
     try:
         prompt = tokenizer.apply_chat_template(
             rendered,
@@ -140,8 +114,47 @@ def render_chat(
         if type(exc) is not TemplateError:  # a broken template, not the request's input
             raise
         raise ValueError(str(exc)) from None  # the template's own `raise_exception`
+    _check_placeholders(prompt, placeholders or {}, audios, images)
+    return ChatPrompt(prompt=prompt, audios=audios, images=images)
+
+
+def _render_message(
+    message: Mapping[str, Any], supported: frozenset[str], audios: list[Any], images: list[Any]
+) -> dict[str, Any]:
+    """One message as the template takes it: each audio / image part becomes a numbered
+    placeholder part, its source appended to `audios` / `images`."""
+    content = message["content"]
+    if isinstance(content, str):
+        return {"role": message["role"], "content": content}
+    if not isinstance(content, list) or not all(isinstance(p, Mapping) for p in content):
+        raise ValueError("messages: content must be a string or a list of content parts")
+    parts = []
+    for part in content:
+        modality = _part_modality(part)
+        if modality == "video":
+            raise ValueError("video: video input is not supported")
+        if modality != "text" and modality not in supported:
+            raise ValueError(f"{modality}: this model does not accept {modality} input")
+        if modality == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise ValueError("messages: a text content part needs a string 'text'")
+            parts.append({"type": "text", "text": text})
+        elif modality == "audio":
+            audios.append(_audio_source(part))
+            parts.append({"type": "audio", "audio": f"<audio {len(audios) - 1}>"})
+        else:
+            images.append(_image_source(part))
+            parts.append({"type": "image", "image": f"<image {len(images) - 1}>"})
+    return {"role": message["role"], "content": parts}
+
+
+def _check_placeholders(
+    prompt: str, placeholders: Mapping[str, str], audios: list[Any], images: list[Any]
+) -> None:
+    """The template rendered one placeholder per audio / image part (where it names one)."""
     for name, items in (("audio", audios), ("image", images)):
-        placeholder = (placeholders or {}).get(name)
+        placeholder = placeholders.get(name)
         if placeholder is None:
             continue
         if prompt.count(placeholder) != len(items):
@@ -149,7 +162,6 @@ def render_chat(
                 f"messages: the chat template rendered {prompt.count(placeholder)} {name} "
                 f"placeholder(s) for {len(items)} {name} part(s)"
             )
-    return ChatPrompt(prompt=prompt, audios=audios, images=images)
 
 
 class LastUserText:
