@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.families.hunyuan_image3.weights import load_part
+
 
 def _norm(channels: int, dtype: torch.dtype) -> nn.GroupNorm:
     return nn.GroupNorm(32, channels, eps=1e-6, dtype=dtype)
@@ -126,13 +128,7 @@ class VaeDecoder(nn.Module):
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """Load `vae.decoder.*` from checkpoint `weights`; ValueError naming a missing or
         misshapen tensor."""
-        for name, param in self.named_parameters():
-            key = f"vae.decoder.{name}"
-            if key not in weights:
-                raise ValueError(f"checkpoint: VAE weight {key!r} is missing")
-            if weights[key].shape != param.shape:
-                raise ValueError(f"checkpoint: {key!r} has shape {tuple(weights[key].shape)}")
-            param.copy_(weights[key].to(param.dtype))
+        load_part(self, weights, "vae.decoder.", "VAE")
 
     def forward(self, latents: torch.Tensor) -> torch.Tensor:
         """[B, C, h, w] scaled latents -> [B, 3, H, W] images in about [-1, 1]."""

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.families.hunyuan_image3.vae_decoder import AttnBlock, ResnetBlock, _conv, _norm
+from omnistage.families.hunyuan_image3.weights import load_part
 
 
 class DownsampleDCAE(nn.Module):
@@ -94,13 +95,7 @@ class VaeEncoder(nn.Module):
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """Load `vae.encoder.*` from checkpoint `weights`; ValueError naming a missing or
         misshapen tensor."""
-        for name, param in self.named_parameters():
-            key = f"vae.encoder.{name}"
-            if key not in weights:
-                raise ValueError(f"checkpoint: VAE weight {key!r} is missing")
-            if weights[key].shape != param.shape:
-                raise ValueError(f"checkpoint: {key!r} has shape {tuple(weights[key].shape)}")
-            param.copy_(weights[key].to(param.dtype))
+        load_part(self, weights, "vae.encoder.", "VAE")
 
     def moments(self, images: torch.Tensor) -> torch.Tensor:
         """[B, 3, H, W] -> [B, 2C, h, w]: the posterior's mean, then its log-variance."""

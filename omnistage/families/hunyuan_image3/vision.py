@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from transformers import Siglip2ImageProcessorPil, Siglip2VisionConfig, Siglip2VisionModel
 
+from omnistage.families.hunyuan_image3.weights import load_part
+
 PREFIXES = ("vision_model.", "vision_aligner.")
 VIT_FIELDS = (
     "hidden_size",
@@ -92,12 +94,7 @@ class HunyuanVisionEncoder(nn.Module):
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """The encoder's tensors by checkpoint name; ValueError naming a missing one."""
-        for name, param in self.named_parameters():
-            if name not in weights:
-                raise ValueError(f"checkpoint: vision weight {name!r} is missing")
-            if weights[name].shape != param.shape:
-                raise ValueError(f"checkpoint: {name!r} has shape {tuple(weights[name].shape)}")
-            param.copy_(weights[name].to(param.dtype))
+        load_part(self, weights, "", "vision")
 
     def patches(self, image: np.ndarray) -> dict[str, torch.Tensor]:
         """`Siglip2ImageProcessorPil` of one [H, W, 3] uint8 image: `pixel_values` [1, P, 3p²],
