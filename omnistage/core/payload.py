@@ -330,13 +330,13 @@ def unpack_payload(
         if header.version != _FORMAT_VERSION:
             raise PayloadError(f"{where}: payload format version {header.version} is unknown")
         payload: Payload = {}
+        shared = (buffer, data_start) if views else None
         with mv[min(data_start, mv.nbytes) :] as data:
             end = 0
             for entry in header.entries:
                 if entry.key in payload:
                     raise PayloadError(f"{where}: key {entry.key!r} appears twice")
                 if entry.kind == "tensor":
-                    shared = (buffer, data_start) if views else None
                     payload[entry.key] = _entry_tensor(entry, data, where, shared)
                     end = max(end, entry.offset + entry.nbytes)
                 else:
