@@ -262,6 +262,31 @@ def test_the_digest_is_stable_and_kept():
 PINNED_DIGEST = "e6a163467701578c1044eb2db9746cc4"
 
 
+def test_the_digest_reads_every_tensor_after_a_missing_one_and_beside_decode_positions():
+    def deep(shift: float) -> MultimodalDecoderInputs:
+        return MultimodalDecoderInputs(visual_pos_mask=_mask(), deepstack_embeds=_feats() + shift)
+
+    assert deep(0.0).digest() != deep(1.0).digest()  # after an absent mrope_positions
+    with_table = [_full(), _full()]
+    for mm in with_table:
+        mm.rope_delta, mm.decode_positions = 0, _positions(length=2)
+    with_table[1].mrope_positions = _positions(top=3)
+    assert with_table[0].digest() != with_table[1].digest()
+
+
+def test_pinned_digests_of_absent_and_empty_tensors():
+    only_positions = MultimodalDecoderInputs(mrope_positions=_positions(), rope_delta=-1)
+    empty = MultimodalDecoderInputs(
+        visual_pos_mask=torch.zeros(L, dtype=torch.bool),
+        deepstack_embeds=torch.zeros(1, 0, HIDDEN, dtype=torch.float64),
+    )
+    assert only_positions.digest().hex() == PINNED_ABSENT
+    assert empty.digest().hex() == PINNED_EMPTY
+
+
+PINNED_ABSENT, PINNED_EMPTY = "0eae18b348bd9c97e6e1659338ba3512", "359954f92cc9b48f713bcede1743c751"
+
+
 def test_the_wire_round_trip_keeps_every_field():
     mm = _full()
     mm.decode_positions = _positions(length=3).int()
@@ -282,3 +307,12 @@ def test_the_wire_round_trip_keeps_every_field():
     assert empty.mrope_positions is None and empty.visual_pos_mask is None
     assert empty.deepstack_embeds is None and empty.decode_positions is None
     assert empty.rope_delta == 0
+
+
+def test_deepstack_features_go_to_the_runner_device():
+    """The device is honoured (a `meta` device stands for an accelerator here)."""
+    data = _full().to_data()
+    back = MultimodalDecoderInputs.from_data(data, torch.device("meta"), torch.float32)
+    assert back.deepstack_embeds.device.type == "meta"
+    assert back.deepstack_embeds.dtype == torch.float32
+    assert back.mrope_positions.device.type == "cpu"  # step inputs are built on the CPU
