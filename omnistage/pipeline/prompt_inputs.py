@@ -114,27 +114,19 @@ class PromptReader:
 
     def _read_messages(self, messages: Any, template_kwargs: Any = None) -> PromptInputs:
         from omnistage.models.loader import load_tokenizer, resolve_model
-        from omnistage.multimodal.registry import render_model_chat
+        from omnistage.multimodal.request_chat import render_request_chat
 
-        if self.renders_own_prompt:  # its prompter wraps the text: no chat template
-            from omnistage.multimodal.chat import LastUserText, render_chat
-
-            chat = render_chat(LastUserText(), messages, supported=self.input_modalities)
-            return PromptInputs(chat.prompt, None, [], self._images(chat.images))
-        if template_kwargs is not None and not (
-            isinstance(template_kwargs, Mapping)
-            and all(isinstance(k, str) for k in template_kwargs)
-        ):
-            raise ValueError("chat_template_kwargs: expected a dict of names to values")
-        tokenizer = load_tokenizer(resolve_model(self.model))
-        chat = render_model_chat(
-            self._path,
-            tokenizer,
+        own = self.renders_own_prompt  # its prompter wraps the text: no chat template
+        chat = render_request_chat(
+            None if own else load_tokenizer(resolve_model(self.model)),
             messages,
             chat_template_kwargs=template_kwargs,
+            own_prompt=own,
+            config=self._path,
             supported=self.input_modalities,
         )
-        return PromptInputs(chat.prompt, None, self._audios(chat.audios), self._images(chat.images))
+        audios = [] if own else self._audios(chat.audios)
+        return PromptInputs(chat.prompt, None, audios, self._images(chat.images))
 
     def _check(self, modality: str) -> None:
         if modality not in self.input_modalities:
