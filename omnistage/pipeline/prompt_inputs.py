@@ -8,8 +8,10 @@ A prompt is one of:
   placeholder of the prompt, in order (as vLLM takes them);
 - `{"messages": [...]}`: OpenAI-style chat messages, rendered with the entry model's
   chat template (and the optional `"chat_template_kwargs"`, e.g. HunyuanImage-3's
-  `bot_task`; a value the template refuses is a ValueError naming it); content parts may be text, audio (`{"type": "audio", "audio": ...}`,
-  `input_audio`, `audio_url`) and image (`image`, `image_url`).
+  `bot_task`; a value the template refuses is a ValueError naming it) by
+  `multimodal.request_chat.render_request_chat`, as the server renders a chat; content
+  parts may be text, audio (`{"type": "audio", "audio": ...}`, `input_audio`,
+  `audio_url`) and image (`image`, `image_url`).
 
 Audio items are file paths, file bytes, or `(samples, sampling_rate)`; images are file
 paths, file bytes, PIL images or uint8 arrays. The frontend decodes them here (and
