@@ -2,8 +2,9 @@
 built-in demo-bagel: `think` (the understanding stage's) and the guidance options (the draw
 stage's) give, through chat completions with image output and through
 `/v1/images/generations`, exactly what the offline `Omni` gives for the same request (the
-thinking's text, the image's pixels); bad ones are 400s in OpenAI's error shape naming the
-option, and the server keeps serving; a text model takes no options."""
+thinking's text, the image's pixels), streamed as whole; `think` with a text answer is the
+offline text-only request's; bad ones are 400s in OpenAI's error shape naming the option,
+and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from omnistage.entrypoints.openai.pipeline_deploy import pipeline_deploy
 from omnistage.pipeline.omni import Omni
 from omnistage.sampling_params import SamplingParams
 from tests.server.conftest import PipelineServer
-from tests.server.test_chat_images import pixels, png_of
+from tests.server.test_chat_images import pixels, png_of, streamed
 
 MODEL = "demo-bagel"
 PROMPT = "a red cube"
@@ -80,6 +81,39 @@ def test_chat_think_and_guidance_options_equal_offline(bagel, offline) -> None:
     _, no_guidance_options = offline_draw(offline, think, {})
     assert not np.array_equal(no_think, image)  # each option reached its stage
     assert not np.array_equal(no_guidance_options, image)
+    bagel.wait_idle()
+
+
+def test_streamed_chat_thinks_as_the_whole_one(bagel) -> None:
+    whole = chat(bagel.url, max_tokens=3, extra_args=OPTIONS).json()["choices"][0]["message"]
+    chunks, text = streamed(bagel.url, max_tokens=3, extra_args=OPTIONS)
+    (image,) = [c["delta"]["images"][0] for c in chunks if c["delta"].get("images")]
+    assert text == whole["content"]
+    assert png_of(image["image_url"]["url"]) == png_of(whole["images"][0]["image_url"]["url"])
+    bagel.wait_idle()
+
+
+def test_text_answer_with_think_equals_offline(bagel, offline) -> None:
+    """`think` without an image to draw: the understanding stage thinks (Bagel's reasoning
+    system prompt) and answers in text; offline, the same request asks for text only."""
+    messages = [{"role": "user", "content": PROMPT}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 4, "extra_args": {"think": True}}
+    response = httpx.post(f"{bagel.url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    (entry,) = offline.deploy.entry_stages
+    fields = {**entry.default_sampling, "max_tokens": 4}
+    outs = [
+        offline.generate(
+            [{"messages": messages}],
+            {"understanding": SamplingParams(**fields, model_options=options)},
+            modalities=["text"],
+        )[0]
+        for options in ({"think": True}, None)
+    ]
+    assert all(o.error is None for o in outs)
+    think, plain = (o.outputs["understanding"] for o in outs)
+    assert response.json()["choices"][0]["message"]["content"] == think.text
+    assert think.token_ids != plain.token_ids  # the thinking prompt, not the plain one
     bagel.wait_idle()
 
 
