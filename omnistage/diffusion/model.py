@@ -75,6 +75,9 @@ class DiffusionLimits:
     check_options: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     """The model's `DiffusionParams.model_options` checked, defaults filled in (ValueError
     naming the option); None: the model takes none."""
+    option_names: tuple[str, ...] = ()
+    """The names of the options `check_options` takes (the server routes a request's
+    `extra_args` by them)."""
 
     def resolve(self, params: DiffusionParams, default_seed: int) -> ResolvedDiffusionParams:
         """`params` with the defaults filled in; ValueError naming the field when the model
@@ -171,6 +174,7 @@ class DiffusionModel(ABC):
             max_text_tokens=self.max_text_tokens,
             count_text_tokens=self.count_text_tokens,
             check_options=self.check_options,
+            option_names=self.option_names,
         )
 
     @classmethod
@@ -190,6 +194,8 @@ class DiffusionModel(ABC):
 
     check_options: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     """`DiffusionLimits.check_options` (None: the model takes no `model_options`)."""
+    option_names: ClassVar[tuple[str, ...]] = ()
+    """`DiffusionLimits.option_names`."""
 
     @abstractmethod
     def count_text_tokens(self, prompt: str) -> int:

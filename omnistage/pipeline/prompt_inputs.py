@@ -8,8 +8,10 @@ A prompt is one of:
   placeholder of the prompt, in order (as vLLM takes them);
 - `{"messages": [...]}`: OpenAI-style chat messages, rendered with the entry model's
   chat template (and the optional `"chat_template_kwargs"`, e.g. HunyuanImage-3's
-  `bot_task`; a value the template refuses is a ValueError naming it); content parts may be text, audio (`{"type": "audio", "audio": ...}`,
-  `input_audio`, `audio_url`) and image (`image`, `image_url`).
+  `bot_task`; a value the template refuses is a ValueError naming it) by
+  `multimodal.request_chat.render_request_chat`, as the server renders a chat; content
+  parts may be text, audio (`{"type": "audio", "audio": ...}`, `input_audio`,
+  `audio_url`) and image (`image`, `image_url`).
 
 Audio items are file paths, file bytes, or `(samples, sampling_rate)`; images are file
 paths, file bytes, PIL images or uint8 arrays. The frontend decodes them here (and
@@ -114,27 +116,19 @@ class PromptReader:
 
     def _read_messages(self, messages: Any, template_kwargs: Any = None) -> PromptInputs:
         from omnistage.models.loader import load_tokenizer, resolve_model
-        from omnistage.multimodal.registry import render_model_chat
+        from omnistage.multimodal.request_chat import render_request_chat
 
-        if self.renders_own_prompt:  # its prompter wraps the text: no chat template
-            from omnistage.multimodal.chat import LastUserText, render_chat
-
-            chat = render_chat(LastUserText(), messages, supported=self.input_modalities)
-            return PromptInputs(chat.prompt, None, [], self._images(chat.images))
-        if template_kwargs is not None and not (
-            isinstance(template_kwargs, Mapping)
-            and all(isinstance(k, str) for k in template_kwargs)
-        ):
-            raise ValueError("chat_template_kwargs: expected a dict of names to values")
-        tokenizer = load_tokenizer(resolve_model(self.model))
-        chat = render_model_chat(
-            self._path,
-            tokenizer,
+        own = self.renders_own_prompt  # its prompter wraps the text: no chat template
+        chat = render_request_chat(
+            None if own else load_tokenizer(resolve_model(self.model)),
             messages,
             chat_template_kwargs=template_kwargs,
+            own_prompt=own,
+            config=self._path,
             supported=self.input_modalities,
         )
-        return PromptInputs(chat.prompt, None, self._audios(chat.audios), self._images(chat.images))
+        audios = [] if own else self._audios(chat.audios)
+        return PromptInputs(chat.prompt, None, audios, self._images(chat.images))
 
     def _check(self, modality: str) -> None:
         if modality not in self.input_modalities:

@@ -27,14 +27,18 @@ from omnistage.entrypoints.openai.protocol import ChatCompletionRequest, ChatIma
 DRAW_FIELDS = ("size", "num_inference_steps", "guidance_scale", "negative_prompt")
 
 
-def draw_params(body: ChatCompletionRequest, client: EngineClient, wanted: bool) -> Any:
+def draw_params(
+    body: ChatCompletionRequest, client: EngineClient, wanted: bool, options: Any = None
+) -> Any:
     """The draw stage's `DiffusionParams` of a chat whose answer has an image (`wanted`),
-    else None; a 400 naming an image field given without an image to draw, or a bad one."""
-    given = [f for f in DRAW_FIELDS if getattr(body, f) is not None]
+    with the draw stage's `options` (`extra_args` it reads), else None; a 400 naming an
+    image field or option given without an image to draw, or a bad one."""
+    given = [f for f in DRAW_FIELDS if getattr(body, f) is not None] + list(options or {})
     if not wanted:
         if given:
             raise OpenAIError(
-                f"{given[0]}: an image field needs 'image' in modalities (and a model that draws)",
+                f"{given[0]}: an image field or option needs 'image' in modalities (and a "
+                "model that draws)",
                 param=given[0],
             )
         return None
@@ -49,6 +53,7 @@ def draw_params(body: ChatCompletionRequest, client: EngineClient, wanted: bool)
         "guidance_scale": body.guidance_scale,
         "negative_prompt": body.negative_prompt or None,
         "seed": body.seed,
+        "model_options": options or None,
     }
     try:
         return DiffusionParams(**{k: v for k, v in fields.items() if v is not None})

@@ -16,6 +16,9 @@ client's `produces`, `multiple_samples`, `reports_logprobs` and
   fields (`size`, `num_inference_steps`, `guidance_scale`, `negative_prompt`) become the
   draw stage's `DiffusionParams` with the request's `seed` (`chat_image.draw_params`);
   an image field without `image` in `modalities`, a 400 naming it.
+- `extra_args` (`model_options.py`): the entry stage's options go with the sampling
+  params, the draw stage's with the image's; a draw stage's option without `image` in
+  `modalities`, a 400 naming it.
 - `n` > 1 and `logprobs` where the model cannot (a pipeline generates one sequence and
   reports no logprobs); structured output, tools and `store`: never.
 
@@ -27,12 +30,13 @@ otherwise; image URLs must be base64 `data:` URLs).
 from __future__ import annotations
 
 from collections.abc import Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from omnistage.entrypoints.openai.chat_image import draw_params
 from omnistage.entrypoints.openai.client import EngineClient
 from omnistage.entrypoints.openai.errors import OpenAIError
+from omnistage.entrypoints.openai.model_options import read_extra_args
 from omnistage.entrypoints.openai.protocol import (
     AudioPart,
     ChatCompletionRequest,
@@ -55,10 +59,19 @@ class ChatPlan:
     """The talker's speaker (`check_voice`; None: the model's default)."""
     draw: Any = None
     """The draw stage's `DiffusionParams` when the answer has an image (None: no image)."""
+    model_options: dict[str, Any] | None = None
+    """The entry stage's `SamplingParams.model_options` (`extra_args` it reads)."""
 
 
 def plan_chat(body: ChatCompletionRequest, client: EngineClient) -> ChatPlan:
-    """400 for what the model cannot do; the modalities to answer with otherwise."""
+    """400 for what the model cannot do; the modalities to answer with otherwise, and the
+    request's `extra_args` split by the stage that reads each (`model_options`)."""
+    options = read_extra_args(body.extra_args, client)
+    plan = _plan(body, client, options.draw)
+    return replace(plan, model_options=options.entry or None)
+
+
+def _plan(body: ChatCompletionRequest, client: EngineClient, draw_options: dict) -> ChatPlan:
     if not client.produces:
         raise OpenAIError(
             "modalities: this multi-stage pipeline produces no text, so it answers no chat; "
@@ -88,7 +101,7 @@ def plan_chat(body: ChatCompletionRequest, client: EngineClient) -> ChatPlan:
             f"modalities: must include 'text' (this model produces {list(client.produces)})",
             param="modalities",
         )
-    draw = draw_params(body, client, "image" in modalities)
+    draw = draw_params(body, client, "image" in modalities, draw_options)
     if "audio" not in modalities:
         if body.audio is not None:
             raise OpenAIError(

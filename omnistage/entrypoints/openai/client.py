@@ -171,9 +171,12 @@ class EngineClient(Protocol):
     def refresh_stage_stats(self) -> None:
         """Update the gauges `observe` registered (blocks: not on the event loop)."""
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> ChatPrompt:
-        """The chat through the model's template (blocks: not on the event loop).
-        ValueError naming the field for messages it cannot take."""
+    def render_chat(
+        self, messages: list[dict[str, Any]], chat_template_kwargs: Any = None
+    ) -> ChatPrompt:
+        """The chat through the model's template with `chat_template_kwargs` (blocks: not on
+        the event loop), as `multimodal.request_chat.render_request_chat` renders it for
+        every client. ValueError naming the field for messages it cannot take."""
         ...
 
     def check_voice(self, voice: str | None, param: str) -> str | None: ...

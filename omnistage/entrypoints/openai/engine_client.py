@@ -117,26 +117,17 @@ class AsyncEngineClient:
     def check_voice(self, voice: str | None, param: str) -> None:
         return None  # never asked: a text model produces no audio
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> ChatPrompt:
+    def render_chat(
+        self, messages: list[dict[str, Any]], chat_template_kwargs: Any = None
+    ) -> ChatPrompt:
         """The prompt text: `messages` (text only) through the model's chat template."""
-        from jinja2 import TemplateError
+        from omnistage.multimodal.request_chat import render_request_chat
 
-        tokenizer = self.engine.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("messages: this model has no chat template; use /v1/completions")
-        conversation = []
-        for message in messages:
-            content = message["content"]
-            if not isinstance(content, str):
-                content = "".join(part["text"] for part in content)
-            conversation.append({**message, "content": content})
-        try:
-            text = tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=True
-            )
-        except TemplateError as exc:
-            raise ValueError(f"messages: the chat template refused them: {exc}") from None
-        return ChatPrompt(text)
+        return ChatPrompt(
+            render_request_chat(
+                self.engine.tokenizer, messages, chat_template_kwargs=chat_template_kwargs
+            ).prompt
+        )
 
     def stats(self) -> EngineStats:
         """The latest snapshot (cheap; may predate commands still queued)."""

@@ -246,27 +246,24 @@ class PipelineClient(VoiceChoice):
         return len(self.tokenizer.encode(prompt, add_special_tokens=not has_media))
 
     # -- requests ----------------------------------------------------------------------------
-    def render_chat(self, messages: list[dict[str, Any]]) -> ChatPrompt:
-        """The pipeline prompt of `messages` (rendered with the entry model's chat template,
-        as the prompt reader would: the text and its media in placeholder order; for an
-        entry stage that renders its own prompt, the last user message's text), with the
-        tokens the thinker receives for it (see `count_prompt_tokens`). Blocks."""
-        from jinja2 import TemplateError
-
-        from omnistage.multimodal.chat import LastUserText, render_chat
-        from omnistage.multimodal.registry import render_model_chat
+    def render_chat(
+        self, messages: list[dict[str, Any]], chat_template_kwargs: Any = None
+    ) -> ChatPrompt:
+        """The pipeline prompt of `messages` as the prompt reader renders it
+        (`render_request_chat`), with the tokens the thinker receives for it (see
+        `count_prompt_tokens`). Blocks."""
+        from omnistage.multimodal.request_chat import render_request_chat
 
         reader = self.omni._prompts
-        messages = [{k: v for k, v in m.items() if k != "name"} for m in messages]
-        try:
-            if self.entry_builds_its_prompt:  # its prompter wraps the text itself
-                chat = render_chat(LastUserText(), messages, supported=reader.input_modalities)
-            else:
-                chat = render_model_chat(
-                    reader._path, self.tokenizer, messages, supported=reader.input_modalities
-                )
-        except TemplateError as exc:
-            raise ValueError(f"messages: the chat template refused them: {exc}") from None
+        own = self.entry_builds_its_prompt
+        chat = render_request_chat(
+            None if own else self.tokenizer,
+            messages,
+            chat_template_kwargs=chat_template_kwargs,
+            own_prompt=own,
+            config=reader._path,
+            supported=reader.input_modalities,
+        )
         has_media = bool(chat.audios or chat.images)
         prompt: dict[str, Any] = {"prompt": chat.prompt}
         if has_media:

@@ -196,6 +196,10 @@ class ChatCompletionRequest(SamplingFields, DrawFields):
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     store: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's: extra variables of the chat template (HunyuanImage-3's `bot_task`)."""
+    extra_args: dict[str, Any] | None = None
+    """vLLM-Omni's: the model's own per-request options (`model_options.py`)."""
 
 
 # -- completion requests -------------------------------------------------------------------------

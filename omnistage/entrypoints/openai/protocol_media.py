@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -22,6 +22,8 @@ class ImageGenerationRequest(DrawFields):
     style: str | None = None
     user: str | None = None
     seed: Int | None = Field(default=None, ge=0, le=INT64_MAX)
+    extra_args: dict[str, Any] | None = None
+    """vLLM-Omni's: the model's own per-request options (`model_options.py`)."""
 
 
 class ImageData(BaseModel):

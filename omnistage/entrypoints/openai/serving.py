@@ -120,11 +120,13 @@ class OpenAIServing:
         max_tokens: int | None,
         logprobs: int | None,
         renames: Mapping[str, str] | None = None,
+        model_options: dict[str, Any] | None = None,
     ) -> SamplingParams:
         """The request's SamplingParams: the fields it gives (not None) over the client's
         defaults (`EngineClient.default_sampling`: a pipeline's entry-stage defaults; where
-        neither says, SamplingParams' own, which are OpenAI's), `max_tokens` when not None.
-        A bad value is a 400 naming the field (`renames`: engine names to the request's)."""
+        neither says, SamplingParams' own, which are OpenAI's), `max_tokens` and the entry
+        stage's `model_options` when not None. A bad value is a 400 naming the field
+        (`renames`: engine names to the request's)."""
         given = body.model_fields_set
         fields: dict[str, Any] = {
             f: getattr(body, f)
@@ -138,6 +140,8 @@ class OpenAIServing:
             fields["logprobs"] = logprobs
         if max_tokens is not None:
             fields["max_tokens"] = max_tokens
+        if model_options is not None:
+            fields["model_options"] = model_options
         try:
             return SamplingParams(**{**self.ctx.client.default_sampling, **fields})
         except (ValueError, TypeError) as exc:

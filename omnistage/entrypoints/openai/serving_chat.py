@@ -8,8 +8,10 @@ One handler serves a text model and a pipeline alike (`client.EngineClient`); wh
 a model cannot do is a 400 naming the field (`chat_request.plan_chat`). Messages:
 text, and audio (`{"type": "input_audio", ...}`) / image (`{"type": "image_url",
 ...}`, base64 `data:` URLs) parts where the model takes them, rendered by the
-client (`render_chat`: the model's chat template; a pipeline's prompt reader places
-the media). Sampling fields go over the client's defaults (a pipeline's entry-stage
+client (`render_chat`: the model's chat template, with vLLM's `chat_template_kwargs`,
+e.g. HunyuanImage-3's `{"bot_task": "recaption"}`; a pipeline's prompt reader places
+the media). The model's own options (`extra_args`, vLLM-Omni's: Bagel's `think`,
+`cfg_img_scale`, ...) go to the stages that read them (`model_options.py`). Sampling fields go over the client's defaults (a pipeline's entry-stage
 deploy defaults, e.g. greedy with 32 tokens on demo-omni); `seed` seeds every
 sampling stage. The prompt must leave room in the context for one token, and for
 `max_tokens` / `max_completion_tokens` when given (else a 400 naming `messages` or
@@ -99,10 +101,10 @@ class ChatServing(OpenAIServing):
         renames |= {"height": "size", "width": "size"}
         max_tokens = body.max_completion_tokens or body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        params = self.sampling_params(body, max_tokens, logprobs, renames)
+        params = self.sampling_params(body, max_tokens, logprobs, renames, plan.model_options)
         messages = chat_messages(body.messages, client.input_modalities)
         try:
-            chat = await asyncio.to_thread(client.render_chat, messages)
+            chat = await asyncio.to_thread(client.render_chat, messages, body.chat_template_kwargs)
         except ValueError as exc:
             raise OpenAIError.from_value_error(exc, renames) from None
         request_id = f"chatcmpl-{uuid.uuid4().hex}"

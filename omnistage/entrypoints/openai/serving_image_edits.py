@@ -3,8 +3,9 @@
 As OpenAI's API, a multipart form: `image` (one file), `prompt`, and optionally `n`,
 `size` ("WxH"), `response_format` (`b64_json` only), `model`; extensions read by the
 draw stage: `seed`, `num_inference_steps`, `guidance_scale`, `negative_prompt`, and
-`model_options` (a JSON object of the model's own options, e.g. Bagel's
-`{"cfg_img_scale": 2.0, "cfg_interval": [0, 1]}`).
+`extra_args` (a JSON object of the model's own options, e.g. Bagel's
+`{"cfg_img_scale": 2.0, "cfg_interval": [0, 1]}`; `model_options.py`; `model_options`, the
+name it had here first, is still read).
 
     curl -F image=@cat.png -F prompt="make it blue" -F size=512x512 .../v1/images/edits
     -> {"created": ..., "data": [{"b64_json": "<PNG>", "revised_prompt": ...}, ...]}
@@ -20,7 +21,6 @@ that is not one. Seeds and concurrency are the generations endpoint's
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 from typing import Any
 
@@ -28,6 +28,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from omnistage.entrypoints.openai.errors import OpenAIError
+from omnistage.entrypoints.openai.model_options import form_extra_args
 from omnistage.entrypoints.openai.protocol_media import ImageGenerationResponse
 from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, ServingContext
 from omnistage.entrypoints.openai.serving_images import ImagesServing
@@ -79,9 +80,10 @@ class ImageEditsServing(ImagesServing):
             seeds = [seed + i for i in range(n)]
         draw_fields: dict[str, Any] = {"height": height, "width": width, **numbers}
         draw_fields["negative_prompt"] = fields.get("negative_prompt") or None
-        draw_fields["model_options"] = _options(fields.get("model_options"))
+        options = form_extra_args(fields, self.client)
+        draw_fields["model_options"] = options.draw or None
         entry = {"prompt": prompt, "multi_modal_data": {"image": image}}
-        return await self.draw_all(raw, entry, prompt, draw_fields, seeds)
+        return await self.draw_all(raw, entry, prompt, draw_fields, seeds, options.entry)
 
     async def read_image(self, files: list[Any]) -> Any:
         """The one uploaded image, decoded ([H, W, C] uint8)."""
@@ -126,15 +128,3 @@ def _number(name: str, value: Any) -> int | float:
     if kind is int and str(number) != str(value).strip():
         raise OpenAIError(f"{name}: expected an integer, got {value!r}", param=name)
     return number
-
-
-def _options(value: Any) -> dict[str, Any] | None:
-    if value in (None, ""):
-        return None
-    try:
-        options = json.loads(value)
-    except (TypeError, ValueError):
-        options = None
-    if not isinstance(options, dict):
-        raise OpenAIError("model_options: expected a JSON object", param="model_options")
-    return options

@@ -14,7 +14,11 @@ files). `revised_prompt` is the caption the draw stage drew (a think -> recaptio
 pipeline's caption; the prompt itself where no stage rewrites it). The prompt reaches
 the entry stage through its chat template (as `omnistage generate` does), unless the
 entry stage renders its prompt itself (GLM-Image's prior). Extensions read by the draw
-stage: `num_inference_steps`, `guidance_scale`, `negative_prompt`, `seed`.
+stage: `num_inference_steps`, `guidance_scale`, `negative_prompt`, `seed`; and the
+model's own options, `extra_args` (vLLM-Omni's: Bagel's `{"think": true, "cfg_img_scale":
+1.5}`; `model_options.py`): the entry stage's go to it over its deploy defaults (Bagel's
+thinking is as long as the understanding stage's default `max_tokens`), the draw stage's
+with the image's fields.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from omnistage.entrypoints.openai.errors import OpenAIError
+from omnistage.entrypoints.openai.model_options import read_extra_args
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient
 from omnistage.entrypoints.openai.protocol_media import (
     ImageData,
@@ -79,23 +84,33 @@ class ImagesServing(OpenAIServing):
             seeds = [secrets.randbelow(2**62) for _ in range(body.n)]
         else:
             seeds = [None]
+        options = read_extra_args(body.extra_args, self.client)
         fields: dict[str, Any] = {
             "height": height,
             "width": width,
             "num_inference_steps": body.num_inference_steps,
             "guidance_scale": body.guidance_scale,
             "negative_prompt": body.negative_prompt or None,
+            "model_options": options.draw or None,
         }
-        return await self.draw_all(raw, self.prompt(body.prompt), body.prompt, fields, seeds)
+        prompt = self.prompt(body.prompt)
+        return await self.draw_all(raw, prompt, body.prompt, fields, seeds, options.entry)
 
     async def draw_all(
-        self, raw: Request, prompt: Any, caption: str, fields: dict[str, Any], seeds: list
+        self,
+        raw: Request,
+        prompt: Any,
+        caption: str,
+        fields: dict[str, Any],
+        seeds: list,
+        entry_options: dict[str, Any] | None = None,
     ) -> JSONResponse:
-        """One pipeline request per seed, run concurrently; the response of all images."""
+        """One pipeline request per seed, run concurrently; the response of all images.
+        `entry_options`: the entry stage's `model_options` (`extra_args` it reads)."""
         base_id = f"img-{uuid.uuid4().hex}"
         draws = [
             asyncio.ensure_future(
-                self.draw(prompt, caption, fields | {"seed": seed}, f"{base_id}-{i}")
+                self.draw(prompt, caption, fields | {"seed": seed}, f"{base_id}-{i}", entry_options)
             )
             for i, seed in enumerate(seeds)
         ]
@@ -132,14 +147,19 @@ class ImagesServing(OpenAIServing):
         return parse_size(size, self.client.diffusion_limits)
 
     async def draw(
-        self, prompt: Any, caption: str, fields: dict[str, Any], request_id: str
+        self,
+        prompt: Any,
+        caption: str,
+        fields: dict[str, Any],
+        request_id: str,
+        entry_options: dict[str, Any] | None = None,
     ) -> ImageData:
         """One image of `prompt` (the entry stage's prompt) with the draw stage's `fields`
         (None: the stage's default); `caption`: the revised prompt where no stage writes one."""
 
         stage = self.client.final_stage("image")
         assert stage is not None
-        sampling = self.draw_settings(stage, fields)
+        sampling = self.draw_settings(stage, fields, entry_options)
         renames = {"height": "size", "width": "size"}
         image = revised = None
         async for output in self.client.generate(prompt, sampling, ["image"], request_id, renames):
@@ -152,23 +172,30 @@ class ImagesServing(OpenAIServing):
         png = await asyncio.to_thread(_png, image)
         return ImageData(b64_json=base64.b64encode(png).decode(), revised_prompt=revised)
 
-    def draw_settings(self, stage: Any, fields: dict[str, Any]) -> dict[str, Any]:
+    def draw_settings(
+        self, stage: Any, fields: dict[str, Any], entry_options: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The per-stage settings of one draw: a diffusion stage's `DiffusionParams`, or,
-        where the image stage decodes codes, the seed for the entry stage that samples them."""
+        where the image stage decodes codes, the seed for the entry stage that samples them;
+        with `entry_options`, the entry stage's deploy defaults with those `model_options`."""
         from omnistage.diffusion.params import DiffusionParams
+        from omnistage.sampling_params import SamplingParams
 
+        (entry,) = self.client.deploy.entry_stages
+        settings: dict[str, Any] = {}
+        if entry_options:
+            entry_fields = {**entry.default_sampling, "model_options": entry_options}
+            settings[entry.name] = SamplingParams(**entry_fields)
         if stage.kind == "diffusion":
             try:
                 params = DiffusionParams(**{k: v for k, v in fields.items() if v is not None})
             except ValueError as exc:
                 raise OpenAIError.from_value_error(exc) from None
-            return {stage.name: params}
-        if fields.get("seed") is None:
-            return {}
-        from omnistage.sampling_params import SamplingParams
-
-        (entry,) = self.client.deploy.entry_stages
-        return {entry.name: SamplingParams(seed=fields["seed"])}
+            return settings | {stage.name: params}
+        if fields.get("seed") is not None:  # the codes' sampler
+            seeded = settings[entry.name].clone(seed=fields["seed"]) if settings else None
+            settings[entry.name] = seeded or SamplingParams(seed=fields["seed"])
+        return settings
 
     def prompt(self, text: str) -> Any:
         if self.client.entry_builds_its_prompt:

@@ -36,7 +36,12 @@ from omnistage.diffusion.model import DiffusionInput, DiffusionModel
 from omnistage.diffusion.params import ResolvedDiffusionParams
 from omnistage.families.bagel.context import from_rows
 from omnistage.families.bagel.edges import BagelHandOff
-from omnistage.families.bagel.flow import FlowEulerScheduler, read_options, settings_of
+from omnistage.families.bagel.flow import (
+    OPTIONS,
+    FlowEulerScheduler,
+    read_options,
+    settings_of,
+)
 from omnistage.families.bagel.generator import ImageBlock
 from omnistage.families.bagel.layout import PIPELINE_CLASS
 from omnistage.families.bagel.text_to_image import BagelImageModel, Contexts
@@ -51,6 +56,7 @@ MAX_TEXT_TOKENS = 4096
 
 class BagelDraw(DiffusionModel):
     pipeline_class_names = (PIPELINE_CLASS,)
+    option_names = OPTIONS
 
     def __init__(self, model: BagelImageModel, device: torch.device) -> None:
         self.model = model

@@ -24,7 +24,12 @@ import torch
 from omnistage.core.stage_input import StageInput, TokenBudget
 from omnistage.core.tensor_blob import blob_to_tensor
 from omnistage.families.bagel.config import SPECIAL_TOKENS
-from omnistage.families.bagel.thinking import MAX_THINK_TOKENS, read_think, think_prompt_ids
+from omnistage.families.bagel.thinking import (
+    MAX_THINK_TOKENS,
+    OPTIONS,
+    read_think,
+    think_prompt_ids,
+)
 
 MAX_IMAGES = 4
 MAX_ANSWER_TOKENS = 256
@@ -34,6 +39,8 @@ MAX_ANSWER_TOKENS = 256
 class BagelPrompter:
     reads_model_options = True
     """`think` (`thinking.read_think`); the stage refuses model options of other models."""
+    model_options = OPTIONS
+    """The option names it reads (the server routes a request's `extra_args` by them)."""
 
     def __init__(self, tokenizer: Any, path: Path | None = None, dtype: Any = None) -> None:
         self.tokenizer = tokenizer
