@@ -5,7 +5,8 @@ stages in the server process.
 - the edit is drawn (thinker over the image and the words, draw stage after the image's
   rows), the same PNG for the same seed, another for another input image;
 - bad input is a 400 in the OpenAI error shape naming the field: an image Pillow cannot
-  decode, one over the byte bound, none, and a size outside the resolution group.
+  decode, one over the byte bound, none, and a size outside the resolution group;
+- a chat completion with an image part and image output draws the same edit.
 """
 
 from __future__ import annotations
@@ -91,3 +92,27 @@ def test_oversized_image_is_400(server, monkeypatch) -> None:
     monkeypatch.setattr(serving_image_edits, "MAX_IMAGE_BYTES", 100)
     response = _edit(server, _upload(INPUT))
     assert response.status_code == 400 and response.json()["error"]["param"] == "image"
+
+
+def test_a_chat_with_an_image_part_and_image_output_draws_the_same_edit(server) -> None:
+    """Chat completions with `modalities: ["text", "image"]` and an image part: the image
+    drawn is the one `/v1/images/edits` draws from the same image, words, size, steps and
+    seed (seed 0: a chat's seed seeds the thinker too, the edits endpoint leaves it 0)."""
+    url = "data:image/png;base64," + base64.b64encode(_upload(INPUT)).decode()
+    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "add"}]
+    body = {
+        "model": NAME,
+        "messages": [{"role": "user", "content": parts}],
+        "modalities": ["text", "image"],
+        "size": "64x64",
+        "num_inference_steps": 2,
+        "seed": 0,
+        "max_tokens": 30,
+    }
+    chat = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert chat.status_code == 200, chat.text
+    (image,) = chat.json()["choices"][0]["message"]["images"]
+    head, data = image["image_url"]["url"].split(",", 1)
+    assert head == "data:image/png;base64"
+    drawn = np.asarray(Image.open(io.BytesIO(base64.b64decode(data))))
+    assert np.array_equal(drawn, _pixels(_edit(server, _upload(INPUT), prompt="add", seed="0")))
