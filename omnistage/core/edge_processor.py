@@ -29,6 +29,8 @@ from omnistage.core.stage_input import StageInput
 CODES_KEY = "codes.output"
 IMAGE_GRID_KEY = "mm.image_grid_thw"
 """The `[images, 3]` patch grids of a prompt with images (set by the stage that encoded it)."""
+PREFILL_KEY = "embed.prefill"
+"""The input rows of a prompt with images (set by the stage that encoded it)."""
 CONTEXT_CODES_KEY = "codes.context"
 """Codec frames a vocoder decodes only as left context before the request's first frame
 (a cloned voice's reference codes), never as output."""

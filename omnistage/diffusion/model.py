@@ -54,6 +54,9 @@ class DiffusionInput:
     kv_context: Any = None
     """The KV cache an upstream autoregressive stage prefilled, as its edge processor hands
     it over (Bagel: `edges.BagelHandOff`); None where no stage hands one."""
+    hand_off: Any = None
+    """Anything else an upstream stage's edge hands over (HunyuanImage-3: its input images'
+    rows, `edges.HunyuanImageHandOff`); None where no edge hands more than ids."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from omnistage.config import EngineConfig
-from omnistage.core.edge_processor import CONTEXT_CODES_KEY, IMAGE_GRID_KEY
+from omnistage.core.edge_processor import CONTEXT_CODES_KEY, IMAGE_GRID_KEY, PREFILL_KEY
 from omnistage.core.engine_core_output import EngineCoreOutput
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.payload import Payload
@@ -130,6 +130,8 @@ class ARStageCore(StageCore):
             )
             if inputs.image_grid_thw is not None and len(inputs.image_grid_thw):
                 self.accumulators[msg.request_id].set_value(IMAGE_GRID_KEY, inputs.image_grid_thw)
+                if inputs.prompt_embeds is not None:  # kept only where an edge collects it
+                    self.accumulators[msg.request_id].set_value(PREFILL_KEY, inputs.prompt_embeds)
             if inputs.output_context is not None:
                 self.accumulators[msg.request_id].set_value(
                     CONTEXT_CODES_KEY, inputs.output_context

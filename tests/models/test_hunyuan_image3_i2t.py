@@ -167,17 +167,3 @@ def test_image_spans_are_the_runs_and_a_split_run_is_refused():
     split = SimpleNamespace(prefills=[PrefillSeq(0, 4, 10, blocks)])  # ends inside the run
     with pytest.raises(ValueError, match="max_num_batched_tokens: an input image's tokens"):
         image_spans(ids, split, image_ids)
-
-
-def test_an_input_image_on_the_drawing_deploy_is_refused_naming_it(ckpt):
-    from omnistage.diffusion.params import DiffusionParams
-
-    spec = yaml.safe_load(packaged_deploy_path("demo-hunyuan-image3").read_text())
-    spec["stages"][0]["default_sampling"]["max_tokens"] = 4
-    with Omni(spec, model=str(ckpt), in_process=True) as omni:
-        (out,) = omni.generate(_chats()[:1], DiffusionParams(num_inference_steps=1))
-        assert "image: HunyuanImage-3 draws no image from a prompt with an input image" in str(
-            out.error
-        )
-        (text,) = omni.generate(_chats()[1:2], DiffusionParams(num_inference_steps=1))
-        assert text.error is None and text.image_array is not None  # text prompts still draw

@@ -1,4 +1,6 @@
-"""POST /v1/images/edits, for pipelines that draw and take an input image (Bagel).
+"""POST /v1/images/edits, for pipelines that draw and take an input image (Bagel,
+HunyuanImage-3: the image and the text as one user chat turn where the entry stage takes
+a chat).
 
 As OpenAI's API, a multipart form: `image` (one file), `prompt`, and optionally `n`,
 `size` ("WxH"), `response_format` (`b64_json` only), `model`; extensions read by the
@@ -82,8 +84,17 @@ class ImageEditsServing(ImagesServing):
         draw_fields["negative_prompt"] = fields.get("negative_prompt") or None
         options = form_extra_args(fields, self.client)
         draw_fields["model_options"] = options.draw or None
-        entry = {"prompt": prompt, "multi_modal_data": {"image": image}}
+        entry = self.edit_prompt(prompt, image)
         return await self.draw_all(raw, entry, prompt, draw_fields, seeds, options.entry)
+
+    def edit_prompt(self, text: str, image: Any) -> Any:
+        """The entry stage's prompt: the text and the image as they are where the entry
+        stage renders its own prompt (Bagel's), else the user's chat turn [image, text],
+        rendered with the entry model's chat template (HunyuanImage-3's thinker)."""
+        if self.client.entry_builds_its_prompt:
+            return {"prompt": text, "multi_modal_data": {"image": image}}
+        parts = [{"type": "image", "image": image}, {"type": "text", "text": text}]
+        return {"messages": [{"role": "user", "content": parts}]}
 
     async def read_image(self, files: list[Any]) -> Any:
         """The one uploaded image, decoded ([H, W, C] uint8)."""

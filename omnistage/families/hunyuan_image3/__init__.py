@@ -21,7 +21,7 @@ FAMILY = Family(
             description=(
                 "a tiny random-weight HunyuanImage-3 (MoE decoder that thinks, recaptions and "
                 "picks the aspect ratio with its own sampler, then denoises the image with its "
-                "image head and VAE; it also reads images, image-to-text): every part runs, its "
+                "image head and VAE; it also reads images: image-to-text, edits): every part runs, its "
                 "thoughts are random bytes and its pictures noise"
             ),
             maker=f"{_PKG}.tiny:make_tiny_hunyuan_image3",

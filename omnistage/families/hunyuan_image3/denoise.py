@@ -21,6 +21,11 @@ reference keeps them in its cache after the first step) and each step runs only 
 `<timestep>` and image rows over them (`velocity` given a `ContextKV`). Given the token
 ids instead, a step recomputes the whole sequence: the same numbers up to float rounding
 (`tests/models/test_hunyuan_image3_kv_reuse.py`), kept to prove it.
+
+An edit's context holds input images (`ContextLayout`): their blocks' rows are the
+encoders' (handed over by the upstream stage), their runs take 2-D positions and see each
+other both ways, as in the thinker's prompt; the image drawn after them is laid out as
+above (its positions and mask do not depend on what the context holds).
 """
 
 from __future__ import annotations
@@ -35,9 +40,15 @@ from safetensors import safe_open
 from omnistage.families.hunyuan_image3.config import HunyuanImage3Config
 from omnistage.families.hunyuan_image3.flow_match import FlowMatchEuler
 from omnistage.families.hunyuan_image3.image_head import ImageHead
+from omnistage.families.hunyuan_image3.image_input import ImageSection, section_positions
 from omnistage.families.hunyuan_image3.layers import KV
 from omnistage.families.hunyuan_image3.model import HunyuanImage3Model
-from omnistage.families.hunyuan_image3.rope2d import denoise_mask, image_positions, rope_tables
+from omnistage.families.hunyuan_image3.rope2d import (
+    context_mask,
+    denoise_mask,
+    image_positions,
+    rope_tables,
+)
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,18 @@ class ContextKV:
     @property
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+
+@dataclass(frozen=True)
+class ContextLayout:
+    """A context with input images: its input rows and where its image runs are."""
+
+    rows: torch.Tensor
+    """[len(context), hidden]: the decoder's input rows (an image's are its encoders')."""
+    sections: tuple[ImageSection, ...] = ()
+    """Each image run (VAE latents, ViT patches), in order: its 2-D positions."""
+    spans: tuple[tuple[int, int], ...] = ()
+    """[start, end) of each input image's block of runs: they see each other both ways."""
 
 
 Context = list[int] | ContextKV
@@ -126,12 +149,26 @@ class HunyuanImageDenoiser:
         return cos.to(device), sin.to(device), mask.to(device)
 
     @torch.no_grad()
-    def context_kv(self, context: list[int], device: torch.device) -> ContextKV:
-        """The keys and values of every layer over `context` (causal text, plain positions):
-        what each denoising step attends to. The last layer's rows need no output."""
-        ids = torch.tensor(context, dtype=torch.int64, device=device)
-        x = self.decoder.wte(ids)
-        cos, sin, mask = self._tables(len(context), len(context), 0, 0, 0, device)
+    def context_kv(
+        self, context: list[int], device: torch.device, layout: ContextLayout | None = None
+    ) -> ContextKV:
+        """The keys and values of every layer over `context`: what each denoising step
+        attends to. Without a `layout`: causal text, plain positions, rows `wte(context)`;
+        with one, its rows, image positions and image spans. The last layer's rows need no
+        output."""
+        n = len(context)
+        if layout is None:
+            ids = torch.tensor(context, dtype=torch.int64, device=device)
+            x = self.decoder.wte(ids)
+            cos, sin, mask = self._tables(n, n, 0, 0, 0, device)
+        else:
+            if layout.rows.shape[0] != n:
+                raise ValueError(f"context: {layout.rows.shape[0]} rows for {n} tokens")
+            x = layout.rows.to(device=device, dtype=self.decoder.ln_f.weight.dtype)
+            positions = section_positions(n, list(layout.sections))
+            cos, sin = rope_tables(positions, self.head_dim, self.rope_theta, x.dtype)
+            cos, sin = cos.to(device), sin.to(device)
+            mask = context_mask(n, layout.spans).to(device)
         cached = ContextKV(len(context))
         *layers, last = self.decoder.layers
         for layer in layers:

@@ -15,6 +15,9 @@ whole context. Here, per request:
   `<cfg>` in place of the text of the sections it marks unconditional; which sections
   those are in its chat template, e.g. role prefixes, is not checked here: it needs
   the real tokenizer);
+- an edit's context (a prompt with input images) is drawn after those images: their
+  blocks' rows, positions and both-ways attention come with the edge's hand-off
+  (`edit_context.py`), the unconditional context keeps them (only text becomes `<cfg>`);
 - at admission the context's keys and values (and the unconditional context's, when
   guidance applies) are computed once (`HunyuanImageDenoiser.context_kv`); each step
   then runs only the `<timestep>` and image rows over them;
@@ -44,6 +47,8 @@ from omnistage.families.hunyuan_image3.denoise import (
     HunyuanImageDenoiser,
     read_weights,
 )
+from omnistage.families.hunyuan_image3.edges import HunyuanImageHandOff
+from omnistage.families.hunyuan_image3.edit_context import edit_layouts, find_blocks
 from omnistage.families.hunyuan_image3.flow_match import FlowMatchEuler
 from omnistage.families.hunyuan_image3.resolution import ratio_index
 from omnistage.families.hunyuan_image3.tokens import HunyuanTokens, first_eos
@@ -89,7 +94,8 @@ class HunyuanImage3Pipeline(DiffusionModel):
         self.denoiser, self.vae, self.tokens = denoiser, vae, tokens
         self.base = config.image_base_size
         self.latent_channels = int(config.vae["latent_channels"])
-        self.vae_scale = int(config.vae_downsample_factor[0]) * config.patch_size
+        self.vae_down = int(config.vae_downsample_factor[0])
+        self.vae_scale = self.vae_down * config.patch_size
         self.default_height = self.default_width = self.base
         self.default_steps = int(settings["default_steps"])
         self.default_guidance = float(settings["default_guidance"])
@@ -146,22 +152,37 @@ class HunyuanImage3Pipeline(DiffusionModel):
         out = []
         for item in inputs:
             ratio = ratio_index(self.base, item.params.height, item.params.width)
-            context = self.image_context(item.prior_token_ids.tolist())
+            ids = [int(t) for t in item.prior_token_ids.tolist()]
+            hand_off = item.hand_off
+            blocks = []
+            if isinstance(hand_off, HunyuanImageHandOff) and hand_off.grids is not None:
+                prompt = ids[: hand_off.prompt_len]
+                blocks = find_blocks(prompt, hand_off.grids, self.tokens, self.base, self.vae_down)
+            context = self.image_context(ids, blocks[-1].end + 1 if blocks else 0)
             context += [self.tokens.size, self.tokens.ratios[ratio]]
             uncond = [t if t in self.tokens.specials else self.tokens.cfg for t in context]
+            layout = uncond_layout = None
+            if blocks:
+                if hand_off.rows is None:
+                    raise ValueError("image: the hand-off lacks the input image's rows")
+                wte = self.denoiser.decoder.wte
+                layout, uncond_layout = edit_layouts(context, uncond, hand_off.rows, blocks, wte)
             guided = item.params.guidance_scale > 1.0
-            kv = self.denoiser.context_kv(context, self.device)
-            uncond_kv = self.denoiser.context_kv(uncond, self.device) if guided else None
+            kv = self.denoiser.context_kv(context, self.device, layout)
+            uncond_kv = (
+                self.denoiser.context_kv(uncond, self.device, uncond_layout) if guided else None
+            )
             out.append(HunyuanCondition(context, uncond, kv, uncond_kv))
         return out
 
-    def image_context(self, ids: list[int]) -> list[int]:
-        """The context up to and including the image's `<boi>`."""
+    def image_context(self, ids: list[int], start: int = 0) -> list[int]:
+        """The context up to and including the image's `<boi>`: the last one from `start`
+        (after the prompt's input image blocks, whose `<boi>` open no image to draw)."""
         tokens = self.tokens
         ids = [int(t) for t in ids]
         if not ids:
             raise ValueError("prior_tokens: the context is empty")
-        if tokens.boi in ids:
+        if tokens.boi in ids[start:]:
             return ids[: len(ids) - ids[::-1].index(tokens.boi)]
         while ids and ids[-1] == tokens.eos:
             ids.pop()

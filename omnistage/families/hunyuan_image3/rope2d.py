@@ -46,3 +46,12 @@ def denoise_mask(seq_len: int, start: int, n: int) -> torch.Tensor:
     mask = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
     mask[start : start + n, start : start + n] = True
     return mask
+
+
+def context_mask(seq_len: int, spans: tuple[tuple[int, int], ...]) -> torch.Tensor:
+    """[T, T] bool: causal, and the rows of each [start, end) span see each other (an input
+    image's block of runs, as the reference's joint-image mask)."""
+    mask = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+    for start, end in spans:
+        mask[start:end, start:end] = True
+    return mask
