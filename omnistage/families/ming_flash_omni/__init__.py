@@ -1,6 +1,7 @@
 """Ming-flash-omni-2.0 (inclusionAI Ming, `BailingMM2NativeForConditionalGeneration`): text
-in, text out, by its thinker (a Bailing-MoE-V2 decoder). Its talker (continuous latents by
-a flow-matching head, an audio VAE) is not built yet (docs/ming_flash_omni.md).
+in, text out, by its thinker (a Bailing-MoE-V2 decoder). Of its talker only the latent
+heads exist (`talker_heads.py`: the flow-matching head, the aggregator); its LM stage and
+audio VAE are not built yet (docs/ming_flash_omni.md).
 Its tiny checkpoint is the built-in `demo-ming-flash-omni`."""
 
 from omnistage.models.family import Demo, Family, PartSpec
