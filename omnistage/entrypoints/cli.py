@@ -97,7 +97,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from omnistage.pipeline.deploy import deploy_for_model
 
         spec = deploy_for_model(args.model)
-        if len(spec.stages) > 1:  # an omni checkpoint or demo: its packaged pipeline
+        if spec.is_pipeline:  # an omni checkpoint or demo: its packaged pipeline
             args.deploy, args.model = spec, None
             args.chat = not entry_builds_its_prompt(spec)
     if args.deploy is not None:

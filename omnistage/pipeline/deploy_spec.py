@@ -289,6 +289,12 @@ class DeploySpec:
         return entries
 
     @property
+    def is_pipeline(self) -> bool:
+        """Whether it runs as a pipeline rather than one plain text model: more than one
+        stage, or one stage serving a part of a multi-part checkpoint (a thinker alone)."""
+        return len(self.stages) > 1 or self.stages[0].model_part is not None
+
+    @property
     def final_stages(self) -> tuple[StageSpec, ...]:
         return tuple(s for s in self.stages if s.final_output)
 

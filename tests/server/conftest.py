@@ -104,7 +104,7 @@ class PipelineServer(_ThreadedServer):
 
     def __init__(self, model: str, ui: bool = False) -> None:
         spec = pipeline_deploy(model, None)
-        assert spec is not None and len(spec.stages) > 1
+        assert spec is not None and spec.is_pipeline
         client = PipelineClient(spec, in_process=True)
         self.name = model
         super().__init__(build_app(client, [model], model_path=model, ui=ui), client)

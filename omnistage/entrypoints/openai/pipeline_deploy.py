@@ -27,7 +27,7 @@ def pipeline_deploy(
     if model is None:
         return None
     spec = deploy_for_model(model)
-    return spec if len(spec.stages) > 1 else None
+    return spec if spec.is_pipeline else None
 
 
 def check_context(

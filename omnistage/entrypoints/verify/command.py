@@ -72,7 +72,7 @@ def deploy_of(args: argparse.Namespace) -> Any:
         if "/" in args.model and not Path(args.model).expanduser().exists():
             raise ValueError(f"--model: {args.model} does not exist")
         spec = deploy_for_model(args.model)
-        if len(spec.stages) == 1 and spec.stages[0].kind == "ar":
+        if not spec.is_pipeline and spec.stages[0].kind == "ar":
             from omnistage.models.loader import resolve_model
 
             resolve_model(args.model)  # an unknown name fails here, naming it

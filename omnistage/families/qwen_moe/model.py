@@ -58,7 +58,15 @@ class SparseMoeBlock(nn.Module):
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights /= weights.sum(dim=-1, keepdim=True)
-        weights = weights.to(x.dtype)
+        out = self.routed(x, weights.to(x.dtype), experts)
+        if self.shared_expert is not None:
+            gate = torch.sigmoid(self.shared_expert_gate(x))
+            out.add_(gate * self.shared_expert.without_residual(x))
+        return out.add_(residual)
+
+    def routed(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """sum over slots of weights[t, s] * expert experts[t, s](x[t]): [T, hidden], from
+        `weights` [T, top_k] (x's dtype) and `experts` [T, top_k] (int64)."""
         out = torch.zeros_like(x)
         # Group the (token, slot) pairs by expert once, then one GEMM pair per expert hit.
         flat = experts.flatten()
@@ -75,10 +83,7 @@ class SparseMoeBlock(nn.Module):
             y = F.linear(F.silu(gate) * up, self.w_down[expert])
             out.index_add_(0, idx, y * weights[idx, slot, None])
             start += n
-        if self.shared_expert is not None:
-            gate = torch.sigmoid(self.shared_expert_gate(x))
-            out.add_(gate * self.shared_expert.without_residual(x))
-        return out.add_(residual)
+        return out
 
     def load_expert(self, expert: int, part: str, tensor: torch.Tensor) -> None:
         i = self.intermediate
