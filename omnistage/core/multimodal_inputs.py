@@ -86,7 +86,7 @@ class MultimodalDecoderInputs:
         """From an `omnistage.multimodal.EncodedPrompt`; None when the prompt needs neither
         (text / audio only: ordinary positions, no deepstack), so it runs the 1-D path."""
         deepstack = list(prompt.deepstack_embeds)
-        modality = getattr(prompt, "token_modality", None)
+        modality = getattr(prompt, "token_modality", None)  # encoders without it: text
         if not prompt.uses_mrope and not deepstack and modality is None:
             return None
         return cls(
