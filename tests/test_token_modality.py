@@ -6,9 +6,10 @@ for exactly the positions each step computes, on the tiny Ming-Omni thinker in f
   span), zero for generated tokens and for rows without codes;
 - the routing: an image (audio) position's MoE output is the one `image_gate`
   (`audio_gate`) picks, and the codes change the logits (the test can fail);
-- chunked prefill ≡ whole prefill, batched ≡ alone, sync ≡ async (logits of every step,
-  greedy ids), a prefix-cache hit that resumes inside a span ≡ no hit, and prompts with
+- chunked prefill ≡ whole prefill, batched ≡ alone, sync ≡ async (logits of every step
+  bit for bit, greedy ids), a prefix-cache hit that resumes inside a span ≡ no hit, and prompts with
   other codes share no cached blocks;
+- a request preempted (recomputed) gets its codes again, sync and async;
 - bad codes are ValueErrors naming the field.
 """
 
@@ -56,7 +57,7 @@ PROMPTS = {
 }
 
 
-def run(eng: LLMEngine, names: list[str], prompts=PROMPTS) -> dict[str, tuple]:
+def run(eng: LLMEngine, names: list[str], prompts=PROMPTS, params=GREEDY) -> dict[str, tuple]:
     """Each request's greedy ids and the logits of its every sampling step."""
     logits: dict[str, list[torch.Tensor]] = {}
 
@@ -68,7 +69,7 @@ def run(eng: LLMEngine, names: list[str], prompts=PROMPTS) -> dict[str, tuple]:
     for name in names:
         ids, kinds = prompts[name]
         mm = None if kinds is None else MultimodalDecoderInputs(token_modality=kinds.clone())
-        eng.add_tokenized_request(name, None, ids, GREEDY, mm_decoder_inputs=mm)
+        eng.add_tokenized_request(name, None, ids, params, mm_decoder_inputs=mm)
     done = {}
     while eng.has_unfinished_requests():
         for out in eng.step():
@@ -156,28 +157,53 @@ def test_codes_change_the_logits(ckpt):
     assert not torch.allclose(with_codes["image"][1][0], without["image"][1][0])
 
 
+@pytest.fixture(scope="module")
+def alone(ckpt):
+    """Each prompt alone, whole prefill."""
+    return {n: run(engine(ckpt, enable_prefix_caching=False), [n])[n] for n in PROMPTS}
+
+
 @pytest.mark.parametrize("budget", [7, 16, 23])
-def test_chunked_prefill_equals_whole_prefill(ckpt, budget):
-    names = ["image", "audio", "both"]
-    whole = {n: run(engine(ckpt, enable_prefix_caching=False), [n])[n] for n in names}
-    chunked = {
-        n: run(engine(ckpt, enable_prefix_caching=False, max_num_batched_tokens=budget), [n])[n]
-        for n in names
-    }
-    for n in names:
-        assert chunked[n][0] == whole[n][0], n
-        torch.testing.assert_close(chunked[n][1], whole[n][1], rtol=0, atol=1e-12)
+def test_chunked_prefill_equals_whole_prefill(ckpt, alone, budget):
+    settings = dict(enable_prefix_caching=False, max_num_batched_tokens=budget)
+    for n in ["image", "audio", "both"]:
+        chunked = run(engine(ckpt, **settings), [n])[n]
+        assert chunked[0] == alone[n][0], n
+        assert torch.equal(chunked[1], alone[n][1])
 
 
-def test_batched_equals_alone_and_sync_equals_async(ckpt):
+def test_batched_equals_alone_and_sync_equals_async(ckpt, alone):
     names = ["image", "audio", "both", "text"]
-    alone = {n: run(engine(ckpt, enable_prefix_caching=False), [n])[n] for n in names}
     settings = dict(enable_prefix_caching=False, max_num_batched_tokens=37)
     batched = run(engine(ckpt, **settings), names)
     for n in names:
         assert batched[n][0] == alone[n][0], n
-        torch.testing.assert_close(batched[n][1], alone[n][1], rtol=0, atol=1e-12)
+        assert torch.equal(batched[n][1], alone[n][1])
     same(run(engine(ckpt, async_scheduling=True, **settings), names), batched)
+
+
+def test_preempted_requests_get_their_codes_again(ckpt):
+    """A tiny KV cache preempts requests (recompute): their codes come back with them."""
+    names = ["image", "audio", "both", "text"]
+    longer = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)  # past 4 blocks
+    alone = {
+        n: run(engine(ckpt, enable_prefix_caching=False), [n], params=longer)[n] for n in names
+    }
+    for async_scheduling in (False, True):
+        eng = engine(
+            ckpt,
+            async_scheduling=async_scheduling,
+            enable_prefix_caching=False,
+            num_kv_blocks=9,
+            max_model_len=128,
+            block_size=16,
+            max_num_batched_tokens=40,
+        )
+        got = run(eng, names, params=longer)
+        assert eng.core.scheduler.num_preemptions > 0
+        for n in names:
+            assert got[n][0] == alone[n][0], n
+            assert torch.equal(got[n][1], alone[n][1])
 
 
 def test_prefix_hit_inside_a_span_and_no_sharing_across_codes(ckpt):
@@ -197,7 +223,7 @@ def test_prefix_hit_inside_a_span_and_no_sharing_across_codes(ckpt):
     again = run(eng, ["b"], prompts)
     assert kv.prefix_hits == hits + 48
     assert again["b"][0] == first["a"][0]
-    torch.testing.assert_close(again["b"][1], first["a"][1], rtol=0, atol=1e-12)
+    assert torch.equal(again["b"][1], first["a"][1])
     assert not torch.allclose(other["c"][1][0], first["a"][1][0])
     fresh = run(engine(ckpt, enable_prefix_caching=False), ["c"], prompts)
     same(fresh, other)
