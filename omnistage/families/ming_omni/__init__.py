@@ -1,4 +1,4 @@
-"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text in; text
+"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text and images in; text
 and speech out, as thinker (Bailing-MoE) -> talker (Qwen2 over speech BPE ids) -> vocoder
 (speech BPE -> S3 codes -> CosyVoice-1 flow + HiFT).
 Its tiny checkpoint is the built-in `demo-ming-omni`."""
