@@ -9,9 +9,12 @@ As the reference (`processing_bailingmm.py` `_expand_image_tokens`,
   (what the reference's processor tokenizes); a prompt of ids gets the same ids inserted;
 - the rows are the thinker's `word_embeddings` with the image encoder's rows
   (`vision.MingImageEncoder`) at the `<imagePatch>` positions, images in order;
-- the image processor is Qwen2-VL's (`BailingMMImageProcessor` is a copy: `smart_resize`
-  to multiples of patch x merge within `[min_pixels, max_pixels]`, rescale, CLIP
-  normalization, temporal tiling), read from `preprocessor_config.json`;
+- each image is first resized as the reference's `process_vision_info` does
+  (`bailingmm_utils.fetch_image`: RGB, `smart_resize` to multiples of 28 within
+  `[4, 1024] x 28 x 28` pixels, Pillow's bicubic), then goes through the image processor,
+  Qwen2-VL's (`BailingMMImageProcessor` is a copy: `smart_resize` to multiples of
+  patch x merge within `[min_pixels, max_pixels]`, rescale, CLIP normalization, temporal
+  tiling), read from `preprocessor_config.json`;
 - positions are plain 1-D (the thinker has no M-RoPE);
 - the per-token modality: IMAGE from the first `<imagePatch>` of the prompt through its
   last (the reference's `image_start_indices` / `image_end_indices` select
@@ -38,6 +41,8 @@ from omnistage.multimodal.prompts import EncodedPrompt
 
 IMAGE_START, IMAGE_PATCH, IMAGE_END = "<image>", "<imagePatch>", "</image>"
 EMBEDDINGS = "model.model.word_embeddings.weight"
+FETCH_FACTOR, FETCH_MIN_PIXELS, FETCH_MAX_PIXELS = 28, 4 * 28 * 28, 1024 * 28 * 28
+"""`bailingmm_utils.fetch_image`'s resize (`IMAGE_FACTOR`, `MIN_PIXELS`, `MAX_PIXELS`)."""
 PROCESSOR_FIELDS = (
     "min_pixels",
     "max_pixels",
@@ -80,6 +85,19 @@ def image_processor(path: Path) -> Any:
     } | {k: data[k] for k in PROCESSOR_FIELDS if k in data}
     size = {"shortest_edge": settings.pop("min_pixels"), "longest_edge": settings.pop("max_pixels")}
     return Qwen2VLImageProcessorPil(size=size, **settings)
+
+
+def fetch_image(image: Any) -> Any:
+    """A PIL image resized as `bailingmm_utils.fetch_image` resizes it."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    image = image.convert("RGB")
+    width, height = image.size
+    try:
+        h, w = smart_resize(height, width, FETCH_FACTOR, FETCH_MIN_PIXELS, FETCH_MAX_PIXELS)
+    except ValueError as e:  # an aspect ratio over 200
+        raise ValueError(f"image: cannot be processed ({e})") from e
+    return image.resize((w, h))
 
 
 class MingInputEncoder:
@@ -174,7 +192,7 @@ class MingInputEncoder:
         loaded = []
         for k, item in enumerate(images):
             try:
-                loaded.append(load_image(item))
+                loaded.append(fetch_image(load_image(item)))
             except ValueError as e:
                 raise ValueError(f"image {k}: {e}") from e
         try:
