@@ -252,3 +252,35 @@ def test_a_model_without_modalities_refuses_codes(tiny_llama_f64):
     mm = MultimodalDecoderInputs(token_modality=torch.zeros(4, dtype=torch.int64))
     with pytest.raises(ValueError, match="token_modality: this model takes no per-token"):
         eng.add_tokenized_request("x", None, [5, 6, 7, 8], GREEDY, mm_decoder_inputs=mm)
+
+
+def test_codes_cross_the_wire_and_salt_the_digest():
+    kinds = modality((5, 30, IMAGE))
+    mm = MultimodalDecoderInputs(token_modality=kinds)
+    back = MultimodalDecoderInputs.from_data(mm.to_data(), torch.device("cpu"), torch.float64)
+    assert torch.equal(back.token_modality, kinds) and back.token_modality.dtype == torch.int64
+    same_codes = MultimodalDecoderInputs(token_modality=kinds.clone()).digest()
+    other = MultimodalDecoderInputs(token_modality=modality((5, 30, AUDIO))).digest()
+    assert mm.digest() == same_codes != other
+    assert MultimodalDecoderInputs().digest() != mm.digest()
+
+
+def test_an_encoded_prompt_with_codes_only_keeps_plain_positions():
+    from omnistage.families.ming_omni.input_encoder import MingEncodedPrompt
+
+    kinds = modality((5, 30, IMAGE))
+    prompt = MingEncodedPrompt(
+        prompt_token_ids=list(range(L)),
+        prompt_embeds=torch.zeros(L, 4),
+        mrope_positions=torch.arange(L).expand(3, -1),
+        rope_delta=0,
+        audio_mask=torch.zeros(L, dtype=torch.bool),
+        visual_pos_mask=kinds > 0,
+        deepstack_embeds=[],
+        audio_token_counts=[],
+        image_grid_thw=torch.tensor([[1, 10, 10]]),
+        token_modality=kinds,
+    )
+    mm = MultimodalDecoderInputs.from_encoded_prompt(prompt)
+    assert mm.mrope_positions is None and mm.deepstack_embeds is None
+    assert torch.equal(mm.token_modality, kinds)
