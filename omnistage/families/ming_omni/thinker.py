@@ -21,6 +21,8 @@ position through `gate` (its text path passes spans of 999999, which select noth
 Here the spans arrive as the prompt's per-token modality (`token_modalities`: code 1
 image, 2 audio; `core/multimodal_inputs.py`), which the runner hands each step through
 the forward context, so a chunk of a prompt routes its positions as the whole prompt does.
+A checkpoint without `multi_gate` routes every position through `gate` (the reference's
+`else` branch), codes or not.
 
 As a pipeline stage (`MingThinker`, part `thinker`) it sends the talker, per computed
 position, its input embedding and its final normed hidden state

@@ -83,7 +83,10 @@ class MingImageEncoder(nn.Module):
             raise ValueError(
                 f"{os.fspath(path)}: image encoder weight {sorted(missing)[0]} missing"
             )
-        model.load_state_dict(state, strict=True)
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as e:  # an extra weight, or one of another shape
+            raise ValueError(f"{os.fspath(path)}: image encoder weights: {e}") from e
         return model.to(dtype).eval()
 
     def num_tokens(self, grid_thw: torch.Tensor) -> list[int]:
