@@ -75,7 +75,8 @@ class StepInputBuilder:
         """Requests whose prompt tokens carry a modality (`token_modality`)."""
 
     def track(self, state: RequestState) -> None:
-        """Note a request the runner just took on (one with 3-D positions is followed)."""
+        """Note a request the runner just took on (one with 3-D positions or per-token
+        modalities is followed)."""
         mm = state.mm_decoder_inputs
         if mm is not None and (mm.mrope_positions is not None or mm.decode_positions is not None):
             self.mrope.add(state.req_id)
