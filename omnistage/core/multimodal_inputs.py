@@ -14,6 +14,11 @@ GLM-Image's prior, docs/glm_image_prior.md).
 - **Deepstack**: after decoder layer `k` (`k < len(deepstack_embeds)`), row `j` of
   `deepstack_embeds[k]` is added to the hidden state of the `j`-th prompt position
   where `visual_pos_mask` is set.
+- **Per-token modality** (`token_modality`, Ming-Omni's `image_gate` / `audio_gate`):
+  prompt token `i` is of modality `token_modality[i]`: 0 text, `k > 0` the model's
+  `token_modalities[k - 1]` (e.g. 1 image, 2 audio). The runner hands the model the
+  modality of every token of a step through the forward context
+  (`AttentionMetadata.token_modality`; generated tokens are text).
 
 A request carries one of these from `LLMEngine.add_tokenized_request` through
 `Request` and `NewRequestData` (as `MultimodalDecoderData`, tensors as `TensorBlob`)
@@ -43,6 +48,7 @@ class MultimodalDecoderData(msgspec.Struct, kw_only=True):
     visual_pos_mask: TensorBlob | None = None
     deepstack_embeds: TensorBlob | None = None
     decode_positions: TensorBlob | None = None
+    token_modality: TensorBlob | None = None
 
 
 def _blob(t: torch.Tensor | None) -> TensorBlob | None:
@@ -70,6 +76,9 @@ class MultimodalDecoderInputs:
     """`[3, N]` int64 (T, H, W) rotary position of generated token `j` (0-based over the
     outputs) in column `j`; tokens past column `N - 1` take column `N - 1`. None: `i +
     rope_delta`."""
+    token_modality: torch.Tensor | None = None
+    """`[L]` int64: the modality of each prompt token (0 text, `k > 0` the model's
+    `token_modalities[k - 1]`); None: all text."""
     _digest: bytes | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -77,13 +86,15 @@ class MultimodalDecoderInputs:
         """From an `omnistage.multimodal.EncodedPrompt`; None when the prompt needs neither
         (text / audio only: ordinary positions, no deepstack), so it runs the 1-D path."""
         deepstack = list(prompt.deepstack_embeds)
-        if not prompt.uses_mrope and not deepstack:
+        modality = getattr(prompt, "token_modality", None)  # encoders without it: text
+        if not prompt.uses_mrope and not deepstack and modality is None:
             return None
         return cls(
             mrope_positions=prompt.mrope_positions if prompt.uses_mrope else None,
             rope_delta=int(prompt.rope_delta) if prompt.uses_mrope else 0,
             visual_pos_mask=prompt.visual_pos_mask if deepstack else None,
             deepstack_embeds=torch.stack(deepstack) if deepstack else None,
+            token_modality=modality,
         )
 
     def output_positions(self, first: int, count: int) -> torch.Tensor:
@@ -105,6 +116,7 @@ class MultimodalDecoderInputs:
         num_layers: int,
         supports_mrope: bool,
         supports_deepstack: bool,
+        token_modalities: tuple[str, ...] = (),
     ) -> None:
         """ValueError naming what does not fit the prompt or the model."""
         name = "mm_decoder_inputs"
@@ -127,6 +139,7 @@ class MultimodalDecoderInputs:
         elif self.rope_delta != 0:
             raise ValueError(f"{name}: rope_delta without mrope_positions")
         self._check_decode_positions(max_positions, supports_mrope)
+        self._check_token_modality(num_prompt_tokens, token_modalities)
         if (mask is None) != (feats is None):
             raise ValueError(f"{name}: visual_pos_mask and deepstack_embeds go together")
         if feats is None:
@@ -168,6 +181,22 @@ class MultimodalDecoderInputs:
         if self.rope_delta != 0:
             raise ValueError(f"{name}: give either decode_positions or rope_delta, not both")
 
+    def _check_token_modality(self, num_prompt_tokens: int, names: tuple[str, ...]) -> None:
+        name, kinds = "mm_decoder_inputs: token_modality", self.token_modality
+        if kinds is None:
+            return
+        if not names:
+            raise ValueError(f"{name}: this model takes no per-token modality")
+        if not isinstance(kinds, torch.Tensor) or kinds.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"{name}: must be an integer torch.Tensor")
+        if tuple(kinds.shape) != (num_prompt_tokens,):
+            raise ValueError(
+                f"{name}: expected shape ({num_prompt_tokens},), got {tuple(kinds.shape)}"
+            )
+        if len(kinds) and (int(kinds.min()) < 0 or int(kinds.max()) > len(names)):
+            known = ", ".join(f"{i + 1} {n}" for i, n in enumerate(names))
+            raise ValueError(f"{name}: values must be 0 (text) or one of {known}")
+
     def digest(self) -> bytes:
         """A hash of everything here (salts the prefix-cache block hashes)."""
         if self._digest is None:
@@ -176,9 +205,11 @@ class MultimodalDecoderInputs:
             tensors = (self.mrope_positions, self.visual_pos_mask, self.deepstack_embeds)
             if self.decode_positions is not None:  # unchanged digests for inputs without one
                 tensors += (self.decode_positions,)
+            if self.token_modality is not None:  # the same
+                tensors += (b"modality", self.token_modality)
             for t in tensors:
-                if t is None:
-                    h.update(b"-")
+                if t is None or isinstance(t, bytes):
+                    h.update(t or b"-")
                     continue
                 t = t.detach().cpu().contiguous()
                 h.update(f"{t.dtype}{tuple(t.shape)}".encode())
@@ -193,20 +224,22 @@ class MultimodalDecoderInputs:
             visual_pos_mask=_blob(self.visual_pos_mask),
             deepstack_embeds=_blob(self.deepstack_embeds),
             decode_positions=_blob(self.decode_positions),
+            token_modality=_blob(self.token_modality),
         )
 
     @classmethod
     def from_data(
         cls, data: MultimodalDecoderData, device: torch.device, dtype: torch.dtype
     ) -> MultimodalDecoderInputs:
-        """The runner's copy: positions and mask on the CPU (step inputs are built there),
+        """The runner's copy: positions, mask and modality on the CPU (step inputs are built there),
         deepstack features on `device` in the model's `dtype`."""
         pos, feats = _tensor(data.mrope_positions), _tensor(data.deepstack_embeds)
-        table = _tensor(data.decode_positions)
+        table, kinds = _tensor(data.decode_positions), _tensor(data.token_modality)
         return cls(
             mrope_positions=None if pos is None else pos.long(),
             rope_delta=data.rope_delta,
             visual_pos_mask=_tensor(data.visual_pos_mask),
             deepstack_embeds=None if feats is None else feats.to(device, dtype),
             decode_positions=None if table is None else table.long(),
+            token_modality=None if kinds is None else kinds.long(),
         )

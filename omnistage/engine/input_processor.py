@@ -125,6 +125,7 @@ class InputProcessor:
         num_layers: int,
         supports_mrope: bool,
         supports_deepstack: bool,
+        token_modalities: tuple[str, ...] = (),
     ) -> None:
         if not isinstance(inputs, MultimodalDecoderInputs):
             raise ValueError("mm_decoder_inputs: must be a MultimodalDecoderInputs")
@@ -135,4 +136,5 @@ class InputProcessor:
             num_layers,
             supports_mrope,
             supports_deepstack,
+            token_modalities,
         )

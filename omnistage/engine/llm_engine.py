@@ -166,6 +166,7 @@ class LLMEngine:
                 self.hf_config.num_hidden_layers,
                 model_class.supports_mrope,
                 model_class.supports_deepstack,
+                model_class.token_modalities,
             )
         if stream_conditioning and params.n != 1:
             raise ValueError("n: a stream-conditioned request generates one sequence")

@@ -63,6 +63,9 @@ class AttentionMetadata:
     """Models with recurrent layers: the step's state slots (worker/recurrent.py)."""
     backend: AttentionBackend = TORCH_ATTENTION
     """The platform's attention backend (`layers/attention_backend.py`)."""
+    token_modality: torch.Tensor | None = None
+    """Models with `token_modalities`: [num_tokens] int64 modality code of each token of the
+    step (0 text; `core/multimodal_inputs.py`); None when every token is text."""
 
     def decode_bias(self, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
         """Additive mask [kv_heads * num_decodes, 1, L] (0 or -inf), built once per step."""

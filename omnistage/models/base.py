@@ -38,6 +38,11 @@ class CausalLM(nn.Module):
     """`forward` takes `deepstack=DeepstackRows` for steps with deepstack features (the runner
     passes the keyword only then)."""
 
+    token_modalities: ClassVar[tuple[str, ...]] = ()
+    """The prompt-token modalities besides text a model tells apart (e.g. ("image", "audio"):
+    codes 1, 2 of `MultimodalDecoderInputs.token_modality`); it reads a step's per-token codes
+    from the forward context (`AttentionMetadata.token_modality`, None: all text)."""
+
     prefer_model_sampler: ClassVar[bool] = False
     """When True the runner calls `sample()` before the default sampler."""
 

@@ -44,6 +44,9 @@ class EncodedPrompt:
     audio_token_counts: list[int]
     image_grid_thw: torch.Tensor
     """`[num_images, 3]` int64 patch grids (t, h, w) from the image processor."""
+    token_modality: torch.Tensor | None = None
+    """`[L]` int64 per-token modality codes for models that route by them (Ming-Omni;
+    `core/multimodal_inputs.py`); None: the decoder tells no modality apart."""
 
     @classmethod
     def audio_only(

@@ -7,6 +7,9 @@ given draft slots get their drafts written past their history and fed after
 their newest token. Rotary positions are 1-D token positions unless a scheduled
 request has 3-D ones (multimodal prompts, GLM-Image's generated grid): the
 builder keeps the set of such requests, so a step of plain text never looks.
+Likewise for prompts whose tokens carry a modality (`token_modality`): the step's
+flat per-token codes go into its attention metadata (the forward context), for a
+chunk of a prompt the codes of exactly its positions.
 """
 
 from __future__ import annotations
@@ -68,15 +71,21 @@ class StepInputBuilder:
         self.mrope: set[str] = set()
         """Requests with 3-D rotary positions of their prompt or outputs (an empty set: every
         step keeps 1-D positions)."""
+        self.modal: set[str] = set()
+        """Requests whose prompt tokens carry a modality (`token_modality`)."""
 
     def track(self, state: RequestState) -> None:
-        """Note a request the runner just took on (one with 3-D positions is followed)."""
+        """Note a request the runner just took on (one with 3-D positions or per-token
+        modalities is followed)."""
         mm = state.mm_decoder_inputs
         if mm is not None and (mm.mrope_positions is not None or mm.decode_positions is not None):
             self.mrope.add(state.req_id)
+        if mm is not None and mm.token_modality is not None:
+            self.modal.add(state.req_id)
 
     def forget(self, req_id: str) -> None:
         self.mrope.discard(req_id)
+        self.modal.discard(req_id)
 
     def build(self, so: SchedulerOutput) -> StepInputs:
         """Flat token ids, positions, cache slots and attention metadata of the step."""
@@ -111,6 +120,8 @@ class StepInputBuilder:
         else:
             logits_indices = ends - 1
         pos = layout.positions
+        if self.modal:
+            layout.attn.token_modality = self._token_modality(rows, layout.first, n, start)
         return StepInputs(
             input_ids=torch.from_numpy(batch.token_ids[layout.tok_rows, pos]).to(self.device),
             positions=torch.from_numpy(
@@ -154,6 +165,29 @@ class StepInputBuilder:
                 self.batch.token_ids[row, num_tokens : num_tokens + len(drafts)] = drafts
                 placed[row] = drafts
         return placed
+
+    def _token_modality(
+        self, rows: np.ndarray, first: np.ndarray, counts: np.ndarray, starts: np.ndarray
+    ) -> torch.Tensor | None:
+        """[T] int64: the modality of each token of the step (a prompt token `i` of a request
+        in `modal` takes `token_modality[i]`, every other token 0, text); None when every
+        scheduled token is text."""
+        out = None
+        for req_id in self.modal:
+            row = self.batch.req_id_to_row[req_id]
+            i = int(np.searchsorted(rows, row))
+            if i == len(rows) or rows[i] != row:
+                continue  # not scheduled this step
+            state = self.batch.states[row]
+            s, length = int(starts[i]), len(state.prompt_token_ids)
+            kinds = state.mm_decoder_inputs.token_modality[s : min(s + int(counts[i]), length)]
+            if not len(kinds) or not bool(kinds.any()):
+                continue  # past its prompt, or a chunk of text only
+            if out is None:
+                out = torch.zeros(int(counts.sum()), dtype=torch.int64)
+            f = int(first[i])
+            out[f : f + len(kinds)] = kinds
+        return None if out is None else out.to(self.device)
 
     def _rotary_positions(
         self,

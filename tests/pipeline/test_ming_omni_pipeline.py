@@ -200,3 +200,32 @@ def test_the_vocoder_speaks_the_talker_ids_as_the_offline_vocoder_does(ckpt, syn
         item = GenerationItem(rows=sent, seed=5, speaker="luna")
         expected = model.generate([item])[0].numpy()
         assert len(audio) > 0 and audio == expected.tobytes()
+
+
+def test_image_prompts_sync_equals_async_and_alone_equals_batched(ckpt):
+    """Prompts with images (image rows and image routing in the thinker) mixed with a text
+    one: sync ≡ async (ids, audio, payloads) and alone ≡ batched."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    one, two, three = (rng.integers(0, 256, (60, 90, 3), dtype=np.uint8) for _ in range(3))
+    user = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    prompts = [
+        {"prompt": user.format("<image>What is it?"), "multi_modal_data": {"image": [one]}},
+        PROMPTS[1],
+        {
+            "prompt": user.format("Compare <image> with <image>."),
+            "multi_modal_data": {"image": [two, three]},
+        },
+    ]
+    ids, received = _run(_deploy(ckpt, False), prompts)
+    async_ids, async_received = _run(_deploy(ckpt, True), prompts)
+    assert ids == async_ids
+    assert received.keys() == async_received.keys()
+    for key, data in received.items():
+        _assert_same_payload(async_received[key], data)
+    alone_ids, alone_received = _run(_deploy(ckpt, False), [prompts[2]])
+    assert alone_ids == [ids[2]]
+    _assert_same_payload(alone_received[0, EDGE, 0], received[2, EDGE, 0])
+    text_ids, _ = _run(_deploy(ckpt, False), [PROMPTS[1]])
+    assert text_ids == [ids[1]]

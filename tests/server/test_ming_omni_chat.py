@@ -97,3 +97,44 @@ def test_text_and_audio_whole_and_streamed(server: PipelineServer) -> None:
     np.testing.assert_array_equal(streamed_pcm, whole_pcm)
     assert np.abs(whole_pcm).max() > 100  # not silence
     server.wait_idle()
+
+
+def _image_turn(image: np.ndarray) -> list[dict]:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    content = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "What is in it?"},
+    ]
+    return [{"role": "user", "content": content}]
+
+
+def test_image_input_answers_text_that_depends_on_it(server: PipelineServer) -> None:
+    """An `image_url` part goes through Ming's image processor, ViT, projector and image
+    routing (tests/models/test_ming_omni_image.py checks those against the reference)."""
+    client = server.openai()
+    rng = np.random.default_rng(0)
+    first, second = (rng.integers(0, 256, (60, 90, 3), dtype=np.uint8) for _ in range(2))
+    answers = [
+        client.chat.completions.create(
+            model=MODEL,
+            messages=_image_turn(image),
+            max_tokens=8,
+            temperature=0,
+            modalities=["text"],
+        )
+        .choices[0]
+        .message.content
+        for image in (first, first, second)
+    ]
+    assert answers[0] and answers[0] == answers[1] and answers[0] != answers[2]
+    with pytest.raises(openai.BadRequestError) as exc:
+        audio = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": [audio]}], modalities=["text"]
+        )
+    assert "audio" in exc.value.response.json()["error"]["message"]
+    server.wait_idle()

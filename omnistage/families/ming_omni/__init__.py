@@ -1,4 +1,4 @@
-"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text in; text
+"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text and images in; text
 and speech out, as thinker (Bailing-MoE) -> talker (Qwen2 over speech BPE ids) -> vocoder
 (speech BPE -> S3 codes -> CosyVoice-1 flow + HiFT).
 Its tiny checkpoint is the built-in `demo-ming-omni`."""
@@ -40,6 +40,7 @@ FAMILY = Family(
         VOCODER_EDGE: f"{_PKG}.edges:MingTalkerToVocoder",
     },
     voices={EDGE: Voices(f"{_PKG}.prompt:speaker_names", "luna", clones_uploads=False)},
+    input_encoders={MODEL_TYPE: f"{_PKG}.input_encoder:MingInputEncoder"},
     deploys_by_model_type={MODEL_TYPE: "ming-omni"},
     demos={
         "demo-ming-omni": Demo(
@@ -50,7 +51,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_omni",
             deploy="demo-ming-omni",
-            version=2,  # v2: the talker/ folder gained the vocoder's files
+            version=3,  # v2: the talker/ folder gained the vocoder's files; v3: the image encoder
         )
     },
 )

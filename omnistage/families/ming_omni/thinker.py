@@ -14,12 +14,15 @@ Read from the reference `modeling_bailing_moe.py` (inclusionAI/Ming, Ming-omni):
   (`w / (||w||_2 over the vocabulary + 1e-7)`), before its first logits; done here at
   load time.
 
-`multi_gate` checkpoints also carry `image_gate` and `audio_gate` routers that the
-reference uses for positions strictly inside an image / audio span of the prompt.
-They are loaded; a request with image or audio spans is refused by the input side
-(`input_encoder.py` says which modalities are supported), so every position routes
-through `gate`, as the reference does for text (its text path passes spans of
-999999, which select nothing).
+`multi_gate` checkpoints also carry `image_gate` and `audio_gate` routers: the reference
+routes the prompt positions strictly inside an image / audio span through them
+(`BailingMoeSparseMoeBlock.forward`, `create_mask`: `start < i < end`), every other
+position through `gate` (its text path passes spans of 999999, which select nothing).
+Here the spans arrive as the prompt's per-token modality (`token_modalities`: code 1
+image, 2 audio; `core/multimodal_inputs.py`), which the runner hands each step through
+the forward context, so a chunk of a prompt routes its positions as the whole prompt does.
+A checkpoint without `multi_gate` routes every position through `gate` (the reference's
+`else` branch), codes or not.
 
 As a pipeline stage (`MingThinker`, part `thinker`) it sends the talker, per computed
 position, its input embedding and its final normed hidden state
@@ -39,7 +42,11 @@ from torch import nn
 
 from omnistage.families.llama.model import DecoderMLP, LlamaForCausalLM
 from omnistage.families.qwen_moe.model import SparseMoeBlock, _MoeMixin
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Linear
+
+IMAGE, AUDIO = 1, 2
+"""The thinker's `token_modality` codes (`BailingMoeForCausalLM.token_modalities`)."""
 
 _RENAMES = (
     (re.compile(r"^(model\.)?word_embeddings\."), r"\1embed_tokens."),
@@ -60,8 +67,8 @@ class _BailingRope:
 
 
 class BailingSparseMoe(SparseMoeBlock):
-    """Routed experts (`SparseMoeBlock`) plus the unscaled shared experts; the extra
-    routers of `multi_gate` checkpoints are held for their weights."""
+    """Routed experts (`SparseMoeBlock`) plus the unscaled shared experts; `multi_gate`
+    checkpoints route image (audio) positions through `image_gate` (`audio_gate`)."""
 
     def __init__(self, config: Any, dtype: torch.dtype) -> None:
         routed = copy.copy(config)
@@ -70,15 +77,24 @@ class BailingSparseMoe(SparseMoeBlock):
         shared = (config.num_shared_experts or 0) * config.moe_intermediate_size
         self.shared_experts = DecoderMLP(config, dtype, shared) if shared else None
         hidden = config.hidden_size
-        if config.multi_gate:
+        self.multi_gate = bool(config.multi_gate)
+        if self.multi_gate:
             self.image_gate = Linear(hidden, self.num_experts, False, dtype)
             self.audio_gate = Linear(hidden, self.num_experts, False, dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        weights, experts = self.route(self.gate, x)
+        kinds = get_forward_context().token_modality if self.multi_gate else None
+        if kinds is not None:
+            for code, gate in ((IMAGE, self.image_gate), (AUDIO, self.audio_gate)):
+                rows = (kinds == code).nonzero().flatten()
+                if len(rows):
+                    weights[rows], experts[rows] = self.route(gate, x[rows])
         if self.shared_experts is None:
-            return super().forward(x, residual)
+            return self.mix(x, weights, experts, residual)
         # (routed + shared) + residual, the reference's order of additions.
-        return super().forward(x, self.shared_experts.without_residual(x)).add_(residual)
+        shared = self.shared_experts.without_residual(x)
+        return self.mix(x, weights, experts, shared).add_(residual)
 
 
 class BailingMoeForCausalLM(_MoeMixin, LlamaForCausalLM):
@@ -86,6 +102,7 @@ class BailingMoeForCausalLM(_MoeMixin, LlamaForCausalLM):
 
     architectures = ("BailingMoeForCausalLM",)
     llama_default_rope = False  # its rotary is `_BailingRope`
+    token_modalities = ("image", "audio")  # codes IMAGE, AUDIO: routed by their own gates
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         config = copy.copy(config)

@@ -2,14 +2,15 @@
 layout): the built-in `demo-ming-omni` and what the tests build from.
 
 The real layout at small sizes (`config.py` describes it): `config.json`
-(`BailingMMConfig` with the real field names; no vision or audio encoder), one
-safetensors file with the reference's weight names (`model.model.word_embeddings.weight`,
+(`BailingMMConfig` with the real field names; a Qwen2.5-ViT `vision_config`, no audio
+encoder), `preprocessor_config.json` (the image processor's settings, small images),
+`model.safetensors` with the reference's weight names (`model.model.word_embeddings.weight`,
 `model.model.layers.N.attention.query_key_value.weight`, `...mlp.gate.weight`,
 `...mlp.image_gate.weight`, `...mlp.experts.E.gate_proj.weight`,
 `...mlp.shared_experts.up_proj.weight`, `model.lm_head.weight`,
 `talker.model.model.layers.N.self_attn.q_proj.bias`, `talker.model.lm_head.weight`,
 `talker.thinker_to_talker_proj.weight`, `talker.vp_head.weight`, …), the thinker's
-byte-level tokenizer (with a ChatML template, not Ming's), and `talker/` with the
+byte-level tokenizer (with a ChatML template, not Ming's, and the image tokens), and `talker/` with the
 talker's Qwen2 `config.json`, its byte-level tokenizer carrying the talker's special
 tokens, and one speaker (`spks/luna.pt`, a `[1, 192]` embedding).
 
@@ -17,6 +18,12 @@ Weights are N(0, 0.2) for matrices, N(1, 0.1) for norms, N(0, 0.1) for biases. S
 that the random model behaves like a usable one, the thinker's head keeps only the
 byte tokens and `<|im_end|>` (it writes bytes and may end), and the talker's head
 only the speech ids and `<audio_eos>`.
+
+The image encoder's weights (`vision.*`, `linear_proj.*`) are a second shard,
+`vision.safetensors`, drawn from their own generator (seed + 1): `model.safetensors` is
+byte for byte what it was before the encoder existed, which the reference fixtures
+check. Its `out_hidden_size` is 8192 because the reference fixes the projector's input
+width to 8192 (`image_emb_dim`).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import torch
 
 from omnistage.families.ming_omni.config import BailingMMConfig, BailingMoeConfig
 from omnistage.families.ming_omni.prompt import SPEAKERS_DIR
-from omnistage.models.tiny_checkpoints import VOCAB_SIZE, byte_tokenizer
+from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE, byte_tokenizer
 
 TALKER_SPECIALS = [
     "<prompt>",
@@ -43,6 +50,40 @@ TALKER_SPECIALS = [
     "<text_eos>",
     "<text_pad>",
 ]
+IMAGE_SPECIALS = ["<image>", "<imagePatch>", "</image>"]
+"""The thinker tokenizer's image tokens (ids 259, 260, 261: after the bytes)."""
+VISION = dict(
+    depth=2,
+    hidden_size=32,
+    hidden_act="silu",
+    intermediate_size=48,
+    num_heads=2,
+    in_channels=3,
+    patch_size=14,
+    spatial_merge_size=2,
+    temporal_patch_size=2,
+    tokens_per_second=4,
+    window_size=112,
+    out_hidden_size=8192,
+    fullatt_block_indexes=[1],
+)
+PREPROCESSOR = dict(
+    image_processor_type="BailingMMImageProcessor",
+    min_pixels=56 * 56,
+    max_pixels=28 * 28 * 64,
+    patch_size=14,
+    merge_size=2,
+    temporal_patch_size=2,
+    image_mean=[0.48145466, 0.4578275, 0.40821073],
+    image_std=[0.26862954, 0.26130258, 0.27577711],
+)
+CONTENT = (
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+)
+"""A message's content in the tiny thinker's chat template: its text, each image part as
+`<image>` (where the reference's `apply_chat_template` puts it; the input encoder expands it)."""
 AUDIO_VOCAB = 64
 """Speech BPE ids of the tiny talker (after its text ids)."""
 IM_END_ID = 2
@@ -119,6 +160,24 @@ def _draw(shapes: dict[str, tuple[int, ...]], g: torch.Generator) -> dict[str, t
     return out
 
 
+def _vision_weights(hidden: int, mlp_depth: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """`vision.*` and `linear_proj.*`: norms N(1, 0.1), other vectors N(0, 0.1), matrices
+    N(0, 0.2) scaled by 1/sqrt(fan-in / 64) so that 8192-wide inputs stay in range."""
+    from omnistage.families.ming_omni.vision import MingImageEncoder
+
+    with torch.device("meta"):
+        model = MingImageEncoder(VISION, hidden, mlp_depth)
+    out = {}
+    for name, p in model.state_dict().items():
+        if len(p.shape) == 1:
+            base = 1.0 if ("norm" in name or "ln_q" in name) else 0.0
+            out[name] = base + 0.1 * torch.randn(p.shape, generator=g)
+        else:
+            fan_in = p[0].numel()
+            out[name] = 0.2 * min(1.0, (64 / fan_in) ** 0.5) * torch.randn(p.shape, generator=g)
+    return out
+
+
 def _talker_shapes(decoder, thinker_hidden: int, vp: int) -> dict[str, tuple[int, ...]]:
     from transformers import Qwen2ForCausalLM
 
@@ -142,11 +201,16 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
 
     path = Path(path)
     (path / SPEAKERS_DIR).mkdir(parents=True, exist_ok=True)
-    thinker_tok = byte_tokenizer()
+    thinker_tok = byte_tokenizer(IMAGE_SPECIALS)
+    thinker_tok.chat_template = CHAT_TEMPLATE.replace("{{ m['content'] }}", CONTENT)
     talker_tok = byte_tokenizer(TALKER_SPECIALS)
     text_vocab = len(talker_tok)
     eos = talker_tok.convert_tokens_to_ids("<audio_eos>")
-    llm = BailingMoeConfig(**THINKER, architectures=["BailingMoeForCausalLM"])
+    llm = BailingMoeConfig(
+        **THINKER,
+        image_patch_token=thinker_tok.convert_tokens_to_ids("<imagePatch>"),
+        architectures=["BailingMoeForCausalLM"],
+    )
     talker_llm = Qwen2Config(**TALKER, vocab_size=text_vocab, eos_token_id=eos)
     talker = dict(
         qa_model_hidden_size=llm.hidden_size,
@@ -158,6 +222,7 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
     config = BailingMMConfig(
         mlp_depth=2,
         llm_config=llm,
+        vision_config=VISION,
         talker_config=talker,
         architectures=["BailingMMNativeForConditionalGeneration"],
     )
@@ -171,6 +236,11 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
     weights["model.lm_head.weight"][~keep] = 0.0
     weights["talker.model.lm_head.weight"][:text_vocab][torch.arange(text_vocab) != eos] = 0.0
     save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, path / "model.safetensors")
+    vision = _vision_weights(
+        llm.hidden_size, config.mlp_depth, torch.Generator().manual_seed(seed + 1)
+    )
+    save_file({k: v.to(dtype).contiguous() for k, v in vision.items()}, path / "vision.safetensors")
+    (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
     config.save_pretrained(path)
     talker_llm.save_pretrained(path / "talker")
     for folder, tok in ((path, thinker_tok), (path / "talker", talker_tok)):

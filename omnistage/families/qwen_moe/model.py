@@ -54,10 +54,23 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = Linear(hidden, 1, False, dtype) if shared else None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, experts = self.route(self.gate, x)
+        return self.mix(x, weights, experts, residual)
+
+    def route(self, gate: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router `gate`'s top-k experts of each row of `x` and their float32 weights
+        (softmax in float32, renormalized when `norm_topk_prob`)."""
+        probs = F.softmax(gate(x), dim=-1, dtype=torch.float32)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights /= weights.sum(dim=-1, keepdim=True)
+        return weights, experts
+
+    def mix(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, residual: torch.Tensor
+    ) -> torch.Tensor:
+        """The routed experts' weighted sum over each row of `x` (plus the gated shared
+        expert) added to `residual`."""
         out = self.routed(x, weights.to(x.dtype), experts)
         if self.shared_expert is not None:
             gate = torch.sigmoid(self.shared_expert_gate(x))
