@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -57,6 +58,31 @@ def test_image_generation_is_the_decoded_codes(server: PipelineServer) -> None:
         for s in (5, 5, 6)
     ]
     assert np.array_equal(seeded[0], seeded[1]) and not np.array_equal(seeded[0], seeded[2])
+    server.wait_idle()
+
+
+def test_chat_answer_is_dynins_mmu_answer(server: PipelineServer, tmp_path) -> None:
+    """The chat goes through Dynin's chat layout (the tiny tokenizer's template): the answer
+    is the reference's `mmu_generate` answer to vLLM-Omni's t2t prompt (the mmu fixture)."""
+    from transformers import AutoTokenizer
+
+    from omnistage.families.dynin_omni.tiny import make_tiny_dynin_omni
+
+    reference = np.load(Path(__file__).parents[1] / "fixtures/dynin_omni/mmu_reference.npz")
+    prompt, ids = reference["mmu_prompt/0"], reference["mmu_text/0"]
+    tokenizer = AutoTokenizer.from_pretrained(str(make_tiny_dynin_omni(tmp_path / "t")))
+    answer = ids[prompt.size :].tolist()
+    answer = (
+        answer[: answer.index(tokenizer.eos_token_id)]
+        if tokenizer.eos_token_id in answer
+        else answer
+    )
+    response = _post(
+        server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hello"}]}
+    )
+    assert response.status_code == 200, response.text
+    content = response.json()["choices"][0]["message"]["content"]
+    assert content == tokenizer.decode(answer, skip_special_tokens=True)
     server.wait_idle()
 
 
@@ -134,7 +160,7 @@ def test_speech_speaks_through_the_emova_decoder(server: PipelineServer) -> None
 
 
 def test_chat_with_audio_out_speaks(server: PipelineServer) -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}], "modalities": ["text", "audio"]}
+    body = {"messages": [{"role": "user", "content": "hello"}], "modalities": ["text", "audio"]}
     response = _post(server, "/v1/chat/completions", body)
     assert response.status_code == 200, response.text
     audio = response.json()["choices"][0]["message"]["audio"]

@@ -1,4 +1,5 @@
-"""Dynin-Omni's generation prompt templates (what `UniversalPrompting(...)((texts, tokens),
+"""Dynin-Omni's prompt templates: the chat layout of its text ("mmu") prompts, and the
+generation templates (what `UniversalPrompting(...)((texts, tokens),
 "t2s_gen" / "t2i_gen")` builds in the reference; for speech, vLLM-Omni first wraps the text
 in Dynin's chat headers after an instruction):
 
@@ -9,6 +10,12 @@ the text part left-padded with `[iPAD]` to `max_text_len + 1` positions (or cut 
 length, ending in <eos>), and the attention mask that hides the padding (LLaDA's attention
 bias keeps a query/key pair only where both are unmasked). An image request's guidance
 prompt is the same template with an empty text.
+
+Text requests are chats in the checkpoint tokenizer's own template (vLLM-Omni's Dynin `t2t`
+example renders `apply_chat_template(..., add_generation_prompt=True)` and runs
+`mmu_generate` on those ids); `DYNIN_CHAT_TEMPLATE` is Dynin's layout for a checkpoint
+without one (the tiny checkpoints). An image or speech request that arrives as such a chat
+is reduced to its user text first, as vLLM-Omni's online path does (`chat_user_text`).
 """
 
 from __future__ import annotations
@@ -19,6 +26,32 @@ USER, ASSISTANT = (
     "<|start_header_id|>user<|end_header_id|>\n",
     "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n",
 )
+
+
+DYNIN_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
+    "<|end_header_id|>\n{{ message['content'] }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n{% endif %}"
+)
+"""Dynin's chat layout as its prompt builders write it (vLLM-Omni's `build_dynin_chat_prompt`,
+the i2t example's `build_i2t_chat_prompt`: one newline after each header), after <bos>."""
+ASSISTANT_HEADER = "<|start_header_id|>assistant<|end_header_id|>"
+
+
+def chat_user_text(decoded: str) -> str:
+    """The user text of a decoded chat prompt, whitespace collapsed: vLLM-Omni's
+    `extract_dynin_user_prompt_text` and `normalize_dynin_online_prompt_text` (the part
+    before the last assistant header and <|eot_id|>, after the last user header)."""
+    text = decoded
+    for marker, keep in ((ASSISTANT_HEADER, 0), ("<|eot_id|>", 0)):
+        if marker in text:
+            text = text.rsplit(marker, 1)[keep]
+    user = "<|start_header_id|>user<|end_header_id|>"
+    if user in text:
+        text = text.rsplit(user, 1)[-1]
+    if "<|end_header_id|>" in text:
+        text = text.split("<|end_header_id|>", 1)[-1]
+    return " ".join((text.strip() or decoded).split())
 
 
 def t2s_chat_text(text: str, instruction: str) -> str:

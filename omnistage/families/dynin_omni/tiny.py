@@ -2,7 +2,7 @@
 
 The layout omnistage serves: the LLaDA model's `config.json` (LLaDA's and Dynin's field
 names, `model_type: dynin_omni`), its `model.safetensors` in LLaDA's parameter names, a
-byte-level tokenizer with Dynin's special tokens, and the MAGVITv2 image decoder in
+byte-level tokenizer with Dynin's special tokens and chat layout (`DYNIN_CHAT_TEMPLATE`), and the MAGVITv2 image decoder in
 `vq_model_image/` (its `config.json` states the tiny sizes; weights in MAGVITv2's names),
 and EMOVA's unit-to-speech decoder in `vq_model_audio/` (UVITS names, weight norm as
 `weight_g`/`weight_v`, three named styles; see `emova_u2s`).
@@ -24,6 +24,7 @@ from omnistage.families.dynin_omni.config import (
     VQ_IMAGE_DIR,
     DyninOmniConfig,
 )
+from omnistage.families.dynin_omni.prompting import DYNIN_CHAT_TEMPLATE
 from omnistage.models.tiny_checkpoints import byte_tokenizer
 
 TINY_MAGVIT = {
@@ -137,6 +138,7 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
     path = Path(path)
     (path / VQ_IMAGE_DIR).mkdir(parents=True, exist_ok=True)
     tokenizer = byte_tokenizer(list(SPECIAL_TOKENS + TEMPLATE_TOKENS))
+    tokenizer.chat_template = DYNIN_CHAT_TEMPLATE
     tokenizer.save_pretrained(str(path))
     template_ids = {
         "t2s_token_id": tokenizer.convert_tokens_to_ids("<|t2s|>"),

@@ -7,15 +7,16 @@ image codes, otherwise text. Each task appends a masked region to the prompt and
 it (text greedily, `unmask.fill_masks`; image codes and speech units sampled from the
 request's seed, `sampled_fill`):
 
-    text:  prompt  [mask] * text_max_new_tokens            (any id; plain layout)
+    text:  prompt  [mask] * text_max_new_tokens     (Dynin's mmu_generate on the prompt ids:
+           a chat arrives in the tokenizer's chat template, as vLLM-Omni's t2t renders it)
     image: Dynin's t2i_gen template of the prompt, <|soi|> masks <|eoi|>, guided against
            the empty text's template (`image_guidance_scale`)
     audio: Dynin's t2s_gen template of the chat-wrapped prompt, <|soa|> masks, guided
            against the speech region all masked (`audio_cfg_scale`)
 
-(see `prompting`; the templates' padding is hidden by LLaDA's attention mask). The loops
-are the reference's (see `unmask`, `sampled_fill`); the text task's chat template is not
-reproduced.
+(see `prompting`; the templates' padding is hidden by LLaDA's attention mask). An image or
+speech request that arrives as a rendered chat takes its user text (`task_text`), as
+vLLM-Omni's online path does. The loops are the reference's (see `unmask`, `sampled_fill`).
 
 The output is the region's ids relative to their codebook (image codes from 0, speech
 units from 0, cut at the first <|eoa|>; text ids cut at the first end of text), and the
@@ -32,7 +33,12 @@ import torch
 
 from omnistage.families.dynin_omni.config import DyninOmniConfig
 from omnistage.families.dynin_omni.llada import LLaDAModelLM
-from omnistage.families.dynin_omni.prompting import gen_prompt, t2s_chat_text
+from omnistage.families.dynin_omni.prompting import (
+    ASSISTANT_HEADER,
+    chat_user_text,
+    gen_prompt,
+    t2s_chat_text,
+)
 from omnistage.families.dynin_omni.sampled_fill import maskgit_image, speech_units
 from omnistage.families.dynin_omni.unmask import fill_masks
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
@@ -104,6 +110,8 @@ class DyninToken2Text(GenerationModel):
         if bad.numel():
             raise ValueError(f"prompt_token_ids: {int(bad[0])} is no text id of this model")
         c, task = self.cfg, task_of(item.meta)
+        if task != "t2t" and self.task_text(ids).numel() == 0:
+            raise ValueError("prompt: the prompt has no text")
         # Image and speech prompts are padded or cut to their templates' max_text_len + 1.
         total = {
             "t2t": ids.numel() + c.text_max_new_tokens,
@@ -122,6 +130,8 @@ class DyninToken2Text(GenerationModel):
 
     def _generate_one(self, item: GenerationItem) -> torch.Tensor:
         task, prompt = task_of(item.meta), item.rows.long()
+        if task != "t2t":
+            prompt = self.task_text(prompt)
         generator = torch.Generator().manual_seed(0 if item.seed is None else int(item.seed))
         out = {"t2t": self._text, "t2i": self._image, "t2s": self._speech}[task](prompt, generator)
         detok = {"t2t": DETOK_TEXT, "t2i": DETOK_IMAGE, "t2s": DETOK_AUDIO}[task]
@@ -167,6 +177,15 @@ class DyninToken2Text(GenerationModel):
             temperature=c.image_temperature,
             generator=generator,
         )
+
+    def task_text(self, prompt: torch.Tensor) -> torch.Tensor:
+        """The text of an image or speech request: the user text of a prompt rendered as a
+        chat (`chat_user_text`, re-tokenized), any other prompt as it is."""
+        decoded = self.tokenizer.decode(prompt.tolist(), skip_special_tokens=False)
+        if ASSISTANT_HEADER not in decoded:
+            return prompt
+        ids = self.tokenizer.encode(chat_user_text(decoded), add_special_tokens=False)
+        return torch.tensor(ids, dtype=torch.long)
 
     def speech_prompt(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, attention mask) of a speech request: the prompt in vLLM-Omni's chat wrapping
