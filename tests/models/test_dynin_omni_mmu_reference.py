@@ -94,3 +94,41 @@ def test_image_and_speech_chats_take_the_user_text(model, checkpoint, task):
         for rows in (bare, chat)
     ]
     assert outputs[0].tolist() == outputs[1].tolist()
+
+
+def test_image_codes_equal_show_os_magvit(reference, model):
+    """MAGVITv2's encoder and look-up-free quantizer after the i2t preprocessing (a
+    non-square image resized and cropped, and a square one): Show-o's codes exactly."""
+    assert model.image_codes is not None
+    for i in range(2):
+        codes = model.image_codes(reference[f"image/{i}"])
+        assert codes.tolist() == reference[f"image_codes/{i}"].tolist(), i
+
+
+@pytest.mark.parametrize("as_chat", [False, True])
+def test_image_prompts_and_answers_equal_the_i2t_reference(reference, model, checkpoint, as_chat):
+    """The mmu prompt of an image and a question (given bare, or as a rendered chat) is
+    the i2t example's ids, and the answer is `mmu_generate`'s on them."""
+    for i, question in enumerate(["What is in the image?", "Describe it."]):
+        text = question
+        if as_chat:
+            text = _rendered(model, checkpoint, [{"role": "user", "content": question}])
+        ids = model.image_prompt(reference[f"image/{i}"], model.prompt_rows(text, None))
+        expected = reference[f"i2t_prompt/{i}"]
+        assert ids.tolist() == expected.tolist(), i
+        (answer,) = model.generate([GenerationItem(ids, meta={"modalities": "text"})])
+        region = torch.from_numpy(reference[f"i2t_text/{i}"][expected.size :])
+        ends = (region == model.cfg.eos_token_id).nonzero()
+        assert answer.tolist() == (region[: int(ends[0])] if ends.numel() else region).tolist()
+
+
+def test_bad_images_are_value_errors_naming_the_field(model):
+    prompt = model.prompt_rows("hi", None)
+    with pytest.raises(ValueError, match="image"):
+        model.image_prompt(np.zeros((4, 4), dtype=np.uint8), prompt)
+    encoder, model.image_codes = model.image_codes, None
+    try:
+        with pytest.raises(ValueError, match="multi_modal_data"):
+            model.image_prompt(np.zeros((4, 4, 3), dtype=np.uint8), prompt)
+    finally:
+        model.image_codes = encoder

@@ -132,6 +132,11 @@ class DyninOmniConfig:
     3.5: Dynin's t2i `guidance_scale`)."""
     ipad_token_id: int = 126093
     """`[iPAD]`, the templates' left padding (Dynin's reserved id)."""
+    mmu_token_id: int = 126089
+    """`<|mmu|>`, the task token of image understanding (Dynin's reserved id)."""
+    mmu_image_resolution: int = 336
+    """Pixels a side an input image is resized and cropped to (vLLM-Omni's i2t
+    `image_resolution` default)."""
     audio_cfg_scale: float = 2.5
     """Classifier-free guidance of the speech units against their region all masked (0: off;
     2.5: Dynin's t2s `cfg_scale`)."""

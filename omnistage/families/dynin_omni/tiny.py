@@ -2,8 +2,9 @@
 
 The layout omnistage serves: the LLaDA model's `config.json` (LLaDA's and Dynin's field
 names, `model_type: dynin_omni`), its `model.safetensors` in LLaDA's parameter names, a
-byte-level tokenizer with Dynin's special tokens and chat layout (`DYNIN_CHAT_TEMPLATE`), and the MAGVITv2 image decoder in
-`vq_model_image/` (its `config.json` states the tiny sizes; weights in MAGVITv2's names),
+byte-level tokenizer with Dynin's special tokens and chat layout (`DYNIN_CHAT_TEMPLATE`), and MAGVITv2's image decoder and
+encoder in `vq_model_image/` (its `config.json` states the tiny sizes, the encoder's under
+`encoder`; weights in MAGVITv2's names),
 and EMOVA's unit-to-speech decoder in `vq_model_audio/` (UVITS names, weight norm as
 `weight_g`/`weight_v`, three named styles; see `emova_u2s`).
 Vocabulary: the tokenizer's ids, then the image codes, then the speech units.
@@ -35,6 +36,9 @@ TINY_MAGVIT = {
     "resolution": 8,
 }
 """A 4x4 grid of 6-bit codes -> 8x8 pixels."""
+TINY_MAGVIT_ENCODER = {**TINY_MAGVIT, "attn_resolutions": [8]}
+"""8x8 pixels -> a 4x4 grid of 6-bit codes; attention in the first level (MAGVITv2's own
+`attn_resolutions` [5] never matches a level), so the parity covers that path too."""
 
 
 TINY_U2S_MODEL = {
@@ -110,6 +114,7 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int, template_ids: dic
         "t2i_max_text_len": 12,  # "hello" and "Why?" padded, "a cat on a mat" cut
         "t2s_max_text_len": 44,  # the same in the chat wrapping
         "t2s_instruction": "Read this.",
+        "mmu_image_resolution": 8,
         **template_ids,
     }
 
@@ -134,6 +139,7 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
 
     from omnistage.families.dynin_omni.llada import LLaDAModelLM
     from omnistage.families.dynin_omni.magvit import MagvitConfig, VQGANDecoder
+    from omnistage.families.dynin_omni.magvit_encoder import EncoderConfig, VQGANEncoder
 
     path = Path(path)
     (path / VQ_IMAGE_DIR).mkdir(parents=True, exist_ok=True)
@@ -144,6 +150,9 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
         "t2s_token_id": tokenizer.convert_tokens_to_ids("<|t2s|>"),
         "t2i_token_id": tokenizer.convert_tokens_to_ids("<|t2i|>"),
         "ipad_token_id": tokenizer.convert_tokens_to_ids("[iPAD]"),
+        # Dynin's <|mmu|> is a reserved id of LLaDA's vocabulary; here byte 0xFF's token,
+        # which no UTF-8 text contains.
+        "mmu_token_id": tokenizer.convert_tokens_to_ids("\u00ff"),
     }
     config = tiny_config(
         len(tokenizer),
@@ -157,9 +166,13 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
     save_file(_randomize(lm, generator, 0.3), str(path / "model.safetensors"))
     decoder = VQGANDecoder(MagvitConfig.from_dict(TINY_MAGVIT), torch.float32)
     weights = {f"decoder.{k}": v for k, v in _randomize(decoder, generator, 0.2).items()}
-    (path / VQ_IMAGE_DIR / "config.json").write_text(json.dumps(TINY_MAGVIT, indent=2))
-    save_file(weights, str(path / VQ_IMAGE_DIR / "model.safetensors"))
     make_tiny_emova_u2s(path, config["audio_codebook_size"], generator)
+    # The encoder draws last, so the other weights are those of checkpoints without it.
+    encoder = VQGANEncoder(EncoderConfig.from_dict(TINY_MAGVIT_ENCODER), torch.float32)
+    weights.update({f"encoder.{k}": v for k, v in _randomize(encoder, generator, 0.2).items()})
+    vq_config = {**TINY_MAGVIT, "encoder": TINY_MAGVIT_ENCODER}
+    (path / VQ_IMAGE_DIR / "config.json").write_text(json.dumps(vq_config, indent=2))
+    save_file(weights, str(path / VQ_IMAGE_DIR / "model.safetensors"))
     return path
 
 

@@ -29,9 +29,11 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from omnistage.families.dynin_omni.config import DyninOmniConfig
+from omnistage.families.dynin_omni.image_input import ImageCodes, mmu_image_prompt
 from omnistage.families.dynin_omni.llada import LLaDAModelLM
 from omnistage.families.dynin_omni.prompting import (
     ASSISTANT_HEADER,
@@ -75,6 +77,8 @@ class DyninToken2Text(GenerationModel):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.lm = LLaDAModelLM(cfg, dtype)
+        self.image_codes: ImageCodes | None = None
+        """MAGVITv2's encoder, for image understanding (`image_prompt`), when present."""
         self.special = {
             t: int(tokenizer.convert_tokens_to_ids(t))
             for t in ("<|soi|>", "<|eoi|>", "<|soa|>", "<|eoa|>")
@@ -88,6 +92,7 @@ class DyninToken2Text(GenerationModel):
         _, tokenizer = auto_config_and_tokenizer(Path(path), "Dynin-Omni")
         model = cls(cfg, tokenizer, dtype)
         load_part_module(model.lm, Path(path), "", "Dynin-Omni LLaDA")
+        model.image_codes = ImageCodes.load(Path(path), cfg.mmu_image_resolution, dtype)
         return model.eval()
 
     def prompt_rows(self, prompt: str | None, prompt_token_ids: list[int] | None) -> torch.Tensor:
@@ -186,6 +191,19 @@ class DyninToken2Text(GenerationModel):
             return prompt
         ids = self.tokenizer.encode(chat_user_text(decoded), add_special_tokens=False)
         return torch.tensor(ids, dtype=torch.long)
+
+    def image_prompt(self, image: np.ndarray, prompt: torch.Tensor) -> torch.Tensor:
+        """Dynin's mmu prompt of an `[H, W, 3]` uint8 image and the request's prompt (its user
+        text where it is a rendered chat): see `image_input`. Its answer is `generate` of a
+        text item with these ids."""
+        if self.image_codes is None:
+            raise ValueError(
+                "multi_modal_data: this checkpoint has no MAGVITv2 image encoder "
+                "(encoder.* weights in vq_model_image/)"
+            )
+        question = self.tokenizer.decode(self.task_text(prompt).tolist())
+        codes = self.image_codes(image)
+        return mmu_image_prompt(codes, question, self.cfg, self.tokenizer, self.special)
 
     def speech_prompt(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, attention mask) of a speech request: the prompt in vLLM-Omni's chat wrapping
