@@ -76,6 +76,9 @@ class Family:
     that part (each has `from_checkpoint(path, hf_config, dtype)`)."""
     input_encoders: Mapping[str, str] = field(default_factory=dict)
     """config.json `model_type` -> "module:Class" of its `OmniInputEncoder`."""
+    entry_media: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """config.json `model_type` -> the media ("image") its generation entry stage takes
+    itself (`GenerationModel.take_images`; no `OmniInputEncoder`, no chat placeholders)."""
     configs: Mapping[str, str] = field(default_factory=dict)
     """config.json `model_type` -> "module:Class" of its transformers config, for models
     transformers does not know (registered with `AutoConfig` before such a checkpoint is

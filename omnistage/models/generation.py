@@ -83,6 +83,12 @@ class GenerationModel(nn.Module):
         """An entry model's input rows from the request's prompt (ValueError if unusable)."""
         raise ValueError(f"{type(self).__name__} takes no prompts (it is no entry stage)")
 
+    def take_images(self, item: GenerationItem, images: list[Any]) -> None:
+        """An entry model that takes images itself (`Family.entry_media`) puts a request's
+        `[H, W, 3]` uint8 images into its `item` (ValueError if unusable); the others take
+        none."""
+        raise ValueError(f"multi_modal_data: {type(self).__name__} takes no images")
+
     def output_text(self, item: GenerationItem, output: torch.Tensor) -> str:
         """The text of a finished item's output, for a model that writes text (Dynin-Omni's
         token2text on a text task); "" for the others (the default)."""

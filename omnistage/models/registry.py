@@ -233,6 +233,11 @@ def input_encoder_class(model_type: str | None) -> type | None:
     return _resolved("input_encoders", model_type)
 
 
+def entry_media(model_type: str | None) -> frozenset[str]:
+    """The media a generation entry model of `model_type` takes itself (`Family.entry_media`)."""
+    return frozenset(_merged("entry_media").get(model_type, ()))
+
+
 def input_encoder_model_types() -> list[str]:
     return sorted(_merged("input_encoders"))
 

@@ -51,11 +51,14 @@ def supported_input_modalities(config_or_path: Any) -> frozenset[str]:
 
     From its config (a transformers config or a checkpoint directory): a Qwen3-Omni or
     Qwen2.5-Omni checkpoint whose thinker has an audio encoder accepts audio, one whose
-    thinker has a vision encoder accepts images; any other model accepts text only (empty
-    set)."""
+    thinker has a vision encoder accepts images; a generation entry model, what its family
+    says it takes itself (`Family.entry_media`: Dynin-Omni's images); any other model
+    accepts text only (empty set)."""
     config = load_config(config_or_path)
     cls = input_encoder_class(config)
-    return frozenset() if cls is None else cls.supported_modalities(config)
+    if cls is None:
+        return registry.entry_media(getattr(config, "model_type", None))
+    return cls.supported_modalities(config)
 
 
 def check_input_modalities(config_or_path: Any, modalities: Iterable[str]) -> None:

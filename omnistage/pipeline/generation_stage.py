@@ -51,7 +51,7 @@ import torch
 from omnistage.config import EngineConfig
 from omnistage.core.edge_processor import CONTEXT_CODES_KEY, EdgeProcessor
 from omnistage.core.payload import Payload
-from omnistage.core.tensor_blob import tensor_to_blob
+from omnistage.core.tensor_blob import blob_to_tensor, tensor_to_blob
 from omnistage.models.generation import GenerationItem, load_generation_model
 from omnistage.models.loader import resolve_model
 from omnistage.pipeline.deploy import DeploySpec, EdgeSpec, StageSpec
@@ -137,6 +137,8 @@ class GenerationStageCore(StageCore):
             )
         rows = self.model.prompt_rows(msg.prompt, msg.prompt_token_ids)
         item = GenerationItem(rows, seed=self._seed(msg, rows), meta=request_meta(msg))
+        if msg.images:
+            self.model.take_images(item, [blob_to_tensor(i).numpy() for i in msg.images])
         self.model.check_item(item)  # a ValueError fails this request (`handle`)
         self.queue.append(_WorkItem(msg.request_id, 0, item, True, self.outgoing_for(msg)))
         return []

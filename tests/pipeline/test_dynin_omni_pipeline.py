@@ -278,3 +278,40 @@ def test_speech_alone_equals_batched_and_voices_and_seeds_matter_float64(checkpo
         assert np.array_equal(voiced[0], alone[0].audio)  # the default style
         assert not np.array_equal(voiced[0], voiced[1])
         assert all(v == 0 for s in omni.stage_counters().values() for v in s.values())
+
+
+def test_an_image_is_answered_as_the_i2t_reference_alone_and_batched(checkpoint):
+    """An image with a question (`multi_modal_data`, or a chat's image part) goes through
+    token2text's MAGVITv2 encoder into Dynin's mmu prompt: the answer is the i2t fixture's;
+    alone = batched beside a text request; two images or image output are refused, named."""
+    import json
+    from pathlib import Path
+
+    fixture = np.load(Path(__file__).parents[1] / "fixtures/dynin_omni/mmu_reference.npz")
+    image, prompt = fixture["image/0"], fixture["i2t_prompt/0"]
+    asked = {"prompt": "What is in the image?", "multi_modal_data": {"image": image}}
+    chat = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": image},
+                    {"type": "text", "text": "What is in the image?"},
+                ],
+            }
+        ]
+    }
+    with Omni(deploy(checkpoint, dtype="float32"), in_process=True) as omni:
+        (alone,) = omni.generate(asked, modalities=["text"])
+        batched = omni.generate([asked, "hello", chat], modalities=["text"])
+        (two,) = omni.generate({**asked, "multi_modal_data": {"image": [image, image]}})
+        (drawn,) = omni.generate(asked, modalities=["image"])
+    assert alone.error is None, alone.error
+    answer = fixture["i2t_text/0"][prompt.size :].tolist()
+    eos = json.loads((Path(checkpoint) / "config.json").read_text())["eos_token_id"]
+    cut = answer.index(eos) if eos in answer else len(answer)  # the answer ends before it
+    assert list(alone.outputs["token2text"].token_ids) == answer[:cut] and cut > 0
+    assert batched[0].text == alone.text and batched[2].text == alone.text
+    assert batched[1].text != alone.text
+    assert two.error is not None and "multi_modal_data: Dynin-Omni takes one image" in two.error
+    assert drawn.error is not None and "modalities:" in drawn.error

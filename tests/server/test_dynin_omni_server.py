@@ -86,6 +86,37 @@ def test_chat_answer_is_dynins_mmu_answer(server: PipelineServer, tmp_path) -> N
     server.wait_idle()
 
 
+def test_chat_answers_about_an_image_url(server: PipelineServer, tmp_path) -> None:
+    """An `image_url` part goes through token2text's MAGVITv2 encoder into Dynin's mmu
+    prompt: the answer is the i2t fixture's (vLLM-Omni's i2t example on the same image)."""
+    from transformers import AutoTokenizer
+
+    from omnistage.families.dynin_omni.tiny import make_tiny_dynin_omni
+
+    reference = np.load(Path(__file__).parents[1] / "fixtures/dynin_omni/mmu_reference.npz")
+    png = io.BytesIO()
+    Image.fromarray(reference["image/0"]).save(png, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    question = {"type": "text", "text": "What is in the image?"}
+    content = [{"type": "image_url", "image_url": {"url": url}}, question]
+    response = _post(
+        server, "/v1/chat/completions", {"messages": [{"role": "user", "content": content}]}
+    )
+    assert response.status_code == 200, response.text
+    tokenizer = AutoTokenizer.from_pretrained(str(make_tiny_dynin_omni(tmp_path / "t")))
+    answer = reference["i2t_text/0"][reference["i2t_prompt/0"].size :].tolist()
+    if tokenizer.eos_token_id in answer:
+        answer = answer[: answer.index(tokenizer.eos_token_id)]
+    expected = tokenizer.decode(answer, skip_special_tokens=True)
+    assert response.json()["choices"][0]["message"]["content"] == expected
+    models = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    assert "image" in next(m for m in models if m["id"] == MODEL)["input_modalities"]
+    two = {"messages": [{"role": "user", "content": [content[0], content[0], question]}]}
+    bad = _post(server, "/v1/chat/completions", two)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "multi_modal_data", bad.text
+    server.wait_idle()
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [

@@ -30,11 +30,14 @@ USER, ASSISTANT = (
 
 DYNIN_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|start_header_id|>{{ message['role'] }}"
-    "<|end_header_id|>\n{{ message['content'] }}<|eot_id|>{% endfor %}"
+    "<|end_header_id|>\n{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}{% if part['type'] == 'text' %}"
+    "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n{% endif %}"
 )
 """Dynin's chat layout as its prompt builders write it (vLLM-Omni's `build_dynin_chat_prompt`,
-the i2t example's `build_i2t_chat_prompt`: one newline after each header), after <bos>."""
+the i2t example's `build_i2t_chat_prompt`: one newline after each header), after <bos>; of a
+message with content parts, the text parts (an image goes before the chat: `image_input`)."""
 ASSISTANT_HEADER = "<|start_header_id|>assistant<|end_header_id|>"
 
 

@@ -112,7 +112,7 @@ class DyninToken2Text(GenerationModel):
         if ids.numel() == 0:
             raise ValueError("prompt: the prompt is empty")
         bad = ids[(ids < 0) | (ids >= self.cfg.llm_vocab_size)]
-        if bad.numel():
+        if bad.numel() and not item.meta.get("image_prompt"):
             raise ValueError(f"prompt_token_ids: {int(bad[0])} is no text id of this model")
         c, task = self.cfg, task_of(item.meta)
         if task != "t2t" and self.task_text(ids).numel() == 0:
@@ -191,6 +191,17 @@ class DyninToken2Text(GenerationModel):
             return prompt
         ids = self.tokenizer.encode(chat_user_text(decoded), add_special_tokens=False)
         return torch.tensor(ids, dtype=torch.long)
+
+    def take_images(self, item: GenerationItem, images: list[Any]) -> None:
+        """A text request about one image: its rows become the mmu image prompt."""
+        if len(images) != 1:
+            raise ValueError(
+                f"multi_modal_data: Dynin-Omni takes one image per request, got {len(images)}"
+            )
+        if task_of(item.meta) != "t2t":
+            raise ValueError("modalities: Dynin-Omni answers about an image in text only")
+        item.rows = self.image_prompt(images[0], item.rows)
+        item.meta["image_prompt"] = 1
 
     def image_prompt(self, image: np.ndarray, prompt: torch.Tensor) -> torch.Tensor:
         """Dynin's mmu prompt of an `[H, W, 3]` uint8 image and the request's prompt (its user
