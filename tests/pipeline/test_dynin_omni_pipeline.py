@@ -202,6 +202,27 @@ def test_tokens_of_every_task_alone_equal_batched_float64(cores):
         assert len({tuple(a.tolist()) for a in alone}) > 1, task  # prompts matter
 
 
+def test_image_questions_alone_equal_batched_float64(cores):
+    """Image understanding items (two images, `take_images`) beside a text item: each
+    answer alone equals it batched (float64), and the image matters."""
+    model = cores["token2text"].model
+    assert next(model.image_codes.encoder.parameters()).dtype == torch.float64
+    rng = np.random.default_rng(5)
+    pictures = [rng.integers(0, 256, (9, 11, 3), dtype=np.uint8) for _ in range(2)]
+
+    def items():
+        out = [GenerationItem(model.prompt_rows("what is it?", None), meta={}) for _ in range(3)]
+        for item, picture in zip(out, pictures, strict=False):
+            model.take_images(item, [picture])
+            model.check_item(item)
+        return out
+
+    alone = [model.generate([item])[0] for item in items()]
+    batched = model.generate(items())
+    assert all(torch.equal(a, b) for a, b in zip(alone, batched, strict=True))
+    assert not torch.equal(alone[0], alone[1])  # the image matters
+
+
 def test_images_alone_equal_batched_through_the_pipeline_float64(checkpoint):
     prompts = ["a cat", "two dogs on a hill", "x", "a red house"]
     with Omni(deploy(checkpoint), in_process=True) as omni:
