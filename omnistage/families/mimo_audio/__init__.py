@@ -17,7 +17,10 @@ FAMILY = Family(
         "MiMoAudioModel": f"{_PKG}.model:MiMoAudioForCausalLM",
     },
     parts={(MODEL_TYPE, "lm"): PartSpec((), "MiMoAudioForCausalLM", (("", ""),))},
-    generation_parts={(MODEL_TYPE, "code2wav"): f"{_PKG}.code2wav:MiMoAudioCode2Wav"},
+    generation_parts={
+        (MODEL_TYPE, "code2wav"): f"{_PKG}.code2wav:MiMoAudioCode2Wav",
+        (MODEL_TYPE, "code2wav_stream"): f"{_PKG}.streaming:MiMoAudioStreamingCode2Wav",
+    },
     configs={MODEL_TYPE: f"{_PKG}.config:MiMoAudioConfig"},
     input_encoders={MODEL_TYPE: f"{_PKG}.audio_input:MiMoAudioInputEncoder"},
     edges={"mimo_audio_codes": f"{_PKG}.edges:MiMoAudioCodes"},

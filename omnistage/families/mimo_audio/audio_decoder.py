@@ -10,8 +10,8 @@ decode`) sums the residual quantizer's codebook rows of a sequence's codes
     vocoder  linear, transformer (window (40, 10)), LayerNorm, ISTFT head -> samples
 
 GroupNorm(1) normalizes over the whole sequence, so a sequence's audio depends on all
-of its codes: the code2wav stage decodes fixed segments, never overlapping windows
-(`code2wav.py`). Attention is the reference's `flash_attn_varlen_func` with its
+of its codes: the `code2wav` part decodes fixed segments (`code2wav.py`), the
+`code2wav_stream` part the reference's `streaming_decode` windows (`streaming.py`). Attention is the reference's `flash_attn_varlen_func` with its
 `window_size` (left, right; -1 unbounded) on one sequence, written here as SDPA with a
 boolean mask.
 """

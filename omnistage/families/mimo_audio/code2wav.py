@@ -12,7 +12,8 @@ deploy's chunk sizes multiples of `segment_steps`, the last chunk excepted): the
 chunk decodes with no context and the streamed audio is the whole payload's, bit for
 bit. Where text steps sit inside a segment the reference's segments (counted in codes
 after the filter) and these (counted in steps) differ; for up to 60 s of speech both are
-one segment.
+one segment. The `code2wav_stream` part (`streaming.py`) decodes small chunks instead, as
+the tokenizer's `streaming_decode` does.
 
 The tokenizer checkpoint (the Hub's XiaomiMiMo/MiMo-Audio-Tokenizer: `config.json`,
 `model.safetensors`) is read from the LM checkpoint's `audio_tokenizer/` folder.

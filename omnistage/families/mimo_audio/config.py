@@ -169,6 +169,9 @@ class AudioDecoderConfig:
     """Heads of the decoder transformer."""
     decoder_ffn_dim: int = 3072
     """Feed-forward width of the decoder transformer."""
+    stride_size: int = 2
+    """The encoder's stride: the reference's `streaming_decode` counts a code's samples as
+    `avg_pooler * stride_size * hop_length` (`streaming.py`)."""
     decoder_kernel_size: int = 3
     """Kernel of the transposed convolution to mel frames."""
     decoder_stride_size: int = 2
