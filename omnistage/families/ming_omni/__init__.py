@@ -1,4 +1,4 @@
-"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text and images in; text
+"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text, images and audio in; text
 and speech out, as thinker (Bailing-MoE) -> talker (Qwen2 over speech BPE ids) -> vocoder
 (speech BPE -> S3 codes -> CosyVoice-1 flow + HiFT).
 Its tiny checkpoint is the built-in `demo-ming-omni`."""
@@ -51,7 +51,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_omni",
             deploy="demo-ming-omni",
-            version=3,  # v2: the talker/ folder gained the vocoder's files; v3: the image encoder
+            version=4,  # v2: the vocoder files; v3: the image encoder; v4: the audio encoder
         )
     },
 )
