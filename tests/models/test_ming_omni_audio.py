@@ -5,8 +5,9 @@ The fixture (`tests/fixtures/ming_omni/audio_reference.npz`) was written by the 
 code (`make_audio_fixture.py` beside it says how: FunASR 1.2.6's `SANMEncoder`,
 torchaudio's `compliance/kaldi.py`) on the checkpoint `make_tiny_ming_omni(path, seed=0)`
 writes; the test rebuilds it and checks the SHA-256 of its three shards and `am.mvn`
-first. Three cases: a clip at `<audio>`, a prompt without `<audio>` (the reference appends
-the block), a longer clip mid-sentence.
+first. Four cases: a clip at `<audio>`, a prompt without `<audio>` (the reference appends
+the block), a longer clip mid-sentence, an image and a clip in one prompt (both spans,
+both gates).
 
 - the features (our Kaldi fbank, LFR, CMVN; the reference runs torchaudio's
   `kaldi.fbank`): equal to the reference's, bit for bit; and, without the fixture, a
@@ -31,7 +32,7 @@ import torch
 
 from omnistage.families.ming_omni.fbank import apply_lfr, fbank
 from omnistage.families.ming_omni.input_encoder import MingInputEncoder
-from omnistage.families.ming_omni.thinker import AUDIO
+from omnistage.families.ming_omni.thinker import AUDIO, IMAGE
 from omnistage.families.ming_omni.tiny import make_tiny_ming_omni
 from tests.models.test_ming_omni_image import generate
 
@@ -40,8 +41,9 @@ PROMPTS = [
     "<|im_start|>user\n<audio>What is said?<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>user\nTranscribe, please.<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>user\nListen: <audio> and answer.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\n<image>Look, and listen: <audio><|im_end|>\n<|im_start|>assistant\n",
 ]
-CASES = [0, 1, 2]
+CASES = [0, 1, 2, 3]
 
 
 @pytest.fixture(scope="module")
@@ -74,19 +76,24 @@ def clip(fixture, i: int) -> tuple[np.ndarray, int]:
     return fixture[f"wave_{i}"], 16000
 
 
+def images(fixture, i: int) -> list[np.ndarray]:
+    return [fixture[f"image_{i}"]] if f"image_{i}" in fixture else []
+
+
 @pytest.mark.parametrize("i", CASES)
 def test_features_prompt_and_rows_match_the_reference(encoder, fixture, i):
     feats = encoder.audio_features(clip(fixture, i))
     assert torch.equal(feats, torch.from_numpy(fixture[f"features_{i}"]))
-    encoded = encoder.encode(PROMPTS[i], [clip(fixture, i)])
+    encoded = encoder.encode(PROMPTS[i], [clip(fixture, i)], images(fixture, i))
     assert encoded.prompt_token_ids == fixture[f"prompt_ids_{i}"].tolist()
     (start, length), kinds = fixture[f"loc_lens_{i}"][0, 0], encoded.token_modality
-    assert kinds.nonzero().flatten().tolist() == list(range(start, start + length))
-    assert set(kinds.tolist()) == {0, AUDIO}
+    assert (kinds == AUDIO).nonzero().flatten().tolist() == list(range(start, start + length))
+    assert set(kinds.tolist()) == ({0, AUDIO, IMAGE} if images(fixture, i) else {0, AUDIO})
     rows = encoded.prompt_embeds[kinds == AUDIO]
     torch.testing.assert_close(rows, torch.from_numpy(fixture[f"rows_{i}"]), rtol=0, atol=1e-5)
     ids = encoder.tokenizer(PROMPTS[i], add_special_tokens=False).input_ids
-    assert encoder.encode(ids, [clip(fixture, i)]).prompt_token_ids == encoded.prompt_token_ids
+    again = encoder.encode(ids, [clip(fixture, i)], images(fixture, i))
+    assert again.prompt_token_ids == encoded.prompt_token_ids
 
 
 def test_fbank_equals_kaldi_formulas_on_a_known_tone():
@@ -107,7 +114,7 @@ def test_fbank_equals_kaldi_formulas_on_a_known_tone():
 
 @pytest.mark.parametrize("i", CASES)
 def test_thinker_with_audio_matches_the_reference(encoder, llm, fixture, i):
-    encoded = encoder.encode(PROMPTS[i], [clip(fixture, i)])
+    encoded = encoder.encode(PROMPTS[i], [clip(fixture, i)], images(fixture, i))
     ids, logits = generate(llm, lambda eng, p: eng.add_encoded_request(f"aud{i}", encoded, p))
     assert ids == fixture[f"ids_{i}"].tolist()
     ref = torch.from_numpy(fixture[f"logits_{i}"])
