@@ -195,7 +195,8 @@ class MingInputEncoder:
         samples at 16 kHz)."""
         from omnistage.multimodal.media import load_audio
 
-        assert self.frontend is not None
+        if self.frontend is None:
+            raise ValueError("audio: this Ming-Omni checkpoint has no audio encoder")
         rate = self.frontend.fs
         if isinstance(item, (tuple, str, os.PathLike, bytes, bytearray, memoryview)):
             wave = load_audio(item, target_rate=rate)
