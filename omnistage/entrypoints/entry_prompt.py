@@ -18,4 +18,5 @@ def entry_builds_its_prompt(spec: Any) -> bool:
     from omnistage.pipeline.deploy import model_type_of
 
     (entry,) = spec.entry_stages
-    return registry.renders_own_prompt(model_type_of(entry.with_part_directory().model))
+    stage = entry.with_part_directory()
+    return registry.renders_own_prompt(model_type_of(stage.model), stage.model_part)

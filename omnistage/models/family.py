@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,10 @@ class Family:
     """config.json `model_type` -> "module:Class" of its transformers config, for models
     transformers does not know (registered with `AutoConfig` before such a checkpoint is
     read)."""
-    stage_prompters: Mapping[str, str] = field(default_factory=dict)
-    """config.json `model_type` -> "module:Class" of a prompter: an entry stage whose model
-    renders its own prompt from the request (GLM-Image's prior states the image size, a
-    TTS talker its voice)."""
+    stage_prompters: Mapping[Any, str] = field(default_factory=dict)
+    """config.json `model_type` (or `(model_type, part)`: that part only) -> "module:Class"
+    of a prompter: an entry stage whose model renders its own prompt from the request
+    (GLM-Image's prior states the image size, a TTS talker its voice)."""
     diffusion_pipelines: Mapping[str, str] = field(default_factory=dict)
     """model_index.json `_class_name` -> "module:Class" of its `DiffusionModel`."""
     edges: Mapping[str, str] = field(default_factory=dict)

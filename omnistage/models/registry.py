@@ -170,14 +170,23 @@ def auto_config_and_tokenizer(path: Path, what: str) -> tuple[Any, Any]:
         raise ValueError(f"{path}: cannot load {what}'s config and tokenizer ({e})") from e
 
 
-def renders_own_prompt(model_type: str | None) -> bool:
-    """Whether a `model_type` model renders its own prompt from a request (no import)."""
-    return model_type in _merged("stage_prompters")
+def _prompter_key(model_type: str | None, part: str | None) -> Any:
+    """`(model_type, part)` where a family declares a prompter for that part alone (Ming-Omni's
+    talker, whose checkpoint's thinker takes a chat), else `model_type`."""
+    table = _merged("stage_prompters")
+    return (model_type, part) if (model_type, part) in table else model_type
 
 
-def stage_prompter_class(model_type: str | None) -> type | None:
-    """The prompter of a model that renders its own prompt from a request, or None."""
-    return _resolved("stage_prompters", model_type)
+def renders_own_prompt(model_type: str | None, part: str | None = None) -> bool:
+    """Whether a `model_type` model (its `part`) renders its own prompt from a request (no
+    import)."""
+    return _prompter_key(model_type, part) in _merged("stage_prompters")
+
+
+def stage_prompter_class(model_type: str | None, part: str | None = None) -> type | None:
+    """The prompter of a model (its `part`) that renders its own prompt from a request, or
+    None."""
+    return _resolved("stage_prompters", _prompter_key(model_type, part))
 
 
 # --- generation, encoders, diffusion --------------------------------------------------------

@@ -72,7 +72,7 @@ class ARStageCore(StageCore):
         self.media_encoder: Any = None
         root_config = getattr(self.engine.hf_config, ROOT_CONFIG_ATTR, self.engine.hf_config)
         self.prompter_class = registry.stage_prompter_class(
-            getattr(root_config, "model_type", None)
+            getattr(root_config, "model_type", None), spec.model_part
         )
         """A model that renders its own prompt from the request (GLM-Image's prior: for the
         request's `image_size`), or None."""

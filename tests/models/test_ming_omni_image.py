@@ -138,7 +138,7 @@ def test_bad_image_input_is_a_value_error_naming_it(encoder, fixture):
     one = images(fixture, 0)
     with pytest.raises(ValueError, match=r"image: the prompt has 2 <image> placeholder\(s\) for 1"):
         encoder.encode(PROMPTS[1], [], one)
-    with pytest.raises(ValueError, match="audio: Ming-Omni audio input is not supported"):
-        encoder.encode(PROMPTS[0], [np.zeros(1600, dtype=np.float32)], one)
+    with pytest.raises(ValueError, match="audio: 2 clips"):
+        encoder.encode(PROMPTS[0], [np.zeros(1600, dtype=np.float32)] * 2, one)
     with pytest.raises(ValueError, match="image 0:"):
         encoder.encode(PROMPTS[0], [], [b"not an image"])

@@ -12,6 +12,8 @@ the tiny float64 checkpoint: what scheduling and batching may and may not change
 - Every request's thinker -> talker payload arrives once, with `meta.finished` set once;
   a streaming client sees one finished output per request, and its audio pieces join
   to the whole run's audio bytes.
+- Prompts with images, with an audio clip, and with both (their rows and per-token
+  routing in the thinker) next to a text one: sync ≡ async, alone ≡ batched.
 - A voice the checkpoint lacks is a ValueError naming `voice`, before any stage runs; a
   reply with no text to speak fails only its own request.
 """
@@ -229,3 +231,35 @@ def test_image_prompts_sync_equals_async_and_alone_equals_batched(ckpt):
     _assert_same_payload(alone_received[0, EDGE, 0], received[2, EDGE, 0])
     text_ids, _ = _run(_deploy(ckpt, False), [PROMPTS[1]])
     assert text_ids == [ids[1]]
+
+
+def test_audio_prompts_sync_equals_async_and_alone_equals_batched(ckpt):
+    """Prompts with an audio clip (fbank, SANM rows and audio routing in the thinker), one
+    with an image too, mixed with a text one: sync ≡ async (ids, audio, payloads) and
+    alone ≡ batched."""
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    clips = [(0.2 * rng.standard_normal(n)).astype(np.float32) for n in (9000, 16000)]
+    image = rng.integers(0, 256, (60, 90, 3), dtype=np.uint8)
+    user = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+    prompts = [
+        {
+            "prompt": user.format("<audio>What is said?"),
+            "multi_modal_data": {"audio": [(clips[0], 16000)]},
+        },
+        PROMPTS[1],
+        {
+            "prompt": user.format("<image> and <audio>: describe both."),
+            "multi_modal_data": {"image": [image], "audio": [(clips[1], 16000)]},
+        },
+    ]
+    ids, received = _run(_deploy(ckpt, False), prompts)
+    async_ids, async_received = _run(_deploy(ckpt, True), prompts)
+    assert ids == async_ids
+    assert received.keys() == async_received.keys()
+    for key, data in received.items():
+        _assert_same_payload(async_received[key], data)
+    alone_ids, alone_received = _run(_deploy(ckpt, False), [prompts[2]])
+    assert alone_ids == [ids[2]]
+    _assert_same_payload(alone_received[0, EDGE, 0], received[2, EDGE, 0])

@@ -1,7 +1,7 @@
 """POST /v1/chat/completions over Ming-Omni (the built-in demo-ming-omni: thinker -> talker
 -> vocoder) with the real server and the real `openai` client: a text answer, whole and
-streamed; text and audio, whole and streamed (the same samples, up to the two pcm16 conversions); bad input (an unknown
-voice among it) is a 400 in the OpenAI error shape naming the field, and the server goes
+streamed; text and audio, whole and streamed (the same samples, up to the two pcm16 conversions); an image and an audio
+clip in (answers that depend on them); bad input (an unknown voice among it) is a 400 in the OpenAI error shape naming the field, and the server goes
 on serving."""
 
 from __future__ import annotations
@@ -129,6 +129,44 @@ def test_image_input_answers_text_that_depends_on_it(server: PipelineServer) -> 
         .choices[0]
         .message.content
         for image in (first, first, second)
+    ]
+    assert answers[0] and answers[0] == answers[1] and answers[0] != answers[2]
+    server.wait_idle()
+
+
+def _audio_turn(samples: np.ndarray) -> list[dict]:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    data = base64.b64encode(buffer.getvalue()).decode()
+    content = [
+        {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}},
+        {"type": "text", "text": "What is said?"},
+    ]
+    return [{"role": "user", "content": content}]
+
+
+def test_audio_input_answers_text_that_depends_on_it(server: PipelineServer) -> None:
+    """An `input_audio` part goes through Ming's fbank, SANM encoder, projector and audio
+    routing (tests/models/test_ming_omni_audio.py checks those against the reference); a
+    broken clip is a 400 naming the audio."""
+    client = server.openai()
+    rng = np.random.default_rng(1)
+    first, second = (0.3 * rng.standard_normal(12000) for _ in range(2))
+    answers = [
+        client.chat.completions.create(
+            model=MODEL,
+            messages=_audio_turn(clip),
+            max_tokens=8,
+            temperature=0,
+            modalities=["text"],
+        )
+        .choices[0]
+        .message.content
+        for clip in (first, first, second)
     ]
     assert answers[0] and answers[0] == answers[1] and answers[0] != answers[2]
     with pytest.raises(openai.BadRequestError) as exc:

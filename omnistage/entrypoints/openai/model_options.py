@@ -53,8 +53,11 @@ def declared_options(client: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
     from omnistage.pipeline.deploy import model_type_of
 
     (entry,) = deploy.entry_stages
-    model = entry.with_part_directory().model
-    prompter = registry.stage_prompter_class(model_type_of(model)) if model else None
+    stage = entry.with_part_directory()
+    model = stage.model
+    prompter = (
+        registry.stage_prompter_class(model_type_of(model), stage.model_part) if model else None
+    )
     limits = getattr(client, "diffusion_limits", None)
     return tuple(getattr(prompter, "model_options", ())), tuple(getattr(limits, "option_names", ()))
 

@@ -1,7 +1,8 @@
-"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text and images in; text
+"""Ming-Omni (inclusionAI Ming, `BailingMMNativeForConditionalGeneration`): text, images and audio in; text
 and speech out, as thinker (Bailing-MoE) -> talker (Qwen2 over speech BPE ids) -> vocoder
 (speech BPE -> S3 codes -> CosyVoice-1 flow + HiFT).
-Its tiny checkpoint is the built-in `demo-ming-omni`."""
+Its tiny checkpoint is the built-in `demo-ming-omni`; `demo-ming-omni-tts` serves it by its
+talker alone (text to speech, `speech_prompt.py`)."""
 
 from omnistage.models.family import Demo, Family, PartSpec, Voices
 
@@ -39,7 +40,11 @@ FAMILY = Family(
         EDGE: f"{_PKG}.edges:MingThinkerToTalker",
         VOCODER_EDGE: f"{_PKG}.edges:MingTalkerToVocoder",
     },
-    voices={EDGE: Voices(f"{_PKG}.prompt:speaker_names", "luna", clones_uploads=False)},
+    stage_prompters={(MODEL_TYPE, "bailing_talker"): f"{_PKG}.speech_prompt:MingSpeechPrompter"},
+    voices={
+        EDGE: Voices(f"{_PKG}.prompt:speaker_names", "luna", clones_uploads=False),
+        MODEL_TYPE: Voices(f"{_PKG}.prompt:speaker_names", "luna", clones_uploads=False),
+    },
     input_encoders={MODEL_TYPE: f"{_PKG}.input_encoder:MingInputEncoder"},
     deploys_by_model_type={MODEL_TYPE: "ming-omni"},
     demos={
@@ -51,7 +56,16 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_omni",
             deploy="demo-ming-omni",
-            version=3,  # v2: the talker/ folder gained the vocoder's files; v3: the image encoder
-        )
+            version=4,  # v2: the vocoder files; v3: the image encoder; v4: the audio encoder
+        ),
+        "demo-ming-omni-tts": Demo(
+            description=(
+                "demo-ming-omni's tiny checkpoint served by its talker alone (talker -> "
+                "vocoder: text to speech on /v1/audio/speech); its speech is noise"
+            ),
+            maker=f"{_PKG}.tiny:make_tiny_ming_omni",
+            deploy="demo-ming-omni-tts",
+            version=4,
+        ),
     },
 )

@@ -21,7 +21,15 @@ As the reference (`processing_bailingmm.py` `_expand_image_tokens`,
   `first - 1 < i < last + 1`), so with several images the text between them routes
   through `image_gate` too, as in the reference.
 
-Audio input (SANM) is not ported: a prompt with audio is refused by name.
+Audio (`processing_bailingmm.py` `_expand_audio_tokens`, `audio_processing_bailingmm.py`,
+`modeling_bailingmm.py` `prompt_wrap_audio`): at most one clip per prompt (the reference
+asserts one); its features (`fbank.WavFrontend`, `wav_frontend_args` of
+`preprocessor_config.json`) have T frames, and `<audio>` becomes `<audio>` +
+`<audioPatch>` x T + `</audio>` (a prompt without `<audio>` gets that block and a newline
+appended, as the reference does); the rows (`sanm.MingAudioEncoder`) go at the
+`<audioPatch>` run, which is the AUDIO span (the reference's `loc - 1 < i < loc + T`).
+The clip is read as mono 16 kHz (`media.load_audio`: channels averaged, soxr resampling;
+the reference takes channel 0 and resamples with torchaudio).
 """
 
 from __future__ import annotations
@@ -35,11 +43,14 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.families.ming_omni.config import BailingMMConfig
-from omnistage.families.ming_omni.thinker import IMAGE
+from omnistage.families.ming_omni.fbank import WavFrontend
+from omnistage.families.ming_omni.sanm import MingAudioEncoder
+from omnistage.families.ming_omni.thinker import AUDIO, IMAGE
 from omnistage.families.ming_omni.vision import MingImageEncoder
 from omnistage.multimodal.prompts import EncodedPrompt
 
 IMAGE_START, IMAGE_PATCH, IMAGE_END = "<image>", "<imagePatch>", "</image>"
+AUDIO_START, AUDIO_PATCH, AUDIO_END = "<audio>", "<audioPatch>", "</audio>"
 EMBEDDINGS = "model.model.word_embeddings.weight"
 FETCH_FACTOR, FETCH_MIN_PIXELS, FETCH_MAX_PIXELS = 28, 4 * 28 * 28, 1024 * 28 * 28
 """`bailingmm_utils.fetch_image`'s resize (`IMAGE_FACTOR`, `MIN_PIXELS`, `MAX_PIXELS`)."""
@@ -56,7 +67,7 @@ PROCESSOR_FIELDS = (
 
 class _Placeholders:
     def placeholders(self) -> dict[str, str]:
-        return {"image": IMAGE_START}
+        return {"image": IMAGE_START, "audio": AUDIO_START}
 
 
 class MingEncodedPrompt(EncodedPrompt):
@@ -67,13 +78,25 @@ class MingEncodedPrompt(EncodedPrompt):
         return False
 
 
+def _preprocessor(path: Path) -> dict[str, Any]:
+    file = path / "preprocessor_config.json"
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def wav_frontend(path: Path) -> WavFrontend:
+    """The audio features' settings: `wav_frontend_args` of `preprocessor_config.json`."""
+    args = _preprocessor(path).get("wav_frontend_args")
+    if not isinstance(args, dict):
+        raise ValueError(f"{path}/preprocessor_config.json: wav_frontend_args: missing")
+    return WavFrontend.from_args(args, path)
+
+
 def image_processor(path: Path) -> Any:
     """Qwen2-VL's image processor with the checkpoint's `preprocessor_config.json` settings
     (the reference's defaults where a field is absent)."""
     from transformers import Qwen2VLImageProcessorPil
 
-    file = path / "preprocessor_config.json"
-    data = json.loads(file.read_text()) if file.is_file() else {}
+    data = _preprocessor(path)
     settings = {
         "min_pixels": 56 * 56,
         "max_pixels": 28 * 28 * 1280,
@@ -101,7 +124,7 @@ def fetch_image(image: Any) -> Any:
 
 
 class MingInputEncoder:
-    """Prompt + images -> `MingEncodedPrompt` (see the module docstring)."""
+    """Prompt + images + audio -> `MingEncodedPrompt` (see the module docstring)."""
 
     model_type: ClassVar[str] = "bailingmm"
     tokens: ClassVar[_Placeholders] = _Placeholders()
@@ -111,16 +134,21 @@ class MingInputEncoder:
         config: BailingMMConfig,
         tokenizer: Any,
         embeddings: torch.Tensor,
-        images: MingImageEncoder,
+        images: MingImageEncoder | None,
         processor: Any,
+        audio: MingAudioEncoder | None = None,
+        frontend: WavFrontend | None = None,
     ) -> None:
         self.config, self.tokenizer, self.embeddings = config, tokenizer, embeddings
         self.images, self.image_processor = images, processor
-        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (IMAGE_START, IMAGE_PATCH, IMAGE_END)}
+        self.audio, self.frontend = audio, frontend
+        names = (IMAGE_START, IMAGE_PATCH, IMAGE_END) if images is not None else ()
+        names += (AUDIO_START, AUDIO_PATCH, AUDIO_END) if audio is not None else ()
+        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in names}
         for token, i in ids.items():
             if i is None or i == tokenizer.unk_token_id:
                 raise ValueError(f"tokenizer: special token {token!r} is missing")
-        if ids[IMAGE_PATCH] != config.llm_config.image_patch_token:
+        if images is not None and ids[IMAGE_PATCH] != config.llm_config.image_patch_token:
             raise ValueError(
                 f"llm_config.image_patch_token: {config.llm_config.image_patch_token}, but the "
                 f"tokenizer's {IMAGE_PATCH} is {ids[IMAGE_PATCH]}"
@@ -132,7 +160,8 @@ class MingInputEncoder:
     def supported_modalities(cls, config: Any) -> frozenset[str]:
         if getattr(config, "model_type", None) != cls.model_type:
             return frozenset()
-        return frozenset({"image"}) if getattr(config, "vision_config", None) else frozenset()
+        found = {"image"} if getattr(config, "vision_config", None) else set()
+        return frozenset(found | ({"audio"} if getattr(config, "audio_config", None) else set()))
 
     @classmethod
     def from_checkpoint(
@@ -145,31 +174,74 @@ class MingInputEncoder:
         path = Path(path)
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         config = BailingMMConfig.from_pretrained(path)
-        if not config.vision_config:
+        if not config.vision_config and not config.audio_config:
             raise ValueError(
-                f"{os.fspath(path)}: vision_config: this checkpoint has no image encoder"
+                f"{os.fspath(path)}: vision_config, audio_config: this checkpoint has no "
+                "image or audio encoder"
             )
         embeddings = dict(iter_weights(path, (EMBEDDINGS,)))[EMBEDDINGS].to(dtype)
-        encoder = MingImageEncoder.from_checkpoint(path, config, dtype)
+        images = processor = audio = frontend = None
+        if config.vision_config:
+            images = MingImageEncoder.from_checkpoint(path, config, dtype)
+            processor = image_processor(path)
+        if config.audio_config:
+            audio = MingAudioEncoder.from_checkpoint(path, config, dtype)
+            frontend = wav_frontend(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(config, tokenizer, embeddings, encoder, image_processor(path))
+        return cls(config, tokenizer, embeddings, images, processor, audio, frontend)
+
+    def audio_features(self, item: Any) -> torch.Tensor:
+        """[frames, dim] features of one clip (a file, its bytes, `(samples, rate)`, or
+        samples at 16 kHz)."""
+        from omnistage.multimodal.media import load_audio
+
+        if self.frontend is None:
+            raise ValueError("audio: this Ming-Omni checkpoint has no audio encoder")
+        rate = self.frontend.fs
+        if isinstance(item, (tuple, str, os.PathLike, bytes, bytearray, memoryview)):
+            wave = load_audio(item, target_rate=rate)
+        else:
+            wave = load_audio(item, rate, target_rate=rate)
+        return self.frontend(torch.from_numpy(wave))
 
     def encode(
         self, prompt: str | Sequence[int], audios: Sequence[Any] = (), images: Sequence[Any] = ()
     ) -> MingEncodedPrompt:
-        if len(audios):
-            raise ValueError("audio: Ming-Omni audio input is not supported yet")
+        if len(images) and self.images is None:
+            raise ValueError("image: this Ming-Omni checkpoint has no image encoder")
+        if len(audios) and self.audio is None:
+            raise ValueError("audio: this Ming-Omni checkpoint has no audio encoder")
+        if len(audios) > 1:
+            raise ValueError(f"audio: {len(audios)} clips; Ming-Omni takes one per prompt")
         pixels, grid = self._pixels(images)
         counts = self.images.num_tokens(grid) if len(images) else []
+        feats = self.audio_features(audios[0]) if len(audios) else None
         ids = self._expanded_ids(prompt, counts)
+        if feats is not None:
+            ids = self._audio_ids(ids, self.audio.num_tokens(feats.shape[0]))
         ids_t = torch.tensor(ids, dtype=torch.int64)
-        patch = ids_t == self.ids[IMAGE_PATCH]
         rows = self.embeddings[ids_t].clone()
         kinds = torch.zeros(len(ids), dtype=torch.int64)
+        patch = torch.zeros(len(ids), dtype=torch.bool)
         if counts:
+            patch = ids_t == self.ids[IMAGE_PATCH]
             rows[patch] = self.images(pixels, grid).to(rows.dtype)
             where = patch.nonzero().flatten()
             kinds[int(where[0]) : int(where[-1]) + 1] = IMAGE
+        if feats is not None:
+            heard = ids_t == self.ids[AUDIO_PATCH]
+            rows[heard] = self.audio(feats).to(rows.dtype)
+            kinds[heard] = AUDIO
+        return self._encoded(ids, rows, patch, grid, kinds if counts or feats is not None else None)
+
+    def _encoded(
+        self,
+        ids: list[int],
+        rows: torch.Tensor,
+        patch: torch.Tensor,
+        grid: torch.Tensor,
+        kinds: torch.Tensor | None,
+    ) -> MingEncodedPrompt:
         n = len(ids)
         return MingEncodedPrompt(
             prompt_token_ids=ids,
@@ -181,8 +253,23 @@ class MingInputEncoder:
             deepstack_embeds=[],
             audio_token_counts=[],
             image_grid_thw=grid,
-            token_modality=kinds if counts else None,
+            token_modality=kinds,
         )
+
+    def _audio_ids(self, ids: list[int], frames: int) -> list[int]:
+        """`ids` with the clip's block at its `<audio>` (appended with a newline when the
+        prompt has none; more than one `<audio>` is a ValueError)."""
+        start, end, patch = (self.ids[t] for t in (AUDIO_START, AUDIO_END, AUDIO_PATCH))
+        if any(t in (end, patch) for t in ids):
+            raise ValueError(f"audio: the prompt already has {AUDIO_PATCH} / {AUDIO_END} tokens")
+        found = ids.count(start)
+        if found > 1:
+            raise ValueError(f"audio: the prompt has {found} {AUDIO_START} placeholders for 1 clip")
+        block = [start] + [patch] * frames + [end]
+        if found == 0:
+            return ids + block + self.newline
+        at = ids.index(start)
+        return ids[:at] + block + ids[at + 1 :]
 
     def _pixels(self, images: Sequence[Any]) -> tuple[torch.Tensor | None, torch.Tensor]:
         if not len(images):

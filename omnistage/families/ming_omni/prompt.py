@@ -155,18 +155,26 @@ class MingTalkerPrompter:
             raise ValueError(
                 f"thinker rows: expected [>= {prompt_len}, 2 x hidden], got {list(rows.shape)}"
             )
-        i = self.ids
         width = rows.shape[1] // 2
         thinker = rows[:prompt_len, :width] + rows[:prompt_len, width:]
+        return self.talker_input(text, thinker, speaker)
+
+    def talker_input(
+        self, text: list[int], thinker: torch.Tensor | None, speaker: str
+    ) -> MingTalkerInput:
+        """The talker input for talker-tokenizer `text` ids, the thinker's prompt rows
+        [T, H] (`E + Hn`; None: none, the reference's `thinker_reply_part=None`, T = 0)."""
+        i = self.ids
+        n = 0 if thinker is None else thinker.shape[0]
         head = [i["<prompt>"], i["</prompt>"], i["<thinker_prefix>"]]
-        head += [i["<audio_pad>"]] * prompt_len + [i["</thinker_prefix>"]]
+        head += [i["<audio_pad>"]] * n + [i["</thinker_prefix>"]]
         head += [i["<vp>"], i["<audio_pad>"], i["</vp>"]]
         speech, text_ids = head + [i["<audio_bos>"]], head + text[:1]
         embed = self.embed
         dtype = embed.dtype
         prompt = embed[torch.tensor(speech)] + embed[torch.tensor(text_ids)]
-        projected = F.linear(thinker.to(dtype), self.proj_w, self.proj_b)
-        prompt[3 : 3 + prompt_len] = projected
+        if thinker is not None:
+            prompt[3 : 3 + n] = F.linear(thinker.to(dtype), self.proj_w, self.proj_b)
         prompt[len(head) - 2] = self.speaker_row(speaker)
         rest = text[1:] + [i["<text_eos>"]]
         p = len(speech)

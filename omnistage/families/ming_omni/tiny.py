@@ -2,8 +2,9 @@
 layout): the built-in `demo-ming-omni` and what the tests build from.
 
 The real layout at small sizes (`config.py` describes it): `config.json`
-(`BailingMMConfig` with the real field names; a Qwen2.5-ViT `vision_config`, no audio
-encoder), `preprocessor_config.json` (the image processor's settings, small images),
+(`BailingMMConfig` with the real field names; a Qwen2.5-ViT `vision_config`, a SANM
+`audio_config`), `preprocessor_config.json` (the image processor's settings, small images;
+`wav_frontend_args`, the audio features' settings, with `am.mvn`),
 `model.safetensors` with the reference's weight names (`model.model.word_embeddings.weight`,
 `model.model.layers.N.attention.query_key_value.weight`, `...mlp.gate.weight`,
 `...mlp.image_gate.weight`, `...mlp.experts.E.gate_proj.weight`,
@@ -24,6 +25,10 @@ The image encoder's weights (`vision.*`, `linear_proj.*`) are a second shard,
 byte for byte what it was before the encoder existed, which the reference fixtures
 check. Its `out_hidden_size` is 8192 because the reference fixes the projector's input
 width to 8192 (`image_emb_dim`).
+
+The audio encoder's weights (`audio.*`, `linear_proj_audio.*`) are a third shard,
+`audio.safetensors` (generator seed + 2; `am.mvn` from seed + 3), so both earlier shards
+stay as they were.
 """
 
 from __future__ import annotations
@@ -52,6 +57,28 @@ TALKER_SPECIALS = [
 ]
 IMAGE_SPECIALS = ["<image>", "<imagePatch>", "</image>"]
 """The thinker tokenizer's image tokens (ids 259, 260, 261: after the bytes)."""
+AUDIO_SPECIALS = ["<audio>", "<audioPatch>", "</audio>"]
+"""The thinker tokenizer's audio tokens (ids 262, 263, 264)."""
+FRONTEND = dict(cmvn_file="am.mvn", n_mels=20, frame_length=25, frame_shift=10, lfr_m=7, lfr_n=6)
+"""`wav_frontend_args` (the reference's `WavFrontend`; the real one has 80 bins, LFR 7 / 6)."""
+AUDIO = dict(
+    audio_encoder_output_size=32,
+    ds_kernel_size=3,
+    ds_stride=1,
+    norm_query_embeds=True,
+    audio_encoder_config_sanm=dict(
+        input_size=20 * 7,
+        output_size=32,
+        attention_heads=2,
+        linear_units=48,
+        num_blocks=2,
+        input_layer="pe",
+        kernel_size=5,
+        sanm_shfit=0,
+        normalize_before=True,
+        selfattention_layer_type="sanm",
+    ),
+)
 VISION = dict(
     depth=2,
     hidden_size=32,
@@ -79,11 +106,12 @@ PREPROCESSOR = dict(
 )
 CONTENT = (
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}"
+    "{% if p['type'] == 'image' %}<image>{% elif p['type'] == 'audio' %}<audio>"
+    "{% else %}{{ p['text'] }}{% endif %}"
     "{% endfor %}{% endif %}"
 )
 """A message's content in the tiny thinker's chat template: its text, each image part as
-`<image>` (where the reference's `apply_chat_template` puts it; the input encoder expands it)."""
+`<image>`, each audio part as `<audio>` (where the reference's `apply_chat_template` puts it; the input encoder expands it)."""
 AUDIO_VOCAB = 64
 """Speech BPE ids of the tiny talker (after its text ids)."""
 IM_END_ID = 2
@@ -178,6 +206,35 @@ def _vision_weights(hidden: int, mlp_depth: int, g: torch.Generator) -> dict[str
     return out
 
 
+def _audio_weights(hidden: int, mlp_depth: int, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """`audio.*` and `linear_proj_audio.*`, drawn as `_vision_weights` draws."""
+    from omnistage.families.ming_omni.sanm import MingAudioEncoder
+
+    with torch.device("meta"):
+        model = MingAudioEncoder(AUDIO, hidden, mlp_depth)
+    out = {}
+    for name, p in model.state_dict().items():
+        if len(p.shape) == 1:
+            base = 1.0 if "norm" in name else 0.0
+            out[name] = base + 0.1 * torch.randn(p.shape, generator=g)
+        else:
+            fan_in = p[0].numel()
+            out[name] = 0.2 * min(1.0, (64 / fan_in) ** 0.5) * torch.randn(p.shape, generator=g)
+    return out
+
+
+def _write_cmvn(path: Path, g: torch.Generator) -> None:
+    """A Kaldi nnet `am.mvn` (shift about minus the log mel level, scale about 1/4)."""
+    dim = FRONTEND["n_mels"] * FRONTEND["lfr_m"]
+    shift = (-12.0 + torch.randn(dim, generator=g)).tolist()
+    scale = (0.25 + 0.05 * torch.randn(dim, generator=g)).tolist()
+    rows = [f"<Nnet>\n<Splice> {dim} {dim}\n[ 0 ]\n"]
+    for name, values in (("<AddShift>", shift), ("<Rescale>", scale)):
+        text = " ".join(f"{v:.6f}" for v in values)
+        rows.append(f"{name} {dim} {dim}\n<LearnRateCoef> 0 [ {text} ]\n")
+    path.write_text("".join(rows) + "</Nnet>\n")
+
+
 def _talker_shapes(decoder, thinker_hidden: int, vp: int) -> dict[str, tuple[int, ...]]:
     from transformers import Qwen2ForCausalLM
 
@@ -201,7 +258,7 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
 
     path = Path(path)
     (path / SPEAKERS_DIR).mkdir(parents=True, exist_ok=True)
-    thinker_tok = byte_tokenizer(IMAGE_SPECIALS)
+    thinker_tok = byte_tokenizer(IMAGE_SPECIALS + AUDIO_SPECIALS)
     thinker_tok.chat_template = CHAT_TEMPLATE.replace("{{ m['content'] }}", CONTENT)
     talker_tok = byte_tokenizer(TALKER_SPECIALS)
     text_vocab = len(talker_tok)
@@ -223,6 +280,7 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
         mlp_depth=2,
         llm_config=llm,
         vision_config=VISION,
+        audio_config=AUDIO,
         talker_config=talker,
         architectures=["BailingMMNativeForConditionalGeneration"],
     )
@@ -240,7 +298,13 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
         llm.hidden_size, config.mlp_depth, torch.Generator().manual_seed(seed + 1)
     )
     save_file({k: v.to(dtype).contiguous() for k, v in vision.items()}, path / "vision.safetensors")
-    (path / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
+    audio = _audio_weights(
+        llm.hidden_size, config.mlp_depth, torch.Generator().manual_seed(seed + 2)
+    )
+    save_file({k: v.to(dtype).contiguous() for k, v in audio.items()}, path / "audio.safetensors")
+    _write_cmvn(path / FRONTEND["cmvn_file"], torch.Generator().manual_seed(seed + 3))
+    preprocessor = PREPROCESSOR | {"wav_frontend_args": FRONTEND}
+    (path / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
     config.save_pretrained(path)
     talker_llm.save_pretrained(path / "talker")
     for folder, tok in ((path, thinker_tok), (path / "talker", talker_tok)):
