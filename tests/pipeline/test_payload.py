@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import struct
 
 import msgspec
@@ -111,6 +112,9 @@ def test_packed_payload_write_into_equals_to_bytes():
     assert bytes(out[: packed.nbytes]) == packed.to_bytes() == pack_payload(payload)
     with pytest.raises(ValueError, match="too small"):
         packed.write_into(bytearray(packed.nbytes - 1))
+    exact = bytearray(packed.nbytes)  # a buffer of exactly the payload's size is enough
+    packed.write_into(exact)
+    assert bytes(exact) == packed.to_bytes()
 
 
 def test_unpack_copies_out_of_the_buffer():
@@ -123,12 +127,46 @@ def test_unpack_copies_out_of_the_buffer():
     assert torch.equal(got["ids.output"], t)
 
 
+def test_views_read_the_buffer_in_place():
+    """`views=True` (the shared-memory connector's path): every tensor is a view of the
+    buffer, equal to the packed one; a write to the buffer shows through."""
+    payload = {"ids.output": torch.arange(7), "hidden_states.output": torch.randn(3, 5)}
+    buffer = bytearray(pack_payload(payload))
+    got = unpack_payload(buffer, views=True)
+    _assert_same(payload, got)
+    ids = got["ids.output"]
+    assert ids.shape == (7,) and ids.dtype == torch.int64
+    offset = bytes(buffer).index(torch.arange(7).numpy().tobytes())
+    buffer[offset : offset + 8] = (41).to_bytes(8, "little")
+    assert ids[0].item() == 41 and got["hidden_states.output"].shape == (3, 5)
+    copied = unpack_payload(bytearray(pack_payload(payload)))
+    _assert_same(payload, copied)
+
+
 def test_unknown_key_names_key_where_and_close_matches():
     with pytest.raises(PayloadError) as err:
         validate_payload({"hidden_state.output": torch.zeros(1, 1)}, where="talker->code2wav")
     msg = str(err.value)
     assert "'hidden_state.output'" in msg and "talker->code2wav" in msg
     assert "'hidden_states.output'" in msg
+
+
+def test_unknown_key_message_whole():
+    """The whole message: up to three close matches, joined, or none; and the pointer to
+    register_payload_key."""
+    with pytest.raises(PayloadError) as err:
+        validate_payload({"ids.outpt": torch.zeros(1, dtype=torch.long)}, where="w")
+    close = difflib.get_close_matches("ids.outpt", PAYLOAD_SCHEMA, n=3, cutoff=0.6)
+    assert len(close) == 3
+    hint = "; did you mean " + ", ".join(map(repr, close)) + "?"
+    assert str(err.value) == (
+        f"w: unknown payload key 'ids.outpt'{hint} (declare new keys with register_payload_key)"
+    )
+    with pytest.raises(PayloadError) as err:
+        validate_payload({"zzzzzzzz": 1}, where="w")
+    assert str(err.value) == (
+        "w: unknown payload key 'zzzzzzzz' (declare new keys with register_payload_key)"
+    )
 
 
 @pytest.mark.parametrize(
