@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from omnistage.core.block_pool import BlockPool
 from omnistage.core.kv_cache_manager import KVCacheManager
 from omnistage.core.request import Request
 from omnistage.sampling_params import SamplingParams
@@ -93,6 +94,20 @@ def test_caching_off_never_hits():
     kv.allocate_slots(a, 12)
     assert kv.get_computed_blocks(make_request("b", list(range(12))))[1] == 0
     assert all(block.block_hash is None for block in kv.pool.blocks)  # nothing recorded
+
+
+def test_the_pool_itself_records_nothing_with_caching_off_and_keeps_a_blocks_first_hash():
+    off = BlockPool(4, enable_caching=False)
+    block = off.take_new(1)[0]
+    off.cache(block, b"h1")
+    assert block.block_hash is None and off.lookup(b"h1") is None
+    on = BlockPool(4, enable_caching=True)
+    first, second = on.take_new(2)
+    on.cache(first, b"h1")
+    on.cache(first, b"h2")  # a block named once keeps its name
+    on.cache(second, b"h1")  # an identical block is cached already: the first stays
+    assert first.block_hash == b"h1" and on.lookup(b"h2") is None
+    assert second.block_hash is None and on.lookup(b"h1") is first
 
 
 def test_reset_prefix_cache_only_when_nothing_is_held_then_forgets_every_hash():

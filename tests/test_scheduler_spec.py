@@ -113,3 +113,45 @@ def test_async_offers_the_most_drafts_before_the_runner_has_proposed_any():
     a = s.requests["a"]
     assert a.num_output_placeholders == 1 + 1 + 1
     assert a.num_proposed_drafts == 0
+
+
+def test_no_draft_slots_for_a_requests_last_token():
+    s = _scheduler(k=3)
+    s.add_request(_request("a", 5, max_tokens=2))
+    _step(s, {"a": [7]}, proposed={"a": 3})
+    a = s.requests["a"]
+    assert s._draft_limit(a) == 0  # 1 output of 2: only the token itself, no draft
+    so, _ = _step(s, {"a": [8]}, proposed={"a": 3})
+    assert so.scheduled_spec_tokens == {} and so.num_scheduled_tokens == {"a": 1}
+
+
+def test_tokens_in_flight_count_against_max_model_len():
+    s = _scheduler(AsyncScheduler, k=3, max_model_len=9)
+    s.add_request(_request("a", 5, max_tokens=20))
+    s.schedule()
+    second = s.schedule()  # 5 prompt tokens + 1 in flight of 9: 2 drafts and the bonus
+    assert second.scheduled_spec_tokens == {"a": 2}
+
+
+def test_draft_counts_are_what_the_runner_verified_not_the_slots():
+    """Async: the step had slots for the most drafts, the runner had fewer to verify."""
+    s = _scheduler(AsyncScheduler, k=3)
+    s.add_request(_request("a", 5))
+    first = s.schedule()
+    s.update_from_output(first, _output(first, {"a": [7]}))
+    so = s.schedule()
+    assert so.scheduled_spec_tokens == {"a": 3}
+    outs = s.update_from_output(so, _output(so, {"a": [8, 9]}, verified={"a": 1}))
+    a = s.requests["a"]
+    assert (a.num_draft_tokens, a.num_accepted_tokens) == (1, 1)
+    assert (outs[0].num_draft_tokens, outs[0].num_accepted_tokens) == (1, 1)
+
+
+def _output(so, sampled, verified=None) -> ModelRunnerOutput:
+    ids = list(so.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids,
+        sampled_token_ids=[sampled.get(r, []) for r in ids],
+        logprobs=[None] * len(ids),
+        verified_drafts=None if verified is None else [verified.get(r, 0) for r in ids],
+    )

@@ -237,3 +237,28 @@ def test_a_request_stops_when_it_fills_the_context_exactly(tiny_llama_f64):
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     (out,) = llm.generate([{"prompt_token_ids": [5, 6, 7, 8, 9, 10]}], params, use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 2 and out.outputs[0].finish_reason == "length"
+
+
+def test_a_batch_that_cannot_be_sent_is_contained_like_a_failed_step(tiny_llama_f64, alone_tokens):
+    """Async: `submit` itself raising (e.g. the batch could not be sent to the worker) fails
+    the request it holds and no one else."""
+    llm = _engine(tiny_llama_f64, async_scheduling=True)
+    executor = llm.engine.core.executor
+    original, bad = executor.submit, set()
+
+    def submit(so: SchedulerOutput) -> Any:
+        bad.update(n.req_id for n in so.scheduled_new_reqs if n.prompt_token_ids[0] == BAD_MARK)
+        if bad & set(so.num_scheduled_tokens):
+            raise BrokenPipeError("could not send the batch")
+        return original(so)
+
+    executor.submit = submit
+    prompts = _prompts()
+    prompts.insert(1, {"prompt_token_ids": [BAD_MARK, 5, 6]})
+    params = _params(len(prompts) - 1)
+    params.insert(1, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert outs.pop(1).outputs[0].finish_reason == "error"
+    assert [o.outputs[0].token_ids for o in outs] == alone_tokens
+    assert llm.engine.core.scheduler.isolation.num_failed_steps == 2
+    assert llm.engine.num_free_kv_blocks() == llm.engine.num_usable_kv_blocks()

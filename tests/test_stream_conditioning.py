@@ -118,3 +118,38 @@ def test_the_fill_row_conditions_every_later_position(tiny_llama_f64, async_sche
     crowded.add_tokenized_request("other", None, list(range(3, 30)), PARAMS)
     assert _with_fill(crowded, total, fill) == filled
     assert crowded.core.scheduler.num_preemptions > 0
+
+
+def test_the_feed_sends_rows_once_and_the_fill_row_once():
+    """`ConditioningFeed` alone: a running request's new rows go out once; the fill row goes
+    out once, with the step after the stream ends (and again, once, to a runner that
+    relearns the request after a preemption)."""
+    from omnistage.core.conditioning import ConditioningFeed
+    from omnistage.core.request import Request
+    from omnistage.core.tensor_blob import blob_to_tensor
+
+    feed = ConditioningFeed()
+    request = Request(
+        "r", [1, 2], SamplingParams(max_tokens=8), eos_token_id=None, max_tokens=8, sample_seed=0
+    )
+    request.stream_conditioning = True
+
+    def collect() -> tuple[dict, dict]:
+        rows, fill = {}, {}
+        feed.collect(request, rows, fill)
+        return rows, fill
+
+    feed.add(request, torch.ones(2, 3), finished=False, fill=None)
+    feed.add(request, torch.zeros(0, 3), finished=False, fill=None)  # nothing new
+    rows, fill = collect()
+    assert blob_to_tensor(rows["r"]).tolist() == [[1.0] * 3] * 2 and fill == {}
+    assert collect() == ({}, {})
+    feed.add(request, torch.full((1, 3), 2.0), finished=True, fill=torch.full((3,), 7.0))
+    rows, fill = collect()
+    assert blob_to_tensor(rows["r"]).tolist() == [[2.0] * 3]
+    assert blob_to_tensor(fill["r"]).tolist() == [7.0] * 3
+    assert collect() == ({}, {})  # the fill row went out once
+    again_rows, again_fill = feed.for_new(request)  # a runner that relearns the request
+    assert blob_to_tensor(again_rows).shape == (3, 3)
+    assert blob_to_tensor(again_fill).tolist() == [7.0] * 3
+    assert collect() == ({}, {})
