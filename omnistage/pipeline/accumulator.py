@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omnistage.core.edge_processor import CODES_KEY, Accumulate, EdgeProcessor, collected_modes
+from omnistage.core.edge_processor import (
+    CODES_KEY,
+    LATENTS_KEY,
+    Accumulate,
+    EdgeProcessor,
+    collected_modes,
+)
 from omnistage.core.payload import Payload
 from omnistage.pipeline.deploy import EdgeSpec
 
@@ -88,7 +94,7 @@ class RequestAccumulator:
         new_token_ids: list[int],
         hidden: torch.Tensor | None,
         hidden_start: int,
-        new_codes: list[list[int]] | None = None,
+        new_codes: list[list[int | float]] | None = None,
     ) -> None:
         """One accepted step of the request: its new tokens (with their codes, for models
         that sample codes with each token) and computed positions."""
@@ -102,6 +108,10 @@ class RequestAccumulator:
                 )
             frames = [[t, *c] for t, c in zip(new_token_ids, new_codes, strict=True)]
             self._append(CODES_KEY, torch.tensor(frames, dtype=torch.int64))
+        if new_token_ids and LATENTS_KEY in self.modes:
+            if not new_codes or len(new_codes) != len(new_token_ids):
+                raise RuntimeError(f"request {self.request_id!r}: {LATENTS_KEY} without float rows")
+            self._append(LATENTS_KEY, torch.tensor(new_codes, dtype=torch.float64))
         if hidden is not None and HIDDEN_KEY in self.modes:
             have = self.counts[HIDDEN_KEY]
             if hidden_start > have:

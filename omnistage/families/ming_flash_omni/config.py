@@ -159,10 +159,16 @@ class BailingMM2Config(PretrainedConfig):
         self.llm_config = llm_config or BailingMoeV2Config(moe_intermediate_size=256)
         self.vision_config = vision_config
         self.audio_config = audio_config
+        if isinstance(talker_config, dict):
+            from omnistage.families.ming_flash_omni.talker_config import MingFlashTalkerConfig
+
+            talker_config = MingFlashTalkerConfig(**talker_config)
         self.talker_config = talker_config
         super().__init__(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         out["llm_config"] = self.llm_config.to_dict()
+        if self.talker_config is not None:
+            out["talker_config"] = self.talker_config.to_dict()
         return out
