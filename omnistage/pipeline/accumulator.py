@@ -58,9 +58,12 @@ class RequestAccumulator:
         stage: str,
         prompt_token_ids: list[int],
         edges: list[tuple[EdgeSpec, EdgeProcessor]],
+        float_dtype: torch.dtype = torch.float64,
     ) -> None:
         self.request_id = request_id
         self.stage = stage
+        self.float_dtype = float_dtype
+        """The dtype of `LATENTS_KEY` rows: the producer's (its rows are its model's values)."""
         self.modes = collected_modes(
             (f"{e.src}->{e.dst} ({e.processor})", p.accumulate) for e, p in edges
         )
@@ -111,7 +114,8 @@ class RequestAccumulator:
         if new_token_ids and LATENTS_KEY in self.modes:
             if not new_codes or len(new_codes) != len(new_token_ids):
                 raise RuntimeError(f"request {self.request_id!r}: {LATENTS_KEY} without float rows")
-            self._append(LATENTS_KEY, torch.tensor(new_codes, dtype=torch.float64))
+            rows = torch.tensor(new_codes, dtype=torch.float64)  # exact, then the model's dtype
+            self._append(LATENTS_KEY, rows.to(self.float_dtype))
         if hidden is not None and HIDDEN_KEY in self.modes:
             have = self.counts[HIDDEN_KEY]
             if hidden_start > have:
