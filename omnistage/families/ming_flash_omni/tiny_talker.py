@@ -1,5 +1,6 @@
-"""The tiny checkpoint's talker: its `talker_config` and seeded weights under the
-reference's names with the checkpoint's `talker.` prefix (`talker.model.model.*`,
+"""The tiny checkpoint's talker: its `talker_config` and seeded weights (in
+`talker.safetensors`, beside the thinker's `model.safetensors`) under the reference's
+names with a `talker.` prefix (`talker.model.model.*`,
 `talker.model.lm_head.weight`, `talker.stop_head.*`, `talker.spk_head.*`,
 `talker.flowloss.cfm.model.*`, `talker.linear_proj_audio.*`, `talker.audio.decoder.*`).
 
