@@ -181,3 +181,16 @@ def test_a_patch_stream_is_a_function_of_seed_and_position(ckpt32):
 def test_empty_text_is_a_value_error_naming_the_input(ckpt32):
     with pytest.raises(ValueError, match="input"):
         talker_prompt_ids(_tokenizer(ckpt32), "  ")
+
+
+def test_bad_talker_settings_are_value_errors_naming_the_field():
+    from omnistage.families.ming_flash_omni.audio_vae import TINY_VAE, AudioVAEDecoder
+    from omnistage.families.ming_flash_omni.talker_config import MingFlashTalkerConfig
+
+    with pytest.raises(ValueError, match="talker_config.sigma"):
+        MingFlashTalkerConfig(sigma=-1.0)
+    with pytest.raises(ValueError, match="talker_config.patch_size"):
+        _ = MingFlashTalkerConfig(patch_size=0).heads
+    vae = {k: v for k, v in TINY_VAE.items() if k != "hop_length"}
+    with pytest.raises(ValueError, match="talker_config.audio_vae.hop_length"):
+        AudioVAEDecoder(vae, torch.float32)

@@ -6,8 +6,9 @@ heads' settings.
 Field names are the reference's (inclusionAI/Ming-omni-tts `modeling_bailingmm.py`, the
 dense `model_type`; vLLM-Omni's Ming-flash-omni-2.0 talker config names the same:
 `flowmodel`, `aggregator`, `patch_size`, `history_patch_size`, `latent_dim`,
-`cfg_strength`, `audio_vae`). The sampler's fixed settings are the reference's
-`generate` defaults: `cfg_strength` 2.0, `sigma` 0.25, at most `max_decode_steps` 200.
+`cfg_strength`, `audio_vae`). The sampler's fixed settings default to the reference's
+`generate` defaults: `cfg_strength` 2.0, `sigma` 0.25 (its `max_decode_steps` 200 is the
+deploy's `max_tokens`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class MingFlashTalkerConfig(Qwen2Config):
         aggregator: dict | None = None,
         cfg_strength: float = 2.0,
         sigma: float = 0.25,
-        max_decode_steps: int = 200,
         audio_vae: dict | None = None,
         **kwargs: Any,
     ) -> None:
@@ -50,12 +50,9 @@ class MingFlashTalkerConfig(Qwen2Config):
         self.aggregator = dict(aggregator or {})
         self.cfg_strength = float(cfg_strength)
         self.sigma = float(sigma)
-        self.max_decode_steps = int(max_decode_steps)
         self.audio_vae = dict(audio_vae or {})
         kwargs.setdefault("eos_token_id", STOP_TOKEN_ID)
         super().__init__(**kwargs)
-        if self.max_decode_steps < 1:
-            raise ValueError(f"talker_config.max_decode_steps: {max_decode_steps} must be >= 1")
         if self.sigma < 0:
             raise ValueError(f"talker_config.sigma: {sigma} must be >= 0")
 
