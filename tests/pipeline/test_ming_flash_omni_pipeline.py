@@ -95,7 +95,9 @@ def test_the_talker_speaks_and_the_vae_decodes_its_latents(ckpt, sync_run):
         payload = unpack_payload(received[i, EDGE, 0])
         assert payload["meta.finished"] is True
         latents = payload["latents.output"]
-        assert latents.shape == (len(talker_ids), WIDTH) and latents.dtype == torch.float64  # the stage's
+        assert (
+            latents.shape == (len(talker_ids), WIDTH) and latents.dtype == torch.float64
+        )  # the stage's
         (expected,) = vae.generate([GenerationItem(rows=latents)])
         assert audio.shape == (len(talker_ids) * 4 * 4 * 16,)
         np.testing.assert_array_equal(audio, expected.numpy())
