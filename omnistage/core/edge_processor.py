@@ -27,6 +27,8 @@ from omnistage.core.payload import Payload
 from omnistage.core.stage_input import StageInput
 
 CODES_KEY = "codes.output"
+LATENTS_KEY = "latents.output"
+"""`[frames, width]` the float row sampled with each output token (`token_codes_are_floats`)."""
 IMAGE_GRID_KEY = "mm.image_grid_thw"
 """The `[images, 3]` patch grids of a prompt with images (set by the stage that encoded it)."""
 PREFILL_KEY = "embed.prefill"
@@ -43,7 +45,7 @@ class Accumulate(enum.Enum):
     """Keep only the latest value."""
 
 
-STEP_KEYS = frozenset({"ids.output", "hidden_states.output", CODES_KEY})
+STEP_KEYS = frozenset({"ids.output", "hidden_states.output", CODES_KEY, LATENTS_KEY})
 """The keys a producer collects from each step it runs (`RequestAccumulator.add_step`): they
 can only be CONCAT. Every other key is set once by the producing stage (the prompt ids, the
 image grids, context codes): REPLACE."""

@@ -19,7 +19,7 @@ class EngineCoreOutput(msgspec.Struct, kw_only=True):
     """With `output_hidden_states`: [n, hidden] tensor of the positions computed this step,
     starting at `hidden_start`. Only steps the scheduler accepted ever report these."""
     hidden_start: int = 0
-    new_codes: list[list[int]] | None = None
+    new_codes: list[list[int | float]] | None = None
     """Models with `num_token_codes`: the extra codes of each new token."""
     num_draft_tokens: int = 0
     """Speculation: drafts verified for the request so far (a running total)."""

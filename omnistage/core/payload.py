@@ -117,6 +117,7 @@ PAYLOAD_SCHEMA: dict[str, KeySpec] = {
         "int", 2, "[images, 3] (t, h, w) patch grids of the prompt's images, in prompt order"
     ),
     "latents": _t("float", None, "diffusion latents, any layout"),
+    "latents.output": _t("float", 2, "[frames, width] the float row sampled with each output"),
     "meta.finished": KeySpec("bool", doc="the producer's request has finished; last chunk"),
     "meta.chunk_index": KeySpec("int", doc="0-based index of this chunk on its edge"),
     "meta.request_id": KeySpec("str", doc="the request this payload belongs to"),

@@ -102,7 +102,7 @@ class Request:
     num_accepted_tokens: int = 0
     """Speculation: drafts accepted so far (acceptance rate = accepted / drafts)."""
 
-    output_codes: list[list[int]] = field(default_factory=list)
+    output_codes: list[list[int | float]] = field(default_factory=list)
     """Per confirmed output token, the extra codes its model sampled with it (models with
     `num_token_codes`, e.g. the residual codebooks of a speech-codec talker); else empty."""
 

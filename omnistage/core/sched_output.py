@@ -36,7 +36,7 @@ class NewRequestData(msgspec.Struct, kw_only=True):
     """Every conditioning row received so far (stream-conditioned requests)."""
     conditioning_fill: TensorBlob | None = None
     """The row of every position past the last one, once the rows have finished."""
-    output_codes: list[list[int]] = msgspec.field(default_factory=list)
+    output_codes: list[list[int | float]] = msgspec.field(default_factory=list)
     """The extra codes of each output so far (models with `num_token_codes`)."""
 
 
@@ -96,7 +96,7 @@ class ModelRunnerOutput(msgspec.Struct, kw_only=True):
     sampled tokens but the last)."""
     proposed_drafts: list[int] | None = None
     """Speculation: per request, how many drafts the runner holds for its next step."""
-    sampled_codes: list[list[int]] | None = None
+    sampled_codes: list[list[int | float]] | None = None
     """Models with `num_token_codes`: per request, the codes sampled with this step's token
     (empty when it sampled none)."""
 

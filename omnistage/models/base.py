@@ -52,6 +52,13 @@ class CausalLM(nn.Module):
     the runner keeps the codes in the request's history, and a fed-back token's input
     embedding gets `embed_token_codes(codes)` added."""
 
+    token_codes_are_floats: ClassVar[bool] = False
+    """The "codes" are a float row per token (a continuous latent patch, Ming-flash-omni's
+    talker): `sample()` returns a float tensor (the token in column 0, a whole number),
+    the history keeps the row as Python floats (exact for float32 and float64), and
+    `feed_back_codes` receives it in the model's dtype. Same path, same sync = async and
+    recompute rules as integer codes."""
+
     hidden_output_layers: tuple[int, ...] = ()
     """Hidden states a stage sends downstream, as indices of transformers' `hidden_states`
     (0: the input embeddings, k: the output of layer k-1, num_layers: the final normed
@@ -145,6 +152,13 @@ class CausalLM(nn.Module):
     def embed_token_codes(self, codes: torch.Tensor) -> torch.Tensor:
         """[n, num_token_codes] codes -> [n, hidden], added to their tokens' embeddings."""
         raise NotImplementedError
+
+    def feed_back_codes(self, token_embeds: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """The input embeddings [n, hidden] of n fed-back outputs from their tokens'
+        embeddings and their codes [n, num_token_codes]; default: the sum with
+        `embed_token_codes(codes)`. A model whose next input is made from the codes alone
+        (Ming-flash-omni's talker: the aggregator of the latent patch) returns its own."""
+        return token_embeds + self.embed_token_codes(codes)
 
     def stage_hidden_states(self, hidden: torch.Tensor) -> torch.Tensor:
         """The rows a stage sends downstream for the step whose final hidden states are

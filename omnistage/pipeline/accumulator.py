@@ -27,7 +27,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omnistage.core.edge_processor import CODES_KEY, Accumulate, EdgeProcessor, collected_modes
+from omnistage.core.edge_processor import (
+    CODES_KEY,
+    LATENTS_KEY,
+    Accumulate,
+    EdgeProcessor,
+    collected_modes,
+)
 from omnistage.core.payload import Payload
 from omnistage.pipeline.deploy import EdgeSpec
 
@@ -52,9 +58,12 @@ class RequestAccumulator:
         stage: str,
         prompt_token_ids: list[int],
         edges: list[tuple[EdgeSpec, EdgeProcessor]],
+        float_dtype: torch.dtype = torch.float64,
     ) -> None:
         self.request_id = request_id
         self.stage = stage
+        self.float_dtype = float_dtype
+        """The dtype of `LATENTS_KEY` rows: the producer's (its rows are its model's values)."""
         self.modes = collected_modes(
             (f"{e.src}->{e.dst} ({e.processor})", p.accumulate) for e, p in edges
         )
@@ -88,7 +97,7 @@ class RequestAccumulator:
         new_token_ids: list[int],
         hidden: torch.Tensor | None,
         hidden_start: int,
-        new_codes: list[list[int]] | None = None,
+        new_codes: list[list[int | float]] | None = None,
     ) -> None:
         """One accepted step of the request: its new tokens (with their codes, for models
         that sample codes with each token) and computed positions."""
@@ -102,6 +111,11 @@ class RequestAccumulator:
                 )
             frames = [[t, *c] for t, c in zip(new_token_ids, new_codes, strict=True)]
             self._append(CODES_KEY, torch.tensor(frames, dtype=torch.int64))
+        if new_token_ids and LATENTS_KEY in self.modes:
+            if not new_codes or len(new_codes) != len(new_token_ids):
+                raise RuntimeError(f"request {self.request_id!r}: {LATENTS_KEY} without float rows")
+            rows = torch.tensor(new_codes, dtype=torch.float64)  # exact, then the model's dtype
+            self._append(LATENTS_KEY, rows.to(self.float_dtype))
         if hidden is not None and HIDDEN_KEY in self.modes:
             have = self.counts[HIDDEN_KEY]
             if hidden_start > have:

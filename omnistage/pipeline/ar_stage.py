@@ -126,7 +126,7 @@ class ARStageCore(StageCore):
         outgoing = self.outgoing_for(msg)
         if outgoing:
             self.accumulators[msg.request_id] = RequestAccumulator(
-                msg.request_id, self.name, ids, outgoing
+                msg.request_id, self.name, ids, outgoing, self.engine.config.torch_dtype
             )
             if inputs.image_grid_thw is not None and len(inputs.image_grid_thw):
                 self.accumulators[msg.request_id].set_value(IMAGE_GRID_KEY, inputs.image_grid_thw)

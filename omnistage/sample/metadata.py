@@ -49,6 +49,10 @@ class RowSamplingState:
     req_id: str = ""
     """The sequence's request id (model samplers key per-request state by it, never by row)."""
 
+    output_codes: list[list[int | float]] | None = None
+    """Models with `num_token_codes`: the codes (or float rows) of each real output so far,
+    the runner's own list (read by model samplers that continue from them)."""
+
 
 @dataclass
 class SamplingMetadata:
@@ -107,6 +111,9 @@ class SamplingMetadata:
 
     sampling_params: list[SamplingParams] = field(default_factory=list)
     """Per row: the request's sampling parameters."""
+
+    output_codes: list[list[list[int | float]] | None] = field(default_factory=list)
+    """Per row: `RowSamplingState.output_codes` (codes of the real outputs, no placeholders)."""
 
     @property
     def num_rows(self) -> int:
@@ -174,6 +181,7 @@ class SamplingMetadata:
             output_token_ids=[row.output_token_ids for row in rows],
             req_ids=[row.req_id for row in rows],
             sampling_params=params,
+            output_codes=[row.output_codes for row in rows],
             prompt_token_ids=[row.prompt_token_ids for row in rows],
             presence_penalties=penalty("presence_penalty"),
             frequency_penalties=penalty("frequency_penalty"),

@@ -46,9 +46,9 @@ class RequestState:
     after the prompt, one per position (positions past the last row get none)."""
     conditioning_fill: torch.Tensor | None = None
     """Once the conditioning rows have finished: the row of every position after them."""
-    output_codes: list[list[int]] = field(default_factory=list)
-    """Models with `num_token_codes`: the codes sampled with each output token (added to
-    that token's input embedding when it is fed back)."""
+    output_codes: list[list[int | float]] = field(default_factory=list)
+    """Models with `num_token_codes`: the codes (float rows where `token_codes_are_floats`)
+    sampled with each output token, fed back with that token (`CausalLM.feed_back_codes`)."""
     draft_token_ids: list[int] = field(default_factory=list)
     """Speculation: the drafts proposed for this request's next step (not history)."""
     draft_num_computed: int = 0
@@ -67,6 +67,7 @@ class RequestState:
             output_token_ids=self.output_token_ids,
             eos_token_id=self.eos_token_id,
             req_id=self.req_id,
+            output_codes=self.output_codes,
         )
 
     @property

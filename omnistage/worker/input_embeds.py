@@ -81,8 +81,11 @@ class InputEmbeds:
         if self.model.num_token_codes > 0:
             codes = state.output_codes[first : first + count]
             if codes:
-                ids = torch.tensor(codes, dtype=torch.long, device=out.device)
-                out[: len(codes)] += self.model.embed_token_codes(ids)
+                if self.model.token_codes_are_floats:  # float64 first: the rows as sampled
+                    rows = torch.tensor(codes, dtype=torch.float64).to(out.device, out.dtype)
+                else:
+                    rows = torch.tensor(codes, dtype=torch.long, device=out.device)
+                out[: len(codes)] = self.model.feed_back_codes(out[: len(codes)], rows)
 
     def deepstack_rows(self, inputs: StepInputs) -> DeepstackRows | None:
         """The deepstack features of the step's prompt tokens at visual positions (a chunk

@@ -198,7 +198,7 @@ class ModelRunner:
             state.conditioning = self._rows(new.conditioning)
             if new.conditioning_fill is not None:
                 state.conditioning_fill = self._rows(new.conditioning_fill)
-        state.output_codes = [list(c) for c in new.output_codes]
+        state.output_codes.extend(list(c) for c in new.output_codes)  # sampling_row's list
         if new.mm_decoder_inputs is not None:
             state.mm_decoder_inputs = MultimodalDecoderInputs.from_data(
                 new.mm_decoder_inputs, self.device, self.model.dtype

@@ -105,7 +105,7 @@ class SamplingDispatch:
         codes: dict[int, list[int]] = {}
         if tokens.ndim == 2:  # token, then its codes (never with drafts)
             codes = dict(zip(rows, tokens[:, 1:].tolist(), strict=True))
-            tokens = tokens[:, 0]
+            tokens = tokens[:, 0].long()  # a float row's token column (token_codes_are_floats)
         flat = tokens.tolist()
         sampled: dict[int, list[int]] = {}
         picks: list[tuple[int, int]] = []  # (row, flat sampling row) of each emitted token

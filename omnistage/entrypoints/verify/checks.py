@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
-from omnistage.entrypoints.verify.payloads import Kept, difference, join_chunks
+from omnistage.entrypoints.verify.payloads import Kept, difference, join_chunks, value_difference
 from omnistage.entrypoints.verify.results import RunResult, StageTrace
 
 PASS, FAIL, SKIPPED = "pass", "FAIL", "skipped"
@@ -105,9 +106,16 @@ def _stage_difference(
         )
     for what in ("finish_reason", "data_digest", "error"):
         x, y = getattr(sa, what), getattr(sb, what)
+        if what == "data_digest" and x != y and _close_floats(sa.floats, sb.floats):
+            continue  # float data from float payloads: rounding, as the payloads allow
         if x != y:
             return Mismatch(key, stage, what.removesuffix("_digest"), None, str(x), str(y))
     return None
+
+
+def _close_floats(a: Any, b: Any) -> bool:
+    """Both float data within the payloads' tolerance of their dtype."""
+    return a is not None and b is not None and value_difference(a, b) is None
 
 
 def _payload_difference(

@@ -39,13 +39,13 @@ def difference(a: Kept | None, b: Kept | None) -> str | None:
     if a.keys() != b.keys():
         return f"keys {sorted(a.keys() ^ b.keys())} in one only"
     for key in sorted(a):
-        found = _value_difference(a[key], b[key])
+        found = value_difference(a[key], b[key])
         if found is not None:
             return f"{key}: {found}"
     return None
 
 
-def _value_difference(x: Any, y: Any) -> str | None:
+def value_difference(x: Any, y: Any) -> str | None:
     if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
         return None if type(x) is type(y) and x == y else f"{x!r} vs {y!r}"
     if x.dtype != y.dtype or x.shape != y.shape:

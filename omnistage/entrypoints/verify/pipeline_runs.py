@@ -215,8 +215,20 @@ def _record(output: Any, result: RunResult, aborting: set[str]) -> None:
             stage.finish_reason,
             None if data is None else digest(data),
             output.error,
+            _floats(data),
         )
     result.traces[key] = traces
+
+
+def _floats(data: Any) -> Any:
+    """A float tensor copy of float output data (`StageTrace.floats`), else None."""
+    import numpy as np
+    import torch
+
+    if data is None:
+        return None
+    tensor = data if isinstance(data, torch.Tensor) else torch.as_tensor(np.asarray(data))
+    return tensor.detach().cpu().clone() if tensor.is_floating_point() else None
 
 
 def pipeline_leaks(omni: Any) -> dict[str, float]:

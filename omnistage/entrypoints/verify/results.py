@@ -22,6 +22,10 @@ class StageTrace:
     data_digest: str | None = None
     """sha256 of the stage's output data (audio samples, image pixels); None: no data."""
     error: str | None = None
+    floats: Any = None
+    """Float output data (a waveform decoded from continuous latents), kept so that two
+    runs compare within the payloads' float tolerance (`payloads.TOLERANCE`) when their
+    digests differ; None for any other data (compared by digest only)."""
 
 
 @dataclasses.dataclass

@@ -5,8 +5,8 @@ A Ming-flash-omni-2.0 checkpoint (inclusionAI's layout, read by `modeling_bailin
 of inclusionAI/Ming) is one folder: `config.json` (`BailingMM2Config`: `llm_config`, the
 thinker, a Bailing-MoE-V2 decoder; `vision_config`, `audio_config`, `mlp_depth`) and one
 set of safetensors for its parts: `model.model.*` / `model.lm_head.weight` (the thinker),
-`vision.*`, `linear_proj.*`, `audio.*`, `linear_proj_audio.*`. The talker (continuous
-latents by a flow-matching head, an audio VAE) is not read yet (docs/ming_flash_omni.md).
+`vision.*`, `linear_proj.*`, `audio.*`, `linear_proj_audio.*`. `talker_config` is read as
+`talker_config.MingFlashTalkerConfig` (the talker and its audio VAE decoder).
 
 Field names and defaults are the reference's (`configuration_bailing_moe_v2.py`,
 `configuration_bailingmm2.py`, commit 480df09). Fields the reference's text path does not
@@ -140,7 +140,8 @@ class BailingMoeV2Config(PretrainedConfig):
 
 
 class BailingMM2Config(PretrainedConfig):
-    """The whole Ming-flash-omni-2.0 checkpoint (only the thinker is served)."""
+    """The whole Ming-flash-omni-2.0 checkpoint (the thinker, the talker and its audio VAE are
+    served; vision and audio input are not)."""
 
     model_type = "bailingmm_moe_v2_lite"
 
@@ -159,10 +160,16 @@ class BailingMM2Config(PretrainedConfig):
         self.llm_config = llm_config or BailingMoeV2Config(moe_intermediate_size=256)
         self.vision_config = vision_config
         self.audio_config = audio_config
+        if isinstance(talker_config, dict):
+            from omnistage.families.ming_flash_omni.talker_config import MingFlashTalkerConfig
+
+            talker_config = MingFlashTalkerConfig(**talker_config)
         self.talker_config = talker_config
         super().__init__(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
         out["llm_config"] = self.llm_config.to_dict()
+        if self.talker_config is not None:
+            out["talker_config"] = self.talker_config.to_dict()
         return out

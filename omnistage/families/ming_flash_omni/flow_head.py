@@ -93,6 +93,13 @@ class FlowHead:
                 y = y + sigma * (temperature**0.5) * (abs(dt) ** 0.5) * noise
         return y
 
+    def skip_patch(self, generator: torch.Generator) -> None:
+        """Advance `generator` past the draws of one `sample` (its noise, then one draw per
+        Euler step, drawn alike), without computing the patch."""
+        draw = torch.randn((1, self.latent_dim, self.patch_size), generator=generator)
+        for _ in range(len(EPSS_10) - 1):
+            torch.empty(draw.shape).transpose(1, 2).normal_(generator=generator)
+
 
 def slide_history(history: torch.Tensor, patch: torch.Tensor) -> torch.Tensor:
     """The reference's latent history after a step: drop the oldest P frames, append `patch`."""

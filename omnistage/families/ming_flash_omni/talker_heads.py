@@ -4,9 +4,8 @@
 reference's names (inclusionAI/Ming-omni-tts `modeling_bailingmm.py`; vLLM-Omni's
 Ming-flash-omni-2.0 talker config names the same settings).
 
-Only these two parts exist here; the talker's LM, stop head, speaker head and the audio
-VAE are not built (docs/ming_flash_omni.md). `make_tiny_heads` writes a tiny seeded pair
-for the tests and the reference fixture.
+The talker stage (`talker.py`) builds them from its config (`talker_config.heads`);
+`make_tiny_heads` writes a tiny seeded pair for the heads' own tests and fixture.
 """
 
 from __future__ import annotations

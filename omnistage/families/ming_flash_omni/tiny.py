@@ -2,7 +2,8 @@
 layout): the built-in `demo-ming-flash-omni` and what the tests build from.
 
 The real layout at small sizes (`config.py` describes it): `config.json`
-(`BailingMM2Config` with the real field names; no vision or audio encoder, no talker),
+(`BailingMM2Config` with the real field names; no vision or audio encoder; the talker of
+`tiny_talker.py`),
 one safetensors file with the reference's thinker weight names
 (`model.model.word_embeddings.weight`, `model.model.layers.N.attention.query_key_value.weight`,
 `...attention.q_norm.weight`, `...attention.dense.weight`, `...mlp.gate.weight`,
@@ -26,6 +27,12 @@ from pathlib import Path
 import torch
 
 from omnistage.families.ming_flash_omni.config import BailingMM2Config, BailingMoeV2Config
+from omnistage.families.ming_flash_omni.tiny_talker import (
+    SPECIALS,
+    TALKER_WEIGHTS,
+    tiny_talker_config,
+    tiny_talker_weights,
+)
 from omnistage.models.tiny_checkpoints import VOCAB_SIZE, byte_tokenizer
 
 IM_END_ID = 2
@@ -109,8 +116,12 @@ def make_tiny_ming_flash_omni(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     llm = BailingMoeV2Config(**THINKER, architectures=["BailingMoeV2ForCausalLM"])
+    talker = tiny_talker_config()
     config = BailingMM2Config(
-        mlp_depth=2, llm_config=llm, architectures=["BailingMM2NativeForConditionalGeneration"]
+        mlp_depth=2,
+        llm_config=llm,
+        talker_config=talker.to_dict(),
+        architectures=["BailingMM2NativeForConditionalGeneration"],
     )
     weights = _draw(thinker_shapes(llm), torch.Generator().manual_seed(seed))
     keep = torch.zeros(llm.vocab_size, dtype=torch.bool)
@@ -118,8 +129,11 @@ def make_tiny_ming_flash_omni(
     keep[IM_END_ID] = True
     weights["model.lm_head.weight"][~keep] = 0.0
     save_file({k: v.to(dtype).contiguous() for k, v in weights.items()}, path / "model.safetensors")
+    # A file of its own, so that the thinker's file (and its fixture's digest) stays as it was.
+    talker_weights = tiny_talker_weights(talker, seed + 1)
+    save_file({k: v.to(dtype) for k, v in talker_weights.items()}, path / TALKER_WEIGHTS)
     config.save_pretrained(path)
-    tok = byte_tokenizer()
+    tok = byte_tokenizer(SPECIALS)
     tok.save_pretrained(path)
     # The class any transformers release reads (the reference pins 4.53).
     settings_file = path / "tokenizer_config.json"
