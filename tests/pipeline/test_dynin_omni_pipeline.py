@@ -60,14 +60,6 @@ def deploy(checkpoint, dtype: str = "float64", timeout_s: float = 30.0):
     return dataclasses.replace(spec, stages=stages)
 
 
-@pytest.fixture(scope="module")
-def omni(checkpoint):
-    """The float64 pipeline, started once for the tests that only send it requests (each
-    compares its own requests: alone with batched, seed with seed, voice with voice)."""
-    with Omni(deploy(checkpoint), in_process=True) as pipeline:
-        yield pipeline
-
-
 @pytest.fixture
 def cores(checkpoint, request):
     spec = deploy(checkpoint, timeout_s=getattr(request, "param", 30.0))
@@ -210,22 +202,24 @@ def test_tokens_of_every_task_alone_equal_batched_float64(cores):
         assert len({tuple(a.tolist()) for a in alone}) > 1, task  # prompts matter
 
 
-def test_images_alone_equal_batched_through_the_pipeline_float64(omni):
+def test_images_alone_equal_batched_through_the_pipeline_float64(checkpoint):
     prompts = ["a cat", "two dogs on a hill", "x", "a red house"]
-    batched = omni.generate(prompts, modalities=["image"])
-    alone = [omni.generate(p, modalities=["image"])[0] for p in prompts]
-    for a, b in zip(alone, batched, strict=True):
-        assert a.error is None and b.error is None, (a.error, b.error)
-        assert np.asarray(a.image).shape == (8, 8, 3)
-        np.testing.assert_array_equal(np.asarray(a.image), np.asarray(b.image))
-    assert len({np.asarray(a.image).tobytes() for a in alone}) == len(prompts)
-    assert all(v == 0 for s in omni.stage_counters().values() for v in s.values())
+    with Omni(deploy(checkpoint), in_process=True) as omni:
+        batched = omni.generate(prompts, modalities=["image"])
+        alone = [omni.generate(p, modalities=["image"])[0] for p in prompts]
+        for a, b in zip(alone, batched, strict=True):
+            assert a.error is None and b.error is None, (a.error, b.error)
+            assert np.asarray(a.image).shape == (8, 8, 3)
+            np.testing.assert_array_equal(np.asarray(a.image), np.asarray(b.image))
+        assert len({np.asarray(a.image).tobytes() for a in alone}) == len(prompts)
+        assert all(v == 0 for s in omni.stage_counters().values() for v in s.values())
 
 
-def test_text_answers_are_token2text_final_output(omni):
+def test_text_answers_are_token2text_final_output(checkpoint):
     prompts = ["hello", "a cat on a mat", "Why?"]
-    batched = omni.generate(prompts, modalities=["text"])
-    alone = [omni.generate(p, modalities=["text"])[0] for p in prompts]
+    with Omni(deploy(checkpoint), in_process=True) as omni:
+        batched = omni.generate(prompts, modalities=["text"])
+        alone = [omni.generate(p, modalities=["text"])[0] for p in prompts]
     for a, b in zip(alone, batched, strict=True):
         assert a.error is None and b.error is None, (a.error, b.error)
         assert a.text == b.text and a.outputs["token2text"].token_ids
@@ -233,15 +227,16 @@ def test_text_answers_are_token2text_final_output(omni):
     assert len({a.text for a in alone}) == len(prompts)
 
 
-def test_a_seed_reproduces_the_image_and_another_changes_it(omni):
-    images = [
-        np.asarray(
-            omni.generate("a cat", {"token2text": SamplingParams(seed=s)}, modalities=["image"])[
-                0
-            ].image
-        )
-        for s in (3, 3, 4)
-    ]
+def test_a_seed_reproduces_the_image_and_another_changes_it(checkpoint):
+    with Omni(deploy(checkpoint), in_process=True) as omni:
+        images = [
+            np.asarray(
+                omni.generate(
+                    "a cat", {"token2text": SamplingParams(seed=s)}, modalities=["image"]
+                )[0].image
+            )
+            for s in (3, 3, 4)
+        ]
     assert np.array_equal(images[0], images[1]) and not np.array_equal(images[0], images[2])
 
 
@@ -265,20 +260,21 @@ def test_bad_input_names_the_field_and_the_pipeline_serves_on(checkpoint):
         assert out.error is None and np.asarray(out.image).shape == (8, 8, 3)
 
 
-def test_speech_alone_equals_batched_and_voices_and_seeds_matter_float64(omni):
+def test_speech_alone_equals_batched_and_voices_and_seeds_matter_float64(checkpoint):
     prompts = ["hello there", "a cat", "x"]
-    batched = omni.generate(prompts, modalities=["audio"])
-    alone = [omni.generate(p, modalities=["audio"])[0] for p in prompts]
-    for a, b in zip(alone, batched, strict=True):
-        assert a.error is None and b.error is None, (a.error, b.error)
-        assert a.sample_rate == 22050 and a.audio.dtype == np.float32
-        np.testing.assert_array_equal(a.audio, b.audio)
-        assert a.audio.size > 0 and np.abs(a.audio).max() <= 1.0
-    assert len({a.audio.tobytes() for a in alone}) == len(prompts)
-    voiced = [
-        omni.generate("hello there", modalities=["audio"], voice=v)[0].audio
-        for v in (TINY_STYLES[1], TINY_STYLES[0])
-    ]
-    assert np.array_equal(voiced[0], alone[0].audio)  # the default style
-    assert not np.array_equal(voiced[0], voiced[1])
-    assert all(v == 0 for s in omni.stage_counters().values() for v in s.values())
+    with Omni(deploy(checkpoint), in_process=True) as omni:
+        batched = omni.generate(prompts, modalities=["audio"])
+        alone = [omni.generate(p, modalities=["audio"])[0] for p in prompts]
+        for a, b in zip(alone, batched, strict=True):
+            assert a.error is None and b.error is None, (a.error, b.error)
+            assert a.sample_rate == 22050 and a.audio.dtype == np.float32
+            np.testing.assert_array_equal(a.audio, b.audio)
+            assert a.audio.size > 0 and np.abs(a.audio).max() <= 1.0
+        assert len({a.audio.tobytes() for a in alone}) == len(prompts)
+        voiced = [
+            omni.generate("hello there", modalities=["audio"], voice=v)[0].audio
+            for v in (TINY_STYLES[1], TINY_STYLES[0])
+        ]
+        assert np.array_equal(voiced[0], alone[0].audio)  # the default style
+        assert not np.array_equal(voiced[0], voiced[1])
+        assert all(v == 0 for s in omni.stage_counters().values() for v in s.values())
