@@ -25,7 +25,7 @@ run: setup
 	$(VENV)/bin/omnistage generate --chat "What is the capital of France?" --max-tokens 64
 
 test: setup
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist worksteal
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports

@@ -104,11 +104,12 @@ def test_first_velocity_and_final_latents_match_reference(ckpt):
 
 
 def test_guidance_one_skips_the_unconditional_pass(ckpt):
+    """One denoising step shows it (each step takes the same branch)."""
     denoiser = HunyuanImageDenoiser.from_checkpoint(ckpt, torch.float64)
     noise = FIXTURE["noise"].double()
-    plain = denoiser.generate(request(uncond_context=None), noise)
-    assert torch.equal(denoiser.generate(request(guidance_scale=1.0), noise), plain)
-    assert not torch.equal(denoiser.generate(request(), noise), plain)
+    plain = denoiser.generate(request(uncond_context=None, steps=1), noise)
+    assert torch.equal(denoiser.generate(request(guidance_scale=1.0, steps=1), noise), plain)
+    assert not torch.equal(denoiser.generate(request(steps=1), noise), plain)
 
 
 def test_vae_decoder_matches_reference(ckpt):

@@ -100,6 +100,14 @@ def _hf_generate(model, inputs: dict, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
+def omni(ckpt):
+    """The streamed demo-omni pipeline on the checkpoint, started once for the tests that
+    only send it requests (each test's requests are compared with their own reference)."""
+    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as pipeline:
+        yield pipeline
+
+
+@pytest.fixture(scope="module")
 def reference(ckpt, hf_model):
     from transformers import AutoTokenizer
 
@@ -174,14 +182,13 @@ GREEDY = {
 }
 
 
-def test_pipeline_text_and_audio_equal_transformers(ckpt, reference):
-    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
-        (out,) = omni.generate([reference["prompt"]], GREEDY)
+def test_pipeline_text_and_audio_equal_transformers(omni, reference):
+    (out,) = omni.generate([reference["prompt"]], GREEDY)
     _check_against(out, reference)
 
 
 def test_a_request_s_voice_equals_transformers_speaker_and_changes_the_audio(
-    ckpt, hf_model, reference
+    ckpt, hf_model, reference, omni
 ):
     """`voice` (any case) is the talker's speaker: the pipeline's audio with "AIDEN" is
     transformers' `generate(speaker="Aiden")`, and differs from the default voice's."""
@@ -190,9 +197,8 @@ def test_a_request_s_voice_equals_transformers_speaker_and_changes_the_audio(
     tok = AutoTokenizer.from_pretrained(ckpt)
     ids = tok(reference["prompt"], return_tensors="pt").input_ids
     aiden = _hf_generate(hf_model, {"input_ids": ids}, speaker="Aiden")
-    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
-        (out,) = omni.generate([reference["prompt"]], GREEDY, voice="AIDEN")
-        (default,) = omni.generate([reference["prompt"]], GREEDY)
+    (out,) = omni.generate([reference["prompt"]], GREEDY, voice="AIDEN")
+    (default,) = omni.generate([reference["prompt"]], GREEDY)
     _check_against(out, aiden)
     _check_against(default, reference)
     assert not torch.equal(aiden["codes"], reference["codes"])
@@ -212,7 +218,7 @@ def _check_against(out, ref) -> None:
     torch.testing.assert_close(wav[: expected.shape[0]], expected, rtol=0, atol=1e-6)
 
 
-def test_pipeline_with_audio_input_equals_transformers(ckpt, hf_model):
+def test_pipeline_with_audio_input_equals_transformers(ckpt, hf_model, omni):
     """An audio question: the thinker hears it through the audio encoder, and the talker
     gets the thinker's layer output at the audio positions (hidden_projection)."""
     import json
@@ -252,8 +258,7 @@ def test_pipeline_with_audio_input_equals_transformers(ckpt, hf_model):
     )
     inputs = processor(text=[prompt], audio=[clip], return_tensors="pt")
     ref = _hf_generate(hf_model, dict(inputs))
-    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
-        (out,) = omni.generate([{"messages": messages}], GREEDY)
+    (out,) = omni.generate([{"messages": messages}], GREEDY)
     _check_against(out, ref)
 
 
@@ -400,9 +405,14 @@ def test_image_question_talker_codes_equal_transformers(ckpt, image_reference, a
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_pipeline_with_image_input_equals_transformers(ckpt, image_reference, stream):
+def test_pipeline_with_image_input_equals_transformers(ckpt, image_reference, omni, stream):
     """An image question through the pipeline: the thinker stage sends the talker the
-    image grid with its rows, and the talker's 3-D positions give transformers' speech."""
-    with Omni(tiny_qwen3_omni_deploy(ckpt, stream=stream), in_process=True) as omni:
-        (out,) = omni.generate([{"messages": _image_messages(IMAGE)}], GREEDY)
+    image grid with its rows, and the talker's 3-D positions give transformers' speech
+    (streamed: the module's pipeline; whole payloads: a pipeline of its own)."""
+    chat = [{"messages": _image_messages(IMAGE)}]
+    if stream:
+        (out,) = omni.generate(chat, GREEDY)
+    else:
+        with Omni(tiny_qwen3_omni_deploy(ckpt, stream=False), in_process=True) as whole:
+            (out,) = whole.generate(chat, GREEDY)
     _check_against(out, image_reference)

@@ -62,9 +62,10 @@ def test_greedy_audio_equals_the_reference_whole_and_streamed(checkpoint):
                 np.testing.assert_allclose(out.audio, expected.numpy(), rtol=0, atol=1e-5)
 
 
-def _stream(spec, texts, voices, params=SAMPLED) -> list[tuple[np.ndarray, int]]:
+def _stream(spec, texts, voices, params=SAMPLED, then=()) -> list[tuple[np.ndarray, int]]:
     """Requests at once through AsyncOmni: each one's audio as its chunks arrived, and how
-    many outputs said finished."""
+    many outputs said finished; then each (text, voice) of `then` alone, one after another
+    on the same pipeline (their results follow)."""
 
     async def main():
         with AsyncOmni(spec, in_process=True) as omni:
@@ -78,9 +79,11 @@ def _stream(spec, texts, voices, params=SAMPLED) -> list[tuple[np.ndarray, int]]
                         chunks.append(out.new_data.double().numpy().reshape(-1))
                 return np.concatenate(chunks), finished
 
-            return await asyncio.gather(
+            together = await asyncio.gather(
                 *(one(i, t, v) for i, (t, v) in enumerate(zip(texts, voices, strict=True)))
             )
+            alone = [await one(len(texts) + k, t, v) for k, (t, v) in enumerate(then)]
+            return [*together, *alone]
 
     return asyncio.run(main())
 
@@ -105,14 +108,15 @@ def test_streamed_audio_does_not_depend_on_the_chunking(checkpoint):
 def test_sync_and_async_give_identical_audio_and_voices_never_cross(checkpoint):
     asyn = tiny_speech_deploy("demo-cosyvoice3", checkpoint, async_scheduling=True)
     sync = tiny_speech_deploy("demo-cosyvoice3", checkpoint, async_scheduling=False)
-    together = _stream(asyn, TEXTS, VOICES)
+    pairs = list(zip(TEXTS, VOICES, strict=True))
+    runs = _stream(asyn, TEXTS, VOICES, then=[*pairs, ("Hi", "bright")])
+    together, alones, (other_voice, _) = runs[:3], runs[3:6], runs[6]
     for (a, finished), (b, _) in zip(together, _stream(sync, TEXTS, VOICES), strict=True):
         assert finished == 1
         assert np.array_equal(a, b)
-    for i, (text, voice) in enumerate(zip(TEXTS, VOICES, strict=True)):
-        ((alone, _),) = _stream(asyn, [text], [voice])
-        assert np.array_equal(together[i][0], alone), (text, voice)
-    ((other_voice, _),) = _stream(asyn, ["Hi"], ["bright"])
+    for i, (text, voice) in enumerate(pairs):
+        alone, finished = alones[i]
+        assert finished == 1 and np.array_equal(together[i][0], alone), (text, voice)
     assert other_voice.shape != together[0][0].shape or not np.allclose(other_voice, together[0][0])
 
 

@@ -55,6 +55,14 @@ def assert_same(a, b):
 
 
 @pytest.fixture(scope="module")
+def omni(tiny_omni):
+    """The default deploy, started once for the tests that only send it requests (greedy:
+    a request's outputs do not depend on what the pipeline ran before)."""
+    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as pipeline:
+        yield pipeline
+
+
+@pytest.fixture(scope="module")
 def sync_stream(tiny_omni):
     return run(tiny_omni, record_payloads=True)
 
@@ -164,27 +172,26 @@ def test_counters_return_to_zero(sync_stream):
         assert all(v == 0 for v in values.values()), (stage, values)
 
 
-def test_text_only_request_runs_only_the_thinker(tiny_omni, sync_stream):
+def test_text_only_request_runs_only_the_thinker(omni, sync_stream):
     outputs, _, _ = sync_stream
-    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
-        talker = omni.orchestrator.clients["talker"].core
-        (out,) = omni.generate([PROMPTS[0]], modalities=["text"])
-        assert list(out.outputs) == ["thinker"]
-        assert out.token_ids == outputs[0][0] and out.audio is None
-        assert talker.engine.kv_cache_manager.prefix_queries == 0  # never reached
+    talker = omni.orchestrator.clients["talker"].core
+    queries = talker.engine.kv_cache_manager.prefix_queries
+    (out,) = omni.generate([PROMPTS[0]], modalities=["text"])
+    assert list(out.outputs) == ["thinker"]
+    assert out.token_ids == outputs[0][0] and out.audio is None
+    assert talker.engine.kv_cache_manager.prefix_queries == queries  # never reached
 
 
-def test_per_stage_sampling_params(tiny_omni):
-    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
-        (out,) = omni.generate(
-            ["abc"],
-            {
-                "thinker": SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
-                "talker": SamplingParams(temperature=0.8, seed=3, max_tokens=7, ignore_eos=True),
-            },
-        )
-        assert len(out.token_ids) == 5
-        assert out.audio.shape == (7 * 8,)
+def test_per_stage_sampling_params(omni):
+    (out,) = omni.generate(
+        ["abc"],
+        {
+            "thinker": SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+            "talker": SamplingParams(temperature=0.8, seed=3, max_tokens=7, ignore_eos=True),
+        },
+    )
+    assert len(out.token_ids) == 5
+    assert out.audio.shape == (7 * 8,)
 
 
 @pytest.mark.parametrize(
@@ -199,23 +206,19 @@ def test_per_stage_sampling_params(tiny_omni):
         ({"sampling_params": "greedy"}, "sampling_params"),
     ],
 )
-def test_bad_requests_are_refused_before_anything_runs(tiny_omni, kwargs, match):
-    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
-        args = {"prompts": ["ok"], **kwargs}
-        with pytest.raises(ValueError, match=match):
-            omni.generate(**args)
-        # ... and the pipeline keeps serving
-        assert omni.generate(["ok"])[0].error is None
+def test_bad_requests_are_refused_before_anything_runs(omni, kwargs, match):
+    args = {"prompts": ["ok"], **kwargs}
+    with pytest.raises(ValueError, match=match):
+        omni.generate(**args)
+    # ... and the pipeline keeps serving
+    assert omni.generate(["ok"])[0].error is None
 
 
-def test_bad_input_inside_a_stage_fails_only_that_request(tiny_omni):
-    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
-        bad, good = omni.generate([{"prompt_token_ids": [5, 100000]}, "fine"])
-        assert (
-            bad.finished and "stage thinker" in bad.error and "outside the vocabulary" in bad.error
-        )
-        assert good.error is None and len(good.token_ids) == 12
-        assert all(v == 0 for c in omni.stage_counters().values() for v in c.values())
+def test_bad_input_inside_a_stage_fails_only_that_request(omni):
+    bad, good = omni.generate([{"prompt_token_ids": [5, 100000]}, "fine"])
+    assert bad.finished and "stage thinker" in bad.error and "outside the vocabulary" in bad.error
+    assert good.error is None and len(good.token_ids) == 12
+    assert all(v == 0 for c in omni.stage_counters().values() for v in c.values())
 
 
 def test_hidden_states_payload_matches_the_thinker_forward(tiny_omni, sync_stream):
@@ -278,14 +281,13 @@ def test_a_lost_payload_fails_only_its_request(tiny_omni):
         assert all(v == 0 for c in omni.stage_counters().values() for v in c.values())
 
 
-def test_repeated_prompts_work_with_hidden_states_on_the_edge(tiny_omni, sync_stream):
+def test_repeated_prompts_work_with_hidden_states_on_the_edge(omni, sync_stream):
     """A prefix-cache hit would skip positions whose hidden states the talker needs:
     stages whose edges carry hidden states run without prefix caching."""
     outputs, _, _ = sync_stream
-    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
-        thinker = omni.orchestrator.clients["thinker"].core.engine
-        assert not thinker.config.enable_prefix_caching
-        again = omni.generate([PROMPTS[3]] * 3)  # 40 chars: several full blocks
+    thinker = omni.orchestrator.clients["thinker"].core.engine
+    assert not thinker.config.enable_prefix_caching
+    again = omni.generate([PROMPTS[3]] * 3)  # 40 chars: several full blocks
     assert all(o.error is None for o in again)
     assert_same([(o.token_ids, o.audio) for o in again], [outputs[3]] * 3)
 
@@ -337,7 +339,7 @@ def test_streamed_updates_add_up_to_the_final_output(tiny_omni, sync_stream):
     assert sum((u.new_token_ids for u in updates if u.stage == "thinker"), []) == final.token_ids
 
 
-def test_streaming_into_the_talker_is_identical_sync_async_and_across_processes(tiny_omni):
+def test_streaming_into_the_talker_is_identical_sync_async_and_across_processes(tiny_omni, omni):
     """thinker -> talker as a stream: the talker starts after the thinker's first chunk and
     keeps pace with it, one thinker hidden state per talker step."""
     results = []
@@ -347,15 +349,14 @@ def test_streaming_into_the_talker_is_identical_sync_async_and_across_processes(
     ):
         in_process = mode.pop("in_process")
         deploy = tiny_pipeline_deploy(tiny_omni, thinker_transfer="stream", **mode)
-        with Omni(deploy, in_process=in_process) as omni:
-            outputs = omni.generate(PROMPTS)
-            counters = omni.stage_counters()
+        with Omni(deploy, in_process=in_process) as streaming:
+            outputs = streaming.generate(PROMPTS)
+            counters = streaming.stage_counters()
         assert all(o.error is None for o in outputs), [o.error for o in outputs]
         assert all(v == 0 for c in counters.values() for v in c.values()), counters
         results.append([(o.token_ids, o.audio.tobytes()) for o in outputs])
     assert results[0] == results[1]
     # The talker really is conditioned on the stream: payload transfer gives other codes.
-    with Omni(tiny_pipeline_deploy(tiny_omni), in_process=True) as omni:
-        whole = [(o.token_ids, o.audio.tobytes()) for o in omni.generate(PROMPTS)]
+    whole = [(o.token_ids, o.audio.tobytes()) for o in omni.generate(PROMPTS)]
     assert [t for t, _ in whole] == [t for t, _ in results[0]]
     assert [a for _, a in whole] != [a for _, a in results[0]]

@@ -52,26 +52,40 @@ PARAMS = {
 }
 
 
+@pytest.fixture(scope="module")
+def omni(ckpt):
+    """The default deploy (async scheduling, streamed edges), started once for the tests
+    that only send it requests (seeded: a request's outputs do not depend on what the
+    pipeline ran before)."""
+    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as pipeline:
+        yield pipeline
+
+
 def _run(spec) -> list:
-    """The prompts as one batch (their steps interleave in every stage)."""
+    """The prompts as one batch on a pipeline of `spec`."""
     with Omni(spec, in_process=True) as omni:
-        results = omni.generate(PROMPTS, PARAMS)
+        return _generate(omni)
+
+
+def _generate(omni) -> list:
+    """The prompts as one batch (their steps interleave in every stage)."""
+    results = omni.generate(PROMPTS, PARAMS)
     for out in results:
         assert out.error is None, out.error
         assert out.audio is not None and out.audio.size > 0
     return results
 
 
-def test_sync_and_async_scheduling_give_identical_text_and_audio(ckpt):
+def test_sync_and_async_scheduling_give_identical_text_and_audio(ckpt, omni):
     sync = _run(tiny_qwen3_omni_deploy(ckpt, async_scheduling=False))
-    asyn = _run(tiny_qwen3_omni_deploy(ckpt, async_scheduling=True))
+    asyn = _generate(omni)  # async scheduling
     for a, b in zip(sync, asyn, strict=True):
         assert a.token_ids == b.token_ids
         assert np.array_equal(a.audio, b.audio)
 
 
-def test_streamed_audio_equals_whole_payload_audio(ckpt):
-    streamed = _run(tiny_qwen3_omni_deploy(ckpt, stream=True))
+def test_streamed_audio_equals_whole_payload_audio(ckpt, omni):
+    streamed = _generate(omni)  # streamed edges
     whole = _run(tiny_qwen3_omni_deploy(ckpt, stream=False))
     for s, w in zip(streamed, whole, strict=True):
         assert s.token_ids == w.token_ids
@@ -111,7 +125,7 @@ def test_fifty_concurrent_mixed_requests_complete_and_leave_nothing(ckpt):
     assert leftover == []
 
 
-def test_bad_input_is_refused_before_any_stage_runs(ckpt, tmp_path):
+def test_bad_input_is_refused_before_any_stage_runs(ckpt, omni, tmp_path):
     import dataclasses
 
     spec = tiny_qwen3_omni_deploy(ckpt)
@@ -130,41 +144,40 @@ def test_bad_input_is_refused_before_any_stage_runs(ckpt, tmp_path):
     (tmp_path / "noise.wav").write_bytes(b"RIFF....WAVEfmt not really")
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n broken")
     prompt = PROMPTS[0]
-    with Omni(spec, in_process=True) as omni:
-        stage_requests = lambda: sum(  # noqa: E731
-            c["engine_requests"] for c in omni.stage_counters().values() if "engine_requests" in c
-        )
-        cases = [
-            (
-                {"prompt": prompt, "multi_modal_data": {"audio": str(tmp_path / "noise.wav")}},
-                "audio: cannot",
-            ),
-            (
-                {"prompt": prompt, "multi_modal_data": {"audio": (np.zeros(100), 0)}},
-                "sampling_rate",
-            ),
-            ({"prompt": prompt, "multi_modal_data": {"audio": (np.zeros(100), 8000)}}, "too short"),
-            (
-                {"prompt": prompt, "multi_modal_data": {"image": str(tmp_path / "broken.png")}},
-                "image: cannot decode",
-            ),
-            (
-                {"prompt": prompt, "multi_modal_data": {"video": "x"}},
-                "unsupported modality 'video'",
-            ),
-            ({"prompt": prompt, "extra": 1}, "unknown field 'extra'"),
-            ({"messages": "hi"}, "messages: expected a list"),
-        ]
-        for bad, match in cases:
-            with pytest.raises(ValueError, match=match):
-                omni.generate([bad])
-        with pytest.raises(ValueError, match="modalities: 'image' cannot be produced"):
-            omni.generate([prompt], modalities=["image"])
-        with pytest.raises(ValueError, match=r"voice: 'alloy' is not one of aiden, chelsie, ethan"):
-            omni.generate([prompt], voice="alloy")
-        assert stage_requests() == 0
-        (out,) = omni.generate([prompt], PARAMS, ["text"])  # and it still serves
-        assert out.error is None and out.token_ids
+    stage_requests = lambda: sum(  # noqa: E731
+        c["engine_requests"] for c in omni.stage_counters().values() if "engine_requests" in c
+    )
+    cases = [
+        (
+            {"prompt": prompt, "multi_modal_data": {"audio": str(tmp_path / "noise.wav")}},
+            "audio: cannot",
+        ),
+        (
+            {"prompt": prompt, "multi_modal_data": {"audio": (np.zeros(100), 0)}},
+            "sampling_rate",
+        ),
+        ({"prompt": prompt, "multi_modal_data": {"audio": (np.zeros(100), 8000)}}, "too short"),
+        (
+            {"prompt": prompt, "multi_modal_data": {"image": str(tmp_path / "broken.png")}},
+            "image: cannot decode",
+        ),
+        (
+            {"prompt": prompt, "multi_modal_data": {"video": "x"}},
+            "unsupported modality 'video'",
+        ),
+        ({"prompt": prompt, "extra": 1}, "unknown field 'extra'"),
+        ({"messages": "hi"}, "messages: expected a list"),
+    ]
+    for bad, match in cases:
+        with pytest.raises(ValueError, match=match):
+            omni.generate([bad])
+    with pytest.raises(ValueError, match="modalities: 'image' cannot be produced"):
+        omni.generate([prompt], modalities=["image"])
+    with pytest.raises(ValueError, match=r"voice: 'alloy' is not one of aiden, chelsie, ethan"):
+        omni.generate([prompt], voice="alloy")
+    assert stage_requests() == 0
+    (out,) = omni.generate([prompt], PARAMS, ["text"])  # and it still serves
+    assert out.error is None and out.token_ids
 
 
 def test_a_text_model_refuses_audio_input(tmp_path):
@@ -176,7 +189,7 @@ def test_a_text_model_refuses_audio_input(tmp_path):
             omni.generate([{"prompt": "hi", "multi_modal_data": {"audio": clip}}])
 
 
-def test_an_image_question_gets_the_engine_s_answer_through_the_pipeline(ckpt):
+def test_an_image_question_gets_the_engine_s_answer_through_the_pipeline(ckpt, omni):
     """The thinker stage encodes the image with the model's processor and vision encoder
     and decodes with 3-D positions and deepstack (tests/multimodal prove those equal
     transformers); through the pipeline it answers exactly as the engine does directly."""
@@ -192,8 +205,7 @@ def test_an_image_question_gets_the_engine_s_answer_through_the_pipeline(ckpt):
         }
     ]
     greedy = SamplingParams(temperature=0, max_tokens=8)
-    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
-        (out,) = omni.generate([{"messages": messages}], {"thinker": greedy}, ["text"])
+    (out,) = omni.generate([{"messages": messages}], {"thinker": greedy}, ["text"])
     assert out.error is None, out.error
     encoder = Qwen3OmniInputEncoder.from_checkpoint(ckpt, torch.float64)
     encoded = encoder.encode_chat(messages)
@@ -208,7 +220,7 @@ def test_an_image_question_gets_the_engine_s_answer_through_the_pipeline(ckpt):
     assert out.token_ids == done.outputs[0].token_ids
 
 
-def test_a_talker_ending_at_codec_eos_gives_the_audio_of_the_frames_before_it(ckpt):
+def test_a_talker_ending_at_codec_eos_gives_the_audio_of_the_frames_before_it(omni):
     """The tiny talker never ends by itself (its `codec_eos` row is zeroed); here a bias
     on `codec_eos` with `min_tokens` 9 makes it write 9 speech frames, then the end frame
     (its stop token), which streams to code2wav with them, mid-way through the last chunk.
@@ -220,12 +232,14 @@ def test_a_talker_ending_at_codec_eos_gives_the_audio_of_the_frames_before_it(ck
     talker = SamplingParams(
         temperature=0.9, top_k=50, seed=7, min_tokens=9, max_tokens=40, logit_bias={eos: 100.0}
     )
-    with Omni(tiny_qwen3_omni_deploy(ckpt), in_process=True) as omni:
-        vocoder = omni.orchestrator.stages.clients["code2wav"].core.model
-        seen: list[GenerationItem] = []
-        decode = vocoder.generate
-        vocoder.generate = lambda items: seen.extend(items) or decode(items)
+    vocoder = omni.orchestrator.stages.clients["code2wav"].core.model
+    seen: list[GenerationItem] = []
+    decode = vocoder.generate
+    vocoder.generate = lambda items: seen.extend(items) or decode(items)
+    try:
         (out,) = omni.generate(PROMPTS[:1], {**PARAMS, "talker": talker})
+    finally:
+        del vocoder.generate  # the module's pipeline decodes as before
     assert out.error is None, out.error
     frames = torch.cat([item.rows[item.context_len : item.own_end] for item in seen])
     assert frames.shape[0] == 10 and int(frames[9, 0]) == eos  # 9 speech frames, the end

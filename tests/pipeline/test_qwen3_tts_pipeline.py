@@ -125,9 +125,10 @@ def test_sync_and_async_scheduling_give_identical_audio(checkpoints):
         assert np.array_equal(a, b)
 
 
-def _concurrent(spec, texts=None, voices=None) -> list[np.ndarray]:
+def _concurrent(spec, texts=None, voices=None, then=()) -> list[np.ndarray]:
     """Requests with different voices at once, through AsyncOmni (steps interleave): the
-    audio of each, as its chunks arrived."""
+    audio of each, as its chunks arrived; then each (text, voice) of `then` alone, one
+    after another on the same pipeline (their audio follows)."""
     texts = texts or TEXTS * 2
     voices = voices or VOICES + VOICES[::-1]
 
@@ -145,9 +146,11 @@ def _concurrent(spec, texts=None, voices=None) -> list[np.ndarray]:
                         final = out
                 return final, np.concatenate(chunks)
 
-            return await asyncio.gather(
+            together = await asyncio.gather(
                 *(one(i, t, v) for i, (t, v) in enumerate(zip(texts, voices, strict=True)))
             )
+            alone = [await one(len(texts) + k, t, v) for k, (t, v) in enumerate(then)]
+            return [*together, *alone]
 
     outs = asyncio.run(main())
     for out, _ in outs:
@@ -158,10 +161,11 @@ def _concurrent(spec, texts=None, voices=None) -> list[np.ndarray]:
 def test_voices_never_cross_batched_equals_alone(checkpoints):
     spec = tiny_speech_deploy("demo-qwen3-tts", checkpoints["custom_voice"])
     texts, voices = TEXTS * 2, VOICES + VOICES[::-1]
-    together = _concurrent(spec, texts, voices)
-    for i, (text, voice) in enumerate(zip(texts, voices, strict=True)):
-        (alone,) = _concurrent(spec, [text], [voice])
-        assert np.array_equal(together[i], alone), (text, voice)
+    pairs = list(zip(texts, voices, strict=True))
+    runs = _concurrent(spec, texts, voices, then=pairs)
+    together, alones = runs[: len(pairs)], runs[len(pairs) :]
+    for i, (text, voice) in enumerate(pairs):
+        assert np.array_equal(together[i], alones[i]), (text, voice)
     # Different voices of one text give different audio.
     assert not np.array_equal(together[0], together[5])
 
