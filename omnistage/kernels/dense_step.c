@@ -47,6 +47,20 @@ __attribute__((noinline)) static float dot(const float *a, const float *b, int64
     return sum;
 }
 
+/* Four outputs of one input row: x . w[0..3] (rows `in` apart), each summed as `dot`
+ * would be by itself; one call instead of four where the products are short. */
+__attribute__((noinline)) static void dot4(const float *x, const float *w, int64_t n, float *out)
+{
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        s0 += x[i] * w[i];
+        s1 += x[i] * w[n + i];
+        s2 += x[i] * w[2 * n + i];
+        s3 += x[i] * w[3 * n + i];
+    }
+    out[0] = s0, out[1] = s1, out[2] = s2, out[3] = s3;
+}
+
 static void rms_norm(const float *x, const float *w, float *o, int64_t n, float eps)
 {
     const float scale = 1.0f / sqrtf(dot(x, x, n) / (float)n + eps);
@@ -54,18 +68,28 @@ static void rms_norm(const float *x, const float *w, float *o, int64_t n, float 
         o[i] = w[i] * (x[i] * scale);
 }
 
-/* y[m][n] = x[m] . w[n] (+ b[n]) (+ y[m][n] when `accumulate`): the residual adds. */
+/* y[m][n] = x[m] . w[n] (+ b[n]) (+ y[m][n] when `accumulate`): the residual adds.
+ * Output n is summed by `dot4` for n < out - out % 4, else by `dot`: which one depends on
+ * n and `out` only, never on m or the thread. */
 static void product(const float *x, int64_t m, int64_t in, const float *w, const float *b,
                     int64_t out, float *y, int accumulate, int threads)
 {
     const int team = m * out * in >= (1 << 20) ? threads : 1;
+    const int64_t quads = out / 4;
 #pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
-    for (int64_t n = 0; n < out; n++) {
-        const float *wn = w + n * in;
+    for (int64_t q = 0; q < quads + out % 4; q++) {
+        const int64_t n = q < quads ? 4 * q : 4 * quads + (q - quads), width = q < quads ? 4 : 1;
         for (int64_t r = 0; r < m; r++) {
-            float v = dot(x + r * in, wn, in);
-            if (b) v += b[n];
-            y[r * out + n] = accumulate ? y[r * out + n] + v : v;
+            float v[4];
+            if (width == 4)
+                dot4(x + r * in, w + n * in, in, v);
+            else
+                v[0] = dot(x + r * in, w + n * in, in);
+            for (int64_t k = 0; k < width; k++) {
+                const float e = b ? v[k] + b[n + k] : v[k];
+                float *o = y + r * out + n + k;
+                *o = accumulate ? *o + e : e;
+            }
         }
     }
 }
