@@ -19,7 +19,8 @@ through `AsyncOmni` (a process per stage):
 Reported: time to first audio (TTFA: submit -> first audio; median), real-time factor
 (end-to-end time / audio duration; median; lower is better) and audio seconds per
 wall second (all requests). The peer, measured in the same run where its venv exists
-(`--reference-python`, default `.reference/qwen-tts-env/bin/python`): the official
+(`--reference-python`, default `.reference/qwen-tts-env/bin/python`, made by
+`tests/fixtures/qwen3_tts/make_reference_env.sh`): the official
 `qwen-tts` 0.1.1 on the same checkpoint (`qwen_tts_peer.py`), one request at a time
 (its RTF at c=1) and one batch of 16 (its aggregate audio s/s at c=16). Repeats are
 interleaved and the lowest median TTFA kept. A table, then one JSON line.
