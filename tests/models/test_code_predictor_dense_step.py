@@ -108,6 +108,25 @@ def test_a_step_that_does_not_fit_is_refused():
         step.run(torch.zeros(2, 1, 32, dtype=torch.float64), 0, cache, head)
 
 
+def test_the_platform_leaves_the_c_step_its_weights(monkeypatch):
+    from omnistage.platforms.cpu_linear import PackedLinear, onednn_available, pack_linears
+
+    predictor = _predictor(torch.float32, 48, False)
+    hidden, embeds = _inputs(2, 48)
+    codes, _ = _run(predictor, hidden, embeds)
+    pack_linears(predictor)
+    assert not any(isinstance(m, PackedLinear) for m in predictor.modules())
+    assert torch.equal(_run(predictor, hidden, embeds)[0], codes)
+    monkeypatch.setenv(DISABLE_ENV, "1")  # ruled out at load: packed, and the torch path
+    packed = _predictor(torch.float32, 48, False)
+    pack_linears(packed)
+    monkeypatch.delenv(DISABLE_ENV)
+    if onednn_available():
+        assert any(isinstance(m, PackedLinear) for m in packed.modules())
+    assert packed.dense_step() is None
+    assert torch.equal(_run(packed, hidden, embeds)[0], codes)
+
+
 def test_a_moved_weight_rebuilds_the_step():
     predictor = _predictor(torch.float32, None, False)
     step = predictor.dense_step()

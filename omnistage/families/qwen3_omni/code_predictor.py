@@ -221,7 +221,10 @@ class CodePredictor(nn.Module):
         use and again when a weight moved; None where that path does not apply (float64,
         not on the CPU, no C kernels, `OMNISTAGE_DISABLE_DECODE_PROGRAM` set): the torch
         path runs then."""
-        if DenseStep.disabled():
+        if DenseStep.disabled() or any(
+            isinstance(m, nn.Linear) and not isinstance(getattr(m, "weight", None), torch.Tensor)
+            for m in self.modules()
+        ):  # packed for oneDNN (loaded while the C path was ruled out): no plain weights
             return None
         weights = self._dense_weights()
         if self._step is None or not self._step.points_into(weights):
