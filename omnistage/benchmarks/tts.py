@@ -1,10 +1,14 @@
-"""`omnistage bench tts`: text to speech on the built-in `demo-qwen3-tts` (Qwen3-TTS
-architecture, tiny random weights made locally once; nothing is downloaded).
+"""`omnistage bench tts`: text to speech on a built-in demo (`--model`: `demo-qwen3-tts`,
+the default, or `demo-cosyvoice3`; tiny random weights made locally once; nothing is
+downloaded).
 
-Workload (seeded): distinct texts of 4-8 random lowercase words; the talker writes
-`--frames` frames (greedy, ignore_eos; 125 frames = 10 s of audio at 12.5 frames/s),
-the speaker is the checkpoint's first, code2wav decodes 24 kHz audio (48 samples per
-frame in the tiny model, 1920 in the real one). Per concurrency (`--concurrency`,
+Workload (seeded): distinct texts of 4-8 random lowercase words. `demo-qwen3-tts`: the
+talker writes `--frames` frames (greedy, ignore_eos; 125 frames = 10 s of audio at 12.5
+frames/s), the speaker is the checkpoint's first, code2wav decodes 24 kHz audio (48
+samples per frame in the tiny model, 1920 in the real one). `demo-cosyvoice3`: the LM
+samples with the deploy's defaults (seeded) and its own budget (the prompter's: up to 20
+speech tokens per text token; it replaces the request's `max_tokens`, so `--frames` does
+not bound it), token2wav speaks 24 kHz audio; no peer. Per concurrency (`--concurrency`,
 default 1, 4, 16) and mode, all requests of a measurement are submitted at once
 through `AsyncOmni` (a process per stage):
 
@@ -15,7 +19,8 @@ through `AsyncOmni` (a process per stage):
 Reported: time to first audio (TTFA: submit -> first audio; median), real-time factor
 (end-to-end time / audio duration; median; lower is better) and audio seconds per
 wall second (all requests). The peer, measured in the same run where its venv exists
-(`--reference-python`, default `.reference/qwen-tts-env/bin/python`): the official
+(`--reference-python`, default `.reference/qwen-tts-env/bin/python`, made by
+`tests/fixtures/qwen3_tts/make_reference_env.sh`): the official
 `qwen-tts` 0.1.1 on the same checkpoint (`qwen_tts_peer.py`), one request at a time
 (its RTF at c=1) and one batch of 16 (its aggregate audio s/s at c=16). Repeats are
 interleaved and the lowest median TTFA kept. A table, then one JSON line.
@@ -39,13 +44,15 @@ from omnistage.benchmarks.speech_runs import best_by_first_audio, flat_fields, s
 from omnistage.benchmarks.startup import cpu_flags
 
 DEMO = "demo-qwen3-tts"
-LAST_STAGE = "code2wav"
 SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
 DEFAULT_REFERENCE = Path(".reference/qwen-tts-env/bin/python")
+STAGES = {DEMO: ("talker", "code2wav"), "demo-cosyvoice3": ("llm", "token2wav")}
+"""The demos measured: (the stage that writes codes, the stage that speaks)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEMO, choices=sorted(STAGES), help="the demo")
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
     parser.add_argument("--frames", type=int, default=125, help="talker frames per request")
     parser.add_argument("--repeat", type=int, default=2, help="interleaved runs; best reported")
@@ -57,17 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-async def _serve(omni: Any, texts: list[str], frames: int) -> dict[str, float]:
+async def _serve(omni: Any, texts: list[str], args: argparse.Namespace) -> dict[str, float]:
     from omnistage import SamplingParams
 
-    params = {"talker": SamplingParams(temperature=0, max_tokens=frames, ignore_eos=True)}
+    first_stage, last_stage = STAGES[args.model]
+    if args.model == DEMO:
+        one_params = SamplingParams(temperature=0, max_tokens=args.frames, ignore_eos=True)
+    else:  # the deploy's sampling, seeded per text
+        one_params = SamplingParams(temperature=1.0, top_k=25, top_p=0.8, seed=args.seed)
+    params = {first_stage: one_params}
 
     async def one(text: str) -> tuple[float, float, float]:
         submitted, first, samples = time.perf_counter(), None, 0
         async for out in omni.generate(text, params):
             if out.error is not None:
                 raise RuntimeError(f"request {out.request_id} failed: {out.error}")
-            if out.stage == LAST_STAGE and out.new_data is not None and out.new_data.numel():
+            if out.stage == last_stage and out.new_data is not None and out.new_data.numel():
                 first = first or time.perf_counter() - submitted
                 samples += out.new_data.numel()
         if first is None:
@@ -89,18 +101,18 @@ def run_mode(args: argparse.Namespace, transfer: str, levels: list[int], tag: st
     from omnistage.pipeline.omni import AsyncOmni
 
     out = {}
-    with AsyncOmni(speech_deploy(DEMO, transfer)) as omni:
-        asyncio.run(_serve(omni, ["warm up"], args.frames))
+    with AsyncOmni(speech_deploy(args.model, transfer)) as omni:
+        asyncio.run(_serve(omni, ["warm up"], args))
         for level in levels:
             texts = [f"{tag} {p}" for p in make_prompts(level, args.seed + level)]
-            out[level] = asyncio.run(_serve(omni, texts, args.frames))
+            out[level] = asyncio.run(_serve(omni, texts, args))
     return out
 
 
 def run_reference(args: argparse.Namespace, n: int, batch: int) -> dict[str, float] | None:
     """The official qwen-tts on the same checkpoint, in its own venv; None without one."""
     python = Path(args.reference_python)
-    if not python.exists():
+    if args.model != DEMO or not python.exists():
         return None
     from omnistage.models.builtin import demo_model_path
 
@@ -120,6 +132,27 @@ def run_reference(args: argparse.Namespace, n: int, batch: int) -> dict[str, flo
     return result
 
 
+def _workload(args: argparse.Namespace) -> str:
+    setup = (
+        "texts of 4-8 random words, a process per stage, async scheduling; stream: chunks "
+        "as the deploy streams them; payload: the whole utterance"
+    )
+    if args.model != DEMO:
+        return (
+            f"best of {args.repeat} (lowest median TTFA): {args.model} (tiny random weights, "
+            f"float32), LM sampled (deploy defaults, seed {args.seed}) up to its own budget, "
+            f"{setup}; no reference peer"
+        )
+    return (
+        f"best of {args.repeat} (lowest median TTFA): {DEMO} (tiny random-weight Qwen3-TTS "
+        f"CustomVoice, float32), talker {args.frames} frames ({args.frames / FRAME_RATE:.1f} "
+        "s of audio at the real model's 1920 samples per frame; the tiny decoder writes 48, "
+        f"and RTF counts those), greedy, ignore_eos, {setup} (talker->code2wav 4 then 16 "
+        "frames with 32 frames of left context); reference: qwen-tts 0.1.1 generate + "
+        "decode, one request at a time and one batch of 16"
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     import torch
 
@@ -132,15 +165,7 @@ def main(args: argparse.Namespace) -> int:
     best = best_by_first_audio(run_mode, args, levels)
     alone = run_reference(args, n=2, batch=1)
     batched = run_reference(args, n=16, batch=16) if alone is not None else None
-    workload = (
-        f"best of {args.repeat} (lowest median TTFA): {DEMO} (tiny random-weight Qwen3-TTS "
-        f"CustomVoice, float32), texts of 4-8 random words, talker {args.frames} frames "
-        f"({args.frames / FRAME_RATE:.1f} s of audio at the real model's 1920 samples per "
-        "frame; the tiny decoder writes 48, and RTF counts those), greedy, ignore_eos, a process per "
-        "stage, async scheduling; stream: talker->code2wav 4 then 16 frames with 32 frames of "
-        "left context; payload: the whole utterance; reference: qwen-tts 0.1.1 generate + "
-        "decode, one request at a time and one batch of 16"
-    )
+    workload = _workload(args)
     flags = ",".join(cpu_flags()) or "none of avx2/avx512"
     machine = (
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
@@ -180,7 +205,8 @@ def main(args: argparse.Namespace) -> int:
             "target_aggregate_met": aggregate >= 10,
         }
     else:
-        print(f"reference: skipped ({args.reference_python} not found)")
+        why = "no peer for this model" if args.model != DEMO else "not found"
+        print(f"reference: skipped ({args.reference_python}: {why})")
     print(json.dumps(summary))
     return 0
 

@@ -146,7 +146,7 @@ BENCHMARKS = {
     "throughput": "output tokens/s against HF transformers",
     "pipeline": "the tiny three-stage pipeline: overlap and time to first audio",
     "omni": "speech out on demo-omni: time to first audio, streaming vs whole payload",
-    "tts": "text to speech on demo-qwen3-tts: first audio, RTF, vs the qwen-tts reference",
+    "tts": "text to speech on demo-qwen3-tts (or --model demo-cosyvoice3): first audio, RTF",
     "image": "images out on demo-image: step-level batching vs one at a time",
     "serve": "an OpenAI-compatible server over HTTP: TTFT, TPOT, ITL, throughput",
     "startup": "fresh process to first token: script, serve, HF transformers",

@@ -7,8 +7,9 @@ called through ctypes. Where no compiler is found or the build fails, the
 loaders return None (logged once) and callers use their pure-torch path.
 
 Two libraries:
-- `load()`: attention, rotary and RMSNorm kernels and the decode program that runs a
-  step's layers in one call (`decode_program.c`), `cc -O3 -march=native -fopenmp` and
+- `load()`: attention, rotary and RMSNorm kernels, the decode program that runs a
+  step's layers in one call (`decode_program.c`) and a small dense decoder's step over
+  short per-row sequences (`dense_step.c`, the code predictor's), `cc -O3 -march=native -fopenmp` and
   -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
   whose start-up code would flush subnormals for the whole process;
 - `load_quant()`: matrix products on GGUF-quantized weights (`quant_*.c`, one
@@ -38,7 +39,7 @@ logger = logging.getLogger("omnistage")
 
 _SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("paged_attention.c", "rope_cache.c", "rms_norm.c", "decode_program.c")
+    for n in ("paged_attention.c", "rope_cache.c", "rms_norm.c", "decode_program.c", "dense_step.c")
 ]
 _QUANT_SOURCES = [
     Path(__file__).with_name(n)
@@ -142,6 +143,13 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     pool_matmul.restype = None
     # kernel, x, w, bias, other, y, M, N, K, type, op, isa, threads
     pool_matmul.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 4
+    dense = lib.dense_step_f32
+    dense.restype = ctypes.c_int
+    # layers, shape, input, rows, t, start, cache, cos, sin, final norm, projection (w, b),
+    # head, logits, threads
+    dense.argtypes = (
+        [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 8 + [ctypes.c_int]
+    )
     lib.paged_decode_limits_ok.restype = ctypes.c_int
     lib.paged_decode_limits_ok.argtypes = [ctypes.c_int64] * 3
     return lib

@@ -81,7 +81,8 @@ class PackedLinear(Linear):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every `nn.Linear` of `model` by a `PackedLinear`; returns how many were packed."""
+    """Replace every `nn.Linear` of `model` by a `PackedLinear` (but inside a module whose
+    `keeps_plain_linears` is true); returns how many were packed."""
     if not onednn_available():
         return 0
     dtypes = packable_dtypes()
@@ -91,9 +92,18 @@ def pack_linears(model: nn.Module) -> int:
             "which oneDNN's bf16 weight packing needs",
             ", ".join(BF16_PACKING_CPU_FLAGS),
         )
+    # A part that reads its weights itself (`keeps_plain_linears`: the code predictor's C
+    # step, layers/dense_step.py) keeps them as they are.
+    own = {
+        id(m)
+        for part in model.modules()
+        if getattr(part, "keeps_plain_linears", False)
+        for m in part.modules()
+    }
     targets = [
         (parent, name, child)
         for parent in model.modules()
+        if id(parent) not in own
         for name, child in parent.named_children()
         if isinstance(child, nn.Linear)
         and not isinstance(child, PackedLinear)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.layers.dense_step import DenseLayerWeights, DenseStep, DenseWeights
 from omnistage.layers.linear import Embedding, Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
@@ -137,6 +138,7 @@ class CodePredictor(nn.Module):
         )
         self.rotary = RotaryEmbedding(rotary, groups + 1, dtype)
         self.requires_grad_(False)
+        self._step: DenseStep | None = None
 
     def _target(self, name: str) -> tuple[str, int | None]:
         """A checkpoint name -> (our parameter, row offset in a fused one, or None)."""
@@ -179,6 +181,59 @@ class CodePredictor(nn.Module):
         projection = self.small_to_mtp_projection
         return x if projection is None else projection(x)
 
+    @property
+    def keeps_plain_linears(self) -> bool:
+        """Whether the platform must leave its `Linear`s unpacked (`pack_linears`): the C
+        step reads their weights (float32 on the CPU with the C kernels built)."""
+        return (
+            self.model.norm.weight.dtype == torch.float32
+            and not DenseStep.disabled()
+            and DenseStep.kernels_built()
+        )
+
+    def _dense_weights(self) -> DenseWeights:
+        layers = [
+            DenseLayerWeights(
+                input_norm=layer.input_layernorm.weight,
+                qkv_w=layer.self_attn.qkv_proj.weight,
+                qkv_b=layer.self_attn.qkv_proj.bias,
+                q_norm=layer.self_attn.q_norm.weight,
+                k_norm=layer.self_attn.k_norm.weight,
+                o_w=layer.self_attn.o_proj.weight,
+                o_b=layer.self_attn.o_proj.bias,
+                post_norm=layer.post_attention_layernorm.weight,
+                gate_up_w=layer.mlp.gate_up_proj.weight,
+                down_w=layer.mlp.down_proj.weight,
+            )
+            for layer in self.model.layers
+        ]
+        p = self.small_to_mtp_projection
+        return DenseWeights(
+            layers,
+            self.model.norm.weight,
+            self.rotary.cos,
+            self.rotary.sin,
+            None if p is None else (p.weight, p.bias),
+        )
+
+    def dense_step(self) -> DenseStep | None:
+        """The decoder's steps as one C call each (`layers/dense_step.py`), built on first
+        use and again when a weight moved; None where that path does not apply (float64,
+        not on the CPU, no C kernels, `OMNISTAGE_DISABLE_DECODE_PROGRAM` set): the torch
+        path runs then."""
+        if DenseStep.disabled() or any(
+            isinstance(m, nn.Linear) and not isinstance(getattr(m, "weight", None), torch.Tensor)
+            for m in self.modules()
+        ):  # packed for oneDNN (loaded while the C path was ruled out): no plain weights
+            return None
+        weights = self._dense_weights()
+        if self._step is None or not self._step.points_into(weights):
+            first = self.model.layers[0]
+            geometry = (first.num_heads, first.num_kv_heads, first.head_dim)
+            vocab = self.lm_head[0].weight.shape[0]
+            self._step = DenseStep.build(weights, geometry, self.model.norm.eps, vocab)
+        return self._step
+
     def generate(
         self,
         talker_hidden: torch.Tensor,
@@ -187,7 +242,11 @@ class CodePredictor(nn.Module):
     ) -> torch.Tensor:
         """[B, H] talker hidden and first-code embeddings -> [B, G-1] codes; `sample(j,
         logits)` picks code j+1 of every row."""
-        x = self._project(torch.stack([talker_hidden, first_code_embeds], dim=1))
+        x = torch.stack([talker_hidden, first_code_embeds], dim=1)
+        step = self.dense_step()
+        if step is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            return self._generate_in_c(step, x, sample)
+        x = self._project(x)
         caches: list[list[torch.Tensor]] = [[] for _ in self.model.layers]
         start, codes = 0, []
         for j in range(self.num_codes):
@@ -201,6 +260,23 @@ class CodePredictor(nn.Module):
             codes.append(code)
             if j + 1 < self.num_codes:
                 x = self._project(self.model.codec_embedding[j](code)[:, None])
+        return torch.stack(codes, dim=1)
+
+    def _generate_in_c(
+        self, step: DenseStep, x: torch.Tensor, sample: Callable[[int, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """`generate` with each decoder step one C call (`dense_step`), the input rows'
+        projection included."""
+        cache = step.new_cache(x.shape[0])
+        start, codes = 0, []
+        for j in range(self.num_codes):
+            x = x.contiguous()
+            logits = step.run(x, start, cache, self.lm_head[j].weight)
+            start += x.shape[1]
+            code = sample(j, logits)
+            codes.append(code)
+            if j + 1 < self.num_codes:
+                x = self.model.codec_embedding[j](code)[:, None]
         return torch.stack(codes, dim=1)
 
 

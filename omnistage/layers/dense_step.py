@@ -1,0 +1,199 @@
+"""A small dense decoder's step over short per-row sequences as one C call: `DenseStep`.
+
+A multi-codebook talker's code predictor runs its decoder (Qwen3-style: q/k RMSNorm, neox
+rotary, fused q/k/v and gate/up products) 15 times per frame over a fresh sequence of
+at most 17 positions per request. From torch each step is ~40 small ops per layer, and on
+a small model their call overhead is the cost. `DenseStep` runs a whole step (the input
+rows' projection where the model has one, every layer, then the final norm of each row's
+last position and a head product) through `kernels/dense_step.c` in one call, for a batch
+of rows, each row with its own cache.
+
+It takes float32 tensors on the CPU only, and its sums are not torch's (the same values
+to float32 rounding, not bit-identical): a float64 model keeps its torch path, which the
+exact equivalence tests run. A row's result does not depend on the other rows or the
+thread count. `build` returns None where the C path does not apply (the kernels are not
+built, the weights are not float32 on the CPU, or `DISABLE_ENV` is set).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from dataclasses import dataclass, fields
+
+import torch
+
+from omnistage import kernels
+from omnistage.layers.decode_program import DISABLE_ENV
+
+__all__ = ["DISABLE_ENV", "DenseLayerWeights", "DenseStep", "DenseWeights"]
+
+
+@dataclass(frozen=True)
+class DenseLayerWeights:
+    """One layer's tensors, as torch's modules hold them (products [out, in])."""
+
+    input_norm: torch.Tensor
+    qkv_w: torch.Tensor
+    """[(heads + 2 * kv_heads) * head_dim, hidden]: q rows, then k, then v."""
+    qkv_b: torch.Tensor | None
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up_w: torch.Tensor
+    """[2 * intermediate, hidden]: gate rows, then up."""
+    down_w: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DenseWeights:
+    """The whole decoder: its layers and the tensors around them."""
+
+    layers: list[DenseLayerWeights]
+    final_norm: torch.Tensor
+    cos: torch.Tensor
+    """[max_len, head_dim] (as `RotaryEmbedding` holds it); `sin` alike."""
+    sin: torch.Tensor
+    projection: tuple[torch.Tensor, torch.Tensor | None] | None
+    """(weight [hidden, in_width], bias) applied to the input rows first, or None."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor a step reads, in a fixed order."""
+        around = [self.final_norm, self.cos, self.sin, *(self.projection or ())]
+        inside = [t for layer in self.layers for t in vars(layer).values()]
+        return [t for t in around + inside if t is not None]
+
+
+class _Layer(ctypes.Structure):
+    """`struct dense_layer` of `kernels/dense_step.c`, field for field."""
+
+    _fields_ = [(f.name, ctypes.c_void_p) for f in fields(DenseLayerWeights)]
+
+
+_SIZES = ("hidden", "heads", "kv_heads", "head_dim", "intermediate", "layers", "max_len")
+
+
+class _Shape(ctypes.Structure):
+    """`struct dense_shape` of `kernels/dense_step.c`."""
+
+    _fields_ = [(name, ctypes.c_int64) for name in (*_SIZES, "vocab", "in_width")] + [
+        ("eps", ctypes.c_double),
+        ("scale", ctypes.c_double),
+    ]
+
+
+def _usable(tensor: torch.Tensor) -> bool:
+    return tensor.dtype == torch.float32 and tensor.device.type == "cpu" and tensor.is_contiguous()
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+class DenseStep:
+    """A decoder's steps in one C call each; `new_cache(rows)`, then `run` per step."""
+
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        weights: DenseWeights,
+        geometry: tuple[int, int, int],
+        eps: float,
+        vocab: int,
+    ) -> None:
+        heads, kv_heads, head_dim = geometry
+        self._lib = lib
+        self._weights = weights
+        """The tensors the structs point into, kept alive."""
+        self._pointers = [t.data_ptr() for t in weights.tensors()]
+        self._layers = (_Layer * len(weights.layers))()
+        for struct, layer in zip(self._layers, weights.layers, strict=True):
+            for name, tensor in vars(layer).items():
+                setattr(struct, name, _pointer(tensor))
+        hidden = weights.final_norm.shape[0]
+        projection = weights.projection
+        self._shape = _Shape(
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            weights.layers[0].gate_up_w.shape[0] // 2,
+            len(weights.layers),
+            weights.cos.shape[0],
+            vocab,
+            hidden if projection is None else projection[0].shape[1],
+            eps,
+            1.0 / math.sqrt(head_dim),
+        )
+        self._projection = (None, None) if projection is None else projection
+
+    @staticmethod
+    def disabled() -> bool:
+        """Whether `DISABLE_ENV` rules the C path out (read at every call: tests toggle it)."""
+        return bool(os.environ.get(DISABLE_ENV))
+
+    @staticmethod
+    def kernels_built() -> bool:
+        """Whether the C kernels are built here (else `build` gives None)."""
+        return kernels.load() is not None
+
+    @classmethod
+    def build(
+        cls, weights: DenseWeights, geometry: tuple[int, int, int], eps: float, vocab: int
+    ) -> DenseStep | None:
+        """The step over `weights` ((heads, kv_heads, head_dim) `geometry`), or None where
+        the C path does not apply."""
+        if cls.disabled() or not all(_usable(t) for t in weights.tensors()):
+            return None
+        lib = kernels.load()
+        if lib is None:
+            return None
+        return cls(lib, weights, geometry, eps, vocab)
+
+    def points_into(self, weights: DenseWeights) -> bool:
+        """Whether this step reads these very tensors (False once one was replaced: a move,
+        a reload into new memory)."""
+        return [t.data_ptr() for t in weights.tensors()] == self._pointers
+
+    def new_cache(self, rows: int) -> torch.Tensor:
+        """A cache for `rows` fresh sequences: [rows, layers, 2, kv_heads, max_len, head_dim]."""
+        s = self._shape
+        return torch.empty(rows, s.layers, 2, s.kv_heads, s.max_len, s.head_dim)
+
+    def run(
+        self, x: torch.Tensor, start: int, cache: torch.Tensor, head: torch.Tensor
+    ) -> torch.Tensor:
+        """Positions start..start+t-1 of each row (`x` [rows, t, in_width]) -> logits
+        [rows, vocab] of each row's last position through `head` [vocab, hidden]; their k
+        and v are written to `cache`."""
+        rows, t, width = x.shape
+        s = self._shape
+        fits = width == s.in_width and start + t <= s.max_len
+        if not fits or tuple(head.shape) != (s.vocab, s.hidden):
+            raise ValueError(f"dense step: x {tuple(x.shape)} at {start} does not fit")
+        if not (_usable(x) and _usable(head) and cache.shape[0] == rows):
+            raise ValueError("dense step: x, head and cache must be contiguous float32 CPU rows")
+        logits = torch.empty(rows, s.vocab)
+        w = self._weights
+        failed = self._lib.dense_step_f32(
+            ctypes.addressof(self._layers),
+            ctypes.addressof(self._shape),
+            x.data_ptr(),
+            rows,
+            t,
+            start,
+            cache.data_ptr(),
+            w.cos.data_ptr(),
+            w.sin.data_ptr(),
+            w.final_norm.data_ptr(),
+            *map(_pointer, self._projection),
+            head.data_ptr(),
+            logits.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if failed:
+            raise MemoryError("dense step: no scratch memory")
+        return logits
