@@ -1,7 +1,8 @@
 """Ming-flash-omni-2.0 (inclusionAI Ming, `BailingMM2NativeForConditionalGeneration`): text
 in; text and speech out, as thinker (a Bailing-MoE-V2 decoder) -> talker (a Qwen2 LM
 writing continuous latent patches: `talker.py`) -> audio VAE decoder (`audio_vae.py`).
-Its tiny checkpoint is the built-in `demo-ming-flash-omni` (docs/ming_flash_omni.md)."""
+Its tiny checkpoint is the built-in `demo-ming-flash-omni`; `demo-ming-flash-omni-tts` serves
+it by its talker alone (text to speech, `speech_prompt.py`; docs/ming_flash_omni.md)."""
 
 from omnistage.models.family import Demo, Family, PartSpec
 
@@ -44,6 +45,7 @@ FAMILY = Family(
         "bailing_moe_v2": f"{_PKG}.config:BailingMoeV2Config",
         "ming_flash_talker": f"{_PKG}.talker_config:MingFlashTalkerConfig",
     },
+    stage_prompters={(MODEL_TYPE, "talker"): f"{_PKG}.speech_prompt:MingFlashSpeechPrompter"},
     deploys_by_model_type={MODEL_TYPE: "ming-flash-omni"},
     demos={
         "demo-ming-flash-omni": Demo(
@@ -55,6 +57,15 @@ FAMILY = Family(
             maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
             deploy="demo-ming-flash-omni",
             version=2,  # v2: the talker and the audio VAE decoder
-        )
+        ),
+        "demo-ming-flash-omni-tts": Demo(
+            description=(
+                "demo-ming-flash-omni's tiny checkpoint served by its talker alone (talker -> "
+                "audio VAE: text to speech on /v1/audio/speech); its speech is noise"
+            ),
+            maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
+            deploy="demo-ming-flash-omni-tts",
+            version=2,
+        ),
     },
 )
