@@ -7,10 +7,17 @@ demo-ming-flash-omni-tts deploy: the talker renders its own prompt from the text
   reference's prompt ids, the talker stops at the reference's step and the audio is the
   reference decoder's waveform of the reference's patches.
 - Float64: sync and async scheduling give the same stop ids and audio bytes (seeded flow
-  head at temperature 1) and the audio VAE receives byte-identical payloads with
-  `meta.finished` set once; each request alone gives what it gives in a batch (stop ids
-  exactly, audio to float64 rounding: a batch runs other GEMM shapes).
-- A streaming client sees one finished output per request, its audio the whole run's.
+  head at temperature 1) and the audio VAE receives byte-identical stream chunks, with
+  `meta.finished` in exactly one (the last) of each request's; each request alone gives
+  what it gives in a batch (stop ids exactly, audio to float64 rounding: a batch runs
+  other GEMM shapes).
+- The stream edge (each chunk decoded with every earlier patch and one patch after it)
+  gives the audio of the whole-payload edge, bit for bit in float64 (measured: the decoder
+  is causal and the look-ahead is inside the next patch; with no right context the last
+  samples of a chunk differ by 0.5). A streaming client sees one
+  finished output per request, its audio the whole run's, in several pieces (the stream
+  edge's chunks carry `meta.finished` only in the last: the first ones leave before the
+  talker finishes).
 - A voice, `instructions`, another `language` and an empty text are ValueErrors naming the
   field; nothing is left held.
 """
@@ -106,10 +113,22 @@ def test_sync_equals_async_and_payloads_are_identical(ckpt, sync_run):
     async_ids, async_received = _run(_deploy(ckpt, True), TEXTS)
     for (stops, audio), (async_stops, async_audio) in zip(ids, async_ids, strict=True):
         assert stops == async_stops and audio.tobytes() == async_audio.tobytes()
-    assert received.keys() == async_received.keys() and len(received) == len(TEXTS)
+    assert received.keys() == async_received.keys() and len(received) > len(TEXTS)
     for key, data in received.items():
         assert async_received[key] == data
-        assert unpack_payload(data)["meta.finished"] is True
+    for i in range(len(TEXTS)):
+        chunks = sorted(k for k in received if k[0] == i)
+        finished = [bool(unpack_payload(received[k]).get("meta.finished")) for k in chunks]
+        assert finished == [False] * (len(chunks) - 1) + [True], finished
+
+
+def test_streamed_edge_equals_whole_payload_edge(ckpt, sync_run):
+    whole_spec = tiny_speech_deploy(DEPLOY, ckpt, async_scheduling=False, stream=False)
+    whole, received = _run(whole_spec, TEXTS)
+    assert len(received) == len(TEXTS)  # one payload per request
+    for (stops, audio), (whole_stops, whole_audio) in zip(sync_run[0], whole, strict=True):
+        assert stops == whole_stops and audio.shape == whole_audio.shape
+        np.testing.assert_array_equal(audio, whole_audio)
 
 
 def test_alone_equals_batched(ckpt, sync_run):
@@ -130,11 +149,14 @@ def test_streamed_audio_is_the_whole_audio(ckpt, sync_run):
                     finished += out.finished
                     if out.stage == "audio_vae" and out.new_data is not None:
                         audio.append(out.new_data.numpy().tobytes())
+                pieces.append(len(audio))
                 return finished, b"".join(audio)
 
             return await asyncio.gather(*(one(i) for i in range(len(TEXTS))))
 
+    pieces: list[int] = []
     assert asyncio.run(stream()) == [(1, audio.tobytes()) for _, audio in sync_run[0]]
+    assert max(pieces) > 1  # the audio came in pieces, not at the talker's end
 
 
 def test_bad_input_is_a_value_error_naming_the_field(ckpt):
