@@ -15,6 +15,15 @@ TALKER_RENAMES = (
 )
 """The talker's weights (`talker.` + the reference's names) -> the names `MingFlashTalker`
 loads."""
+TALKER = PartSpec(
+    ("talker_config",),
+    "OmnistageMingFlashTalker",
+    TALKER_RENAMES,
+    eos_token_id=("talker_config", "eos_token_id"),
+)
+"""The talker, served as `talker` (fed the thinker's reply by a prompt edge) and as
+`tts_talker` (the entry of the `-tts` deploys: it renders its own prompt from the request,
+so its prompter is declared for that part alone and never takes over the edge's prompt)."""
 
 FAMILY = Family(
     name="ming_flash_omni",
@@ -28,12 +37,8 @@ FAMILY = Family(
             "OmnistageMingFlashThinker",
             (("model.model.", "model."), ("model.lm_head.", "lm_head.")),
         ),
-        (MODEL_TYPE, "talker"): PartSpec(
-            ("talker_config",),
-            "OmnistageMingFlashTalker",
-            TALKER_RENAMES,
-            eos_token_id=("talker_config", "eos_token_id"),
-        ),
+        (MODEL_TYPE, "talker"): TALKER,
+        (MODEL_TYPE, "tts_talker"): TALKER,
     },
     edges={
         "ming_flash_omni_thinker_to_talker": f"{_PKG}.edges:MingFlashThinkerToTalker",
@@ -45,7 +50,7 @@ FAMILY = Family(
         "bailing_moe_v2": f"{_PKG}.config:BailingMoeV2Config",
         "ming_flash_talker": f"{_PKG}.talker_config:MingFlashTalkerConfig",
     },
-    stage_prompters={(MODEL_TYPE, "talker"): f"{_PKG}.speech_prompt:MingFlashSpeechPrompter"},
+    stage_prompters={(MODEL_TYPE, "tts_talker"): f"{_PKG}.speech_prompt:MingFlashSpeechPrompter"},
     deploys_by_model_type={MODEL_TYPE: "ming-flash-omni"},
     demos={
         "demo-ming-flash-omni": Demo(
