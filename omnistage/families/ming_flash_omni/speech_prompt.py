@@ -1,6 +1,8 @@
 """Ming-flash-omni-2.0's talker speaking a text without the thinker: the entry stage of
 the talker-only deploys (`ming-flash-omni-tts`, `demo-ming-flash-omni-tts`: talker ->
 audio VAE) renders its own prompt from the request (`/v1/audio/speech`, `Omni.generate`).
+It is declared for the part `tts_talker` (the talker's weights under another part name),
+not `talker`, whose input in the omni deploy is the prompt the thinker's edge builds.
 
 As the reference's text-to-speech entry (inclusionAI/Ming-omni-tts `modeling_bailingmm.py`,
 `prepare_input_embed(prompt, text)` then `sample`, with no speaker embedding, no
