@@ -172,3 +172,14 @@ def test_bad_input_is_a_value_error_naming_the_field(ckpt):
         counters = omni.stage_counters()
     assert ok.error is None
     assert all(v == 0 for c in counters.values() for v in c.values()), counters
+
+
+def test_the_prompter_is_the_tts_talkers_alone():
+    """The omni deploy's talker takes the prompt its edge builds; only the `-tts` deploys'
+    part renders its own."""
+    from omnistage.families.ming_flash_omni import MODEL_TYPE
+    from omnistage.models import registry
+
+    assert registry.stage_prompter_class(MODEL_TYPE, "talker") is None
+    assert registry.stage_prompter_class(MODEL_TYPE, "tts_talker") is MingFlashSpeechPrompter
+    assert registry.stage_prompter_class(MODEL_TYPE, "thinker") is None
