@@ -1,7 +1,8 @@
 """Ming-flash-omni-2.0 (inclusionAI Ming, `BailingMM2NativeForConditionalGeneration`): text
 in; text and speech out, as thinker (a Bailing-MoE-V2 decoder) -> talker (a Qwen2 LM
 writing continuous latent patches: `talker.py`) -> audio VAE decoder (`audio_vae.py`).
-Its tiny checkpoint is the built-in `demo-ming-flash-omni` (docs/ming_flash_omni.md)."""
+Its tiny checkpoint is the built-in `demo-ming-flash-omni`; `demo-ming-flash-omni-tts` serves
+it by its talker alone (text to speech, `speech_prompt.py`; docs/ming_flash_omni.md)."""
 
 from omnistage.models.family import Demo, Family, PartSpec
 
@@ -14,6 +15,15 @@ TALKER_RENAMES = (
 )
 """The talker's weights (`talker.` + the reference's names) -> the names `MingFlashTalker`
 loads."""
+TALKER = PartSpec(
+    ("talker_config",),
+    "OmnistageMingFlashTalker",
+    TALKER_RENAMES,
+    eos_token_id=("talker_config", "eos_token_id"),
+)
+"""The talker, served as `talker` (fed the thinker's reply by a prompt edge) and as
+`tts_talker` (the entry of the `-tts` deploys: it renders its own prompt from the request,
+so its prompter is declared for that part alone and never takes over the edge's prompt)."""
 
 FAMILY = Family(
     name="ming_flash_omni",
@@ -27,12 +37,8 @@ FAMILY = Family(
             "OmnistageMingFlashThinker",
             (("model.model.", "model."), ("model.lm_head.", "lm_head.")),
         ),
-        (MODEL_TYPE, "talker"): PartSpec(
-            ("talker_config",),
-            "OmnistageMingFlashTalker",
-            TALKER_RENAMES,
-            eos_token_id=("talker_config", "eos_token_id"),
-        ),
+        (MODEL_TYPE, "talker"): TALKER,
+        (MODEL_TYPE, "tts_talker"): TALKER,
     },
     edges={
         "ming_flash_omni_thinker_to_talker": f"{_PKG}.edges:MingFlashThinkerToTalker",
@@ -44,6 +50,7 @@ FAMILY = Family(
         "bailing_moe_v2": f"{_PKG}.config:BailingMoeV2Config",
         "ming_flash_talker": f"{_PKG}.talker_config:MingFlashTalkerConfig",
     },
+    stage_prompters={(MODEL_TYPE, "tts_talker"): f"{_PKG}.speech_prompt:MingFlashSpeechPrompter"},
     deploys_by_model_type={MODEL_TYPE: "ming-flash-omni"},
     demos={
         "demo-ming-flash-omni": Demo(
@@ -55,6 +62,15 @@ FAMILY = Family(
             maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
             deploy="demo-ming-flash-omni",
             version=2,  # v2: the talker and the audio VAE decoder
-        )
+        ),
+        "demo-ming-flash-omni-tts": Demo(
+            description=(
+                "demo-ming-flash-omni's tiny checkpoint served by its talker alone (talker -> "
+                "audio VAE: text to speech on /v1/audio/speech); its speech is noise"
+            ),
+            maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
+            deploy="demo-ming-flash-omni-tts",
+            version=2,
+        ),
     },
 )

@@ -10,9 +10,15 @@ semantic (Whisper) module, which the decode path of a checkpoint without
          -> irfft(n_fft = 4 hop) x Hann window, overlap-add, "same" padding trimmed,
             divided by the summed squared window.
 
-The whole utterance is decoded at once (the reference's `use_cache=False` path); the
-reference's streamed decode (a one-frame look-ahead upsampler, KV cache, overlap buffers)
-computes the same samples, which the fixture checks as well.
+A whole payload is decoded at once (the reference's `use_cache=False` path). A stream
+chunk (the `-tts` deploys' `transfer: stream` edge: every earlier patch as left context,
+one patch of right context) is decoded with its context and only its own patches'
+samples are returned: the Qwen2 is causal, the upsampler reads one latent frame ahead and
+the ISTFT of a frame's samples one upsampled frame ahead, all inside the next patch, so
+the samples are the whole decode's (as the reference's streamed decode, a one-frame
+look-ahead upsampler with a KV cache and overlap buffers, computes the same samples:
+the fixture checks both). Recomputing the context keeps each chunk a pure function of
+its rows (no state across chunks); it costs quadratic time in the utterance's length.
 Weights: `talker.audio.decoder.*` of the checkpoint (the reference's names under `audio.`).
 """
 
@@ -143,9 +149,12 @@ class MingFlashAudioVAE(GenerationModel):
 
     @torch.no_grad()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
-        """Each item alone (the Qwen2 is causal over the whole utterance: no padding)."""
+        """Each item alone (the Qwen2 is causal over the whole utterance: no padding); of a
+        stream chunk, the samples of its own rows (see the module docstring)."""
         out = []
         for item in items:
             frames = item.rows.reshape(1, -1, self.latent_dim).to(self.dtype)
-            out.append(self.decoder(frames)[0].float())
+            wav = self.decoder(frames)[0].float()
+            per_row = wav.shape[0] // item.rows.shape[0]
+            out.append(wav[item.context_len * per_row : item.own_end * per_row])
         return out
