@@ -316,3 +316,50 @@ def test_deepstack_features_go_to_the_runner_device():
     assert back.deepstack_embeds.device.type == "meta"
     assert back.deepstack_embeds.dtype == torch.float32
     assert back.mrope_positions.device.type == "cpu"  # step inputs are built on the CPU
+
+
+def _modality(codes: tuple[int, ...] = (0, 1, 1, 2, 0)) -> torch.Tensor:
+    return torch.tensor(codes, dtype=torch.int64)
+
+
+def test_a_prompt_with_only_a_token_modality_keeps_it():
+    encoded = _encoded(False, [])
+    encoded.token_modality = _modality()
+    mm = MultimodalDecoderInputs.from_encoded_prompt(encoded)
+    assert mm is not None and torch.equal(mm.token_modality, _modality())
+    assert mm.mrope_positions is None and mm.deepstack_embeds is None
+    both = _encoded(True, [])
+    both.token_modality = _modality()
+    assert torch.equal(
+        MultimodalDecoderInputs.from_encoded_prompt(both).token_modality, _modality()
+    )
+
+
+def test_the_token_modality_salts_the_digest_and_crosses_the_wire():
+    def with_codes(codes) -> MultimodalDecoderInputs:
+        mm = _full()
+        mm.token_modality = None if codes is None else _modality(codes)
+        return mm
+
+    digests = {with_codes(c).digest() for c in [None, (0, 1, 1, 2, 0), (0, 2, 2, 1, 0)]}
+    assert len(digests) == 3
+    other_positions = with_codes((0, 1, 1, 2, 0))
+    other_positions.mrope_positions = _positions(top=3)
+    assert other_positions.digest() != with_codes((0, 1, 1, 2, 0)).digest()
+    assert with_codes(None).digest().hex() == PINNED_DIGEST  # unchanged without it
+    assert with_codes((0, 1, 1, 2, 0)).digest().hex() == PINNED_MODALITY
+    back = MultimodalDecoderInputs.from_data(
+        with_codes((0, 1, 1, 2, 0)).to_data(), torch.device("cpu"), torch.float64
+    )
+    assert (
+        torch.equal(back.token_modality, _modality()) and back.token_modality.dtype == torch.int64
+    )
+    assert (
+        MultimodalDecoderInputs.from_data(
+            _full().to_data(), torch.device("cpu"), torch.float64
+        ).token_modality
+        is None
+    )
+
+
+PINNED_MODALITY = "188821b12fbb3d20efe8cb4478884ac8"
