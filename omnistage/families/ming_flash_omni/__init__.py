@@ -54,7 +54,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
             deploy="demo-ming-flash-omni",
-            version=2,  # v2: the talker and the audio VAE decoder
+            version=3,  # v2: the talker and the audio VAE decoder; v3: the ViT's weights
         )
     },
 )

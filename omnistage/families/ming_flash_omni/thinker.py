@@ -19,7 +19,9 @@ before `first_k_dense_replace`, shared experts added unscaled) is v1's code. New
   experts' weights are their unbiased scores, renormalized (sum + 1e-20) when more than
   one is picked, times `routed_scaling_factor`;
 - `router_type: MultiRouter` checkpoints also carry `image_gate` and `audio_gate`
-  routers (the reference uses them inside image / audio spans): loaded, unused on text;
+  routers: positions whose `token_modality` is IMAGE (AUDIO) route through them, every
+  other position through `gate` (the reference's masks are the `<imagePatch>` /
+  `<audioPatch>` positions themselves, not v1's span; `topN` routes everything by `gate`);
 - no `norm_head` (the V2 reference never normalizes `lm_head`).
 """
 
@@ -35,8 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.families.llama.model import DecoderMLP
-from omnistage.families.ming_omni.thinker import BailingMoeForCausalLM
+from omnistage.families.ming_omni.thinker import AUDIO, IMAGE, BailingMoeForCausalLM
 from omnistage.families.qwen_moe.model import SparseMoeBlock
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.rotary import RotaryEmbedding, rotate
 
 _QK_NORMS = re.compile(r"\.attention\.(q_norm|k_norm|query_layernorm|key_layernorm)\.")
@@ -122,6 +125,12 @@ class BailingV2SparseMoe(SparseMoeBlock):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         weights, experts = self.gate(x)
+        kinds = get_forward_context().token_modality if hasattr(self, "image_gate") else None
+        if kinds is not None:
+            for code, gate in ((IMAGE, self.image_gate), (AUDIO, self.audio_gate)):
+                rows = (kinds == code).nonzero().flatten()
+                if len(rows):
+                    weights[rows], experts[rows] = gate(x[rows])
         out = self.routed(x, weights.to(x.dtype), experts)
         if self.shared_experts is not None:
             out.add_(self.shared_experts.without_residual(x))

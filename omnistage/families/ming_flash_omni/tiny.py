@@ -2,8 +2,8 @@
 layout): the built-in `demo-ming-flash-omni` and what the tests build from.
 
 The real layout at small sizes (`config.py` describes it): `config.json`
-(`BailingMM2Config` with the real field names; no vision or audio encoder; the talker of
-`tiny_talker.py`),
+(`BailingMM2Config` with the real field names; the ViT of `tiny_vision.py`, no audio
+encoder; the talker of `tiny_talker.py`),
 one safetensors file with the reference's thinker weight names
 (`model.model.word_embeddings.weight`, `model.model.layers.N.attention.query_key_value.weight`,
 `...attention.q_norm.weight`, `...attention.dense.weight`, `...mlp.gate.weight`,
@@ -32,6 +32,11 @@ from omnistage.families.ming_flash_omni.tiny_talker import (
     TALKER_WEIGHTS,
     tiny_talker_config,
     tiny_talker_weights,
+)
+from omnistage.families.ming_flash_omni.tiny_vision import (
+    TINY_VISION,
+    VISION_WEIGHTS,
+    tiny_vision_weights,
 )
 from omnistage.models.tiny_checkpoints import VOCAB_SIZE, byte_tokenizer
 
@@ -121,6 +126,7 @@ def make_tiny_ming_flash_omni(
         mlp_depth=2,
         llm_config=llm,
         talker_config=talker.to_dict(),
+        vision_config=dict(TINY_VISION),
         architectures=["BailingMM2NativeForConditionalGeneration"],
     )
     weights = _draw(thinker_shapes(llm), torch.Generator().manual_seed(seed))
@@ -132,6 +138,8 @@ def make_tiny_ming_flash_omni(
     # A file of its own, so that the thinker's file (and its fixture's digest) stays as it was.
     talker_weights = tiny_talker_weights(talker, seed + 1)
     save_file({k: v.to(dtype) for k, v in talker_weights.items()}, path / TALKER_WEIGHTS)
+    vision = tiny_vision_weights(llm.hidden_size, config.mlp_depth, seed + 2)
+    save_file({k: v.to(dtype).contiguous() for k, v in vision.items()}, path / VISION_WEIGHTS)
     config.save_pretrained(path)
     tok = byte_tokenizer(SPECIALS)
     tok.save_pretrained(path)
