@@ -8,6 +8,7 @@ reference's 3-D `video_rope` positions are not built (docs/ming_flash_omni.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -18,8 +19,10 @@ from omnistage import SamplingParams
 from omnistage.config import EngineConfig
 from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.engine.llm_engine import LLMEngine
-from omnistage.families.ming_flash_omni.config import BailingMM2Config
-from omnistage.families.ming_flash_omni.tiny import make_tiny_ming_flash_omni
+from omnistage.families.ming_flash_omni.config import BailingMM2Config, BailingMoeV2Config
+from omnistage.families.ming_flash_omni.input_encoder import MingFlashInputEncoder
+from omnistage.families.ming_flash_omni.rope import image_positions, video_rope_rows
+from omnistage.families.ming_flash_omni.tiny import THINKER, make_tiny_ming_flash_omni
 from omnistage.families.ming_flash_omni.tiny_vision import TINY_VISION, VISION_WEIGHTS
 from omnistage.families.ming_flash_omni.vision import MingFlashImageEncoder
 from omnistage.families.ming_omni.thinker import AUDIO, IMAGE
@@ -184,3 +187,96 @@ def test_float64_coded_prompts_sync_async_alone_batched_chunked_equal(ckpt):
     plain = dict(PROMPTS, image=(PROMPTS["image"][0], None))
     without = run(engine(ckpt), ["image"], plain)
     assert not torch.allclose(without["image"][1][0], sync["image"][1][0])
+
+
+def _picture(seed: int, size: tuple[int, int]):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 256, (size[1], size[0], 3), generator=g, dtype=torch.uint8)
+    return Image.fromarray(data.numpy())
+
+
+def test_image_positions_follow_the_reference_rope_index():
+    # ids: 3 text, <image>(7) 6 patches (grid 1x4x6 over merge 2: 2x3), </image>, 2 text.
+    p = 9
+    ids = [1, 2, 3, 7] + [p] * 6 + [8, 4, 5]
+    positions, delta = image_positions(ids, p, torch.tensor([[1, 4, 6]]), 2)
+    text = [0, 1, 2, 3]
+    assert positions[:, :4].tolist() == [text, text, text]
+    assert positions[0, 4:10].tolist() == [4] * 6  # t
+    assert positions[1, 4:10].tolist() == [4, 4, 4, 5, 5, 5]  # rows
+    assert positions[2, 4:10].tolist() == [4, 5, 6, 4, 5, 6]  # columns
+    assert positions[:, 10:].tolist() == [[7, 8, 9]] * 3  # on from the largest + 1
+    assert delta == 10 - len(ids)
+    rows = video_rope_rows(BailingMoeV2Config(**dict(THINKER, moe_intermediate_size=32)))
+    assert rows.tolist() == [1, 2, 0, 0]  # [2, 1, 1]: H, W, then T
+
+
+@pytest.fixture(scope="module")
+def encoder(ckpt):
+    return MingFlashInputEncoder.from_checkpoint(ckpt, torch.float64)
+
+
+def test_encoded_image_prompt_expands_routes_and_places_the_rows(encoder):
+    enc = encoder.encode(
+        "look: <image> and <image>?", images=[_picture(0, (64, 96)), _picture(1, (40, 40))]
+    )
+    ids, patch = enc.prompt_token_ids, encoder.ids["<imagePatch>"]
+    counts = encoder.images.num_tokens(enc.image_grid_thw)
+    assert ids.count(patch) == sum(counts) and enc.uses_mrope
+    assert torch.equal(enc.token_modality, (torch.tensor(ids) == patch).long() * IMAGE)
+    start = ids.index(patch)
+    assert ids[start - 1] == encoder.ids["<image>"]
+    assert ids[start + counts[0]] == encoder.ids["</image>"]
+    assert not torch.equal(enc.mrope_positions[1], enc.mrope_positions[0])
+    with pytest.raises(ValueError, match="image"):
+        encoder.encode("no placeholder", images=[_picture(0, (64, 64))])
+    with pytest.raises(ValueError, match="audio"):
+        encoder.encode("hi", audios=[b"x"])
+
+
+def _run_encoded(eng: LLMEngine, encoded: dict) -> dict[str, tuple]:
+    logits: dict[str, list[torch.Tensor]] = {}
+
+    def observe(event) -> None:
+        for i, rid in enumerate(event.req_ids):
+            logits.setdefault(rid, []).append(event.logits[i].clone())
+
+    eng.core.executor.runner.add_sample_observer(observe)
+    for name, enc in encoded.items():
+        eng.add_encoded_request(name, enc, SAMPLED)
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    return {n: (done[n], torch.stack(logits[n])) for n in encoded}
+
+
+def test_float64_image_prompts_sync_async_alone_batched_chunked_equal(ckpt, encoder):
+    encoded = {
+        "one": encoder.encode("a <image> b", images=[_picture(2, (64, 64))]),
+        "two": encoder.encode(
+            "<image><image> c", images=[_picture(3, (32, 64)), _picture(4, (64, 32))]
+        ),
+        "text": encoder.encode("just text here"),
+    }
+    sync = _run_encoded(engine(ckpt), encoded)
+    asyn = _run_encoded(engine(ckpt, async_scheduling=True), encoded)
+    chunked = _run_encoded(engine(ckpt, max_num_batched_tokens=16, async_scheduling=True), encoded)
+    for name in encoded:
+        assert sync[name][0] == asyn[name][0] and torch.equal(sync[name][1], asyn[name][1]), name
+        alone = _run_encoded(engine(ckpt), {name: encoded[name]})[name]
+        assert alone[0] == sync[name][0], name
+        torch.testing.assert_close(alone[1], sync[name][1], rtol=0, atol=1e-12)
+        assert chunked[name][0] == sync[name][0], name
+        torch.testing.assert_close(chunked[name][1], sync[name][1], rtol=0, atol=1e-12)
+    # The 3-D positions matter: the same rows at plain positions give other logits.
+    flat = dataclasses.replace(
+        encoded["one"],
+        mrope_positions=torch.arange(len(encoded["one"].prompt_token_ids)).expand(3, -1).clone(),
+        rope_delta=0,
+    )
+    plain = _run_encoded(engine(ckpt), {"one": flat})
+    assert not torch.allclose(plain["one"][1][0], sync["one"][1][0])

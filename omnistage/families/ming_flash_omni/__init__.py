@@ -45,6 +45,7 @@ FAMILY = Family(
         "ming_flash_talker": f"{_PKG}.talker_config:MingFlashTalkerConfig",
     },
     deploys_by_model_type={MODEL_TYPE: "ming-flash-omni"},
+    input_encoders={MODEL_TYPE: f"{_PKG}.input_encoder:MingFlashInputEncoder"},
     demos={
         "demo-ming-flash-omni": Demo(
             description=(

@@ -11,7 +11,7 @@ before `first_k_dense_replace`, shared experts added unscaled) is v1's code. New
   dims only (neox pairs within those dims; the rest pass through), with
   1 / theta^(2i / rotary_dim) frequencies. The reference's 3-D rotary (`video_rope`,
   `3D`) gives every text position equal (T, H, W) rows, which is this plain partial
-  RoPE; positions stay 1-D here (an image or audio prompt is not accepted yet);
+  RoPE; an image prompt's [3, T] positions rotate as `rope.py` says;
 - router (`BailingV2Gate`, float32 or the model's float64): scores = sigmoid(x W^T);
   the experts are split into `n_group` groups, each group scored by the sum of its two
   best `scores + expert_bias`; the `topk_group` best groups are kept and the
@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.families.llama.model import DecoderMLP
+from omnistage.families.ming_flash_omni.rope import video_rope_rows
 from omnistage.families.ming_omni.thinker import AUDIO, IMAGE, BailingMoeForCausalLM
 from omnistage.families.qwen_moe.model import SparseMoeBlock
 from omnistage.layers.forward_context import get_forward_context
@@ -143,11 +144,14 @@ class BailingMoeV2ForCausalLM(BailingMoeForCausalLM):
 
     architectures = ("OmnistageMingFlashThinker",)
     qk_norm = True
+    supports_mrope = True  # image prompts' 3-D positions (`rope.py`)
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, dtype, max_positions)
         self.norm_head = False
-        rotary = PartialRotary(self.layers[0].self_attn.rotary, config.rotary_dim)
+        table = self.layers[0].self_attn.rotary
+        table.enable_position_rows(video_rope_rows(config))  # image prompts: `rope.py`
+        rotary = PartialRotary(table, config.rotary_dim)
         for layer in self.layers:
             layer.self_attn.rotary = rotary
 

@@ -34,6 +34,7 @@ from omnistage.families.ming_flash_omni.tiny_talker import (
     tiny_talker_weights,
 )
 from omnistage.families.ming_flash_omni.tiny_vision import (
+    IMAGE_SPECIALS,
     TINY_VISION,
     VISION_WEIGHTS,
     tiny_vision_weights,
@@ -54,7 +55,7 @@ THINKER = dict(
     rms_norm_eps=1e-6,
     max_position_embeddings=1024,
     rope_theta=600000.0,
-    rope_scaling={"factor": None, "type": "video_rope"},
+    rope_scaling={"factor": None, "type": "video_rope", "mrope_section": [2, 1, 1]},
     partial_rotary_factor=0.5,
     pad_token_id=0,
     eos_token_id=IM_END_ID,
@@ -141,7 +142,7 @@ def make_tiny_ming_flash_omni(
     vision = tiny_vision_weights(llm.hidden_size, config.mlp_depth, seed + 2)
     save_file({k: v.to(dtype).contiguous() for k, v in vision.items()}, path / VISION_WEIGHTS)
     config.save_pretrained(path)
-    tok = byte_tokenizer(SPECIALS)
+    tok = byte_tokenizer(SPECIALS + IMAGE_SPECIALS)
     tok.save_pretrained(path)
     # The class any transformers release reads (the reference pins 4.53).
     settings_file = path / "tokenizer_config.json"

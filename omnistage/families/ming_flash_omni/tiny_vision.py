@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 VISION_WEIGHTS = "vision.safetensors"
+IMAGE_SPECIALS = ["<image>", "<imagePatch>", "</image>"]
 TINY_VISION: dict[str, Any] = {
     "depth": 2,
     "hidden_size": 32,
