@@ -9,7 +9,7 @@ one safetensors file with the reference's thinker weight names
 `...attention.q_norm.weight`, `...attention.dense.weight`, `...mlp.gate.weight`,
 `...mlp.gate.expert_bias`, `...mlp.image_gate.expert_bias`, `...mlp.experts.E.up_proj.weight`,
 `...mlp.shared_experts.down_proj.weight`, `model.lm_head.weight`, …) and a byte-level
-tokenizer (with a ChatML template, not Ming's).
+tokenizer (with a ChatML template, not Ming's, rendering an image part as `<image>`).
 
 As the real thinker: layer 0 dense (`first_k_dense_replace` 1), the others MoE with 8
 experts in 4 groups (2 groups kept, 2 experts per token), one shared expert,
@@ -39,7 +39,8 @@ from omnistage.families.ming_flash_omni.tiny_vision import (
     VISION_WEIGHTS,
     tiny_vision_weights,
 )
-from omnistage.models.tiny_checkpoints import VOCAB_SIZE, byte_tokenizer
+from omnistage.families.ming_omni.tiny import CONTENT
+from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE, byte_tokenizer
 
 IM_END_ID = 2
 THINKER = dict(
@@ -143,6 +144,7 @@ def make_tiny_ming_flash_omni(
     save_file({k: v.to(dtype).contiguous() for k, v in vision.items()}, path / VISION_WEIGHTS)
     config.save_pretrained(path)
     tok = byte_tokenizer(SPECIALS + IMAGE_SPECIALS)
+    tok.chat_template = CHAT_TEMPLATE.replace("{{ m['content'] }}", CONTENT)  # image parts
     tok.save_pretrained(path)
     # The class any transformers release reads (the reference pins 4.53).
     settings_file = path / "tokenizer_config.json"
