@@ -280,3 +280,39 @@ def test_float64_image_prompts_sync_async_alone_batched_chunked_equal(ckpt, enco
     )
     plain = _run_encoded(engine(ckpt), {"one": flat})
     assert not torch.allclose(plain["one"][1][0], sync["one"][1][0])
+
+
+def _reference_video_rope(q, positions, theta, rotary_dim, section):
+    """vLLM-Omni's `MingVideoRopeMRotaryEmbedding.forward_native`, transcribed: per-row
+    cos / sin, `_remap_video_rope` (H even, W odd over the first H + W frequencies, then
+    T), neox rotation of the first `rotary_dim` dims."""
+    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    freqs = positions.float()[..., None] * inv  # [3, T, rotary_dim / 2]
+    cos, sin = freqs.cos(), freqs.sin()
+    hw = section[1] + section[2]
+    rc, rs = torch.empty_like(cos[0]), torch.empty_like(sin[0])
+    rc[:, 0:hw:2], rc[:, 1:hw:2], rc[:, hw:] = cos[1, :, 0:hw:2], cos[2, :, 1:hw:2], cos[0, :, hw:]
+    rs[:, 0:hw:2], rs[:, 1:hw:2], rs[:, hw:] = sin[1, :, 0:hw:2], sin[2, :, 1:hw:2], sin[0, :, hw:]
+    rc, rs = rc[:, None].to(q.dtype), rs[:, None].to(q.dtype)
+    half = rotary_dim // 2
+    x1, x2 = q[..., :half], q[..., half:rotary_dim]
+    return torch.cat((x1 * rc - x2 * rs, x2 * rc + x1 * rs, q[..., rotary_dim:]), dim=-1)
+
+
+def test_thinker_rotary_matches_the_reference_video_rope(ckpt):
+    model = engine(ckpt).core.executor.runner.model
+    rotary = model.layers[0].self_attn.rotary
+    config = BailingMM2Config.from_pretrained(ckpt).llm_config
+    ids = [1, 2, 7] + [9] * 12 + [8, 4]
+    positions, _ = image_positions(ids, 9, torch.tensor([[1, 4, 6], [1, 2, 4]]), 2)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(len(ids), 4, config.head_dim, generator=g, dtype=torch.float64)
+    k = torch.randn(len(ids), 2, config.head_dim, generator=g, dtype=torch.float64)
+    got_q, got_k = rotary(positions, q, k)
+    section = config.mm_rope_scaling["mrope_section"]
+    for got, x in ((got_q, q), (got_k, k)):
+        want = _reference_video_rope(x, positions, config.rope_theta, config.rotary_dim, section)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    # Text positions (equal rows) rotate as the 1-D path does.
+    flat = torch.arange(len(ids))
+    torch.testing.assert_close(rotary(flat.expand(3, -1), q, k)[0], rotary(flat, q, k)[0])
