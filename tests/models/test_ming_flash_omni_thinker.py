@@ -114,9 +114,10 @@ def test_checkpoint_has_the_reference_names(ckpt):
         assert name in names, name
     config = auto_config(ckpt)
     assert isinstance(config, BailingMM2Config)
-    assert config.llm_config.mm_rope_scaling == {"factor": None, "type": "video_rope"}
+    rope = {"factor": None, "type": "video_rope", "mrope_section": [2, 1, 1]}
+    assert config.llm_config.mm_rope_scaling == rope
     saved = json.loads((ckpt / "config.json").read_text())["llm_config"]
-    assert saved["rope_scaling"] == {"factor": None, "type": "video_rope"}
+    assert saved["rope_scaling"] == rope
 
 
 def test_router_keeps_to_the_best_groups_and_weighs_by_unbiased_scores():

@@ -52,6 +52,7 @@ FAMILY = Family(
     },
     stage_prompters={(MODEL_TYPE, "tts_talker"): f"{_PKG}.speech_prompt:MingFlashSpeechPrompter"},
     deploys_by_model_type={MODEL_TYPE: "ming-flash-omni"},
+    input_encoders={MODEL_TYPE: f"{_PKG}.input_encoder:MingFlashInputEncoder"},
     demos={
         "demo-ming-flash-omni": Demo(
             description=(
@@ -61,7 +62,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
             deploy="demo-ming-flash-omni",
-            version=2,  # v2: the talker and the audio VAE decoder
+            version=3,  # v2: the talker and the audio VAE decoder; v3: the ViT's weights
         ),
         "demo-ming-flash-omni-tts": Demo(
             description=(
@@ -70,7 +71,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
             deploy="demo-ming-flash-omni-tts",
-            version=2,
+            version=3,
         ),
     },
 )

@@ -11,7 +11,7 @@ before `first_k_dense_replace`, shared experts added unscaled) is v1's code. New
   dims only (neox pairs within those dims; the rest pass through), with
   1 / theta^(2i / rotary_dim) frequencies. The reference's 3-D rotary (`video_rope`,
   `3D`) gives every text position equal (T, H, W) rows, which is this plain partial
-  RoPE; positions stay 1-D here (an image or audio prompt is not accepted yet);
+  RoPE; an image prompt's [3, T] positions rotate as `rope.py` says;
 - router (`BailingV2Gate`, float32 or the model's float64): scores = sigmoid(x W^T);
   the experts are split into `n_group` groups, each group scored by the sum of its two
   best `scores + expert_bias`; the `topk_group` best groups are kept and the
@@ -19,7 +19,9 @@ before `first_k_dense_replace`, shared experts added unscaled) is v1's code. New
   experts' weights are their unbiased scores, renormalized (sum + 1e-20) when more than
   one is picked, times `routed_scaling_factor`;
 - `router_type: MultiRouter` checkpoints also carry `image_gate` and `audio_gate`
-  routers (the reference uses them inside image / audio spans): loaded, unused on text;
+  routers: positions whose `token_modality` is IMAGE (AUDIO) route through them, every
+  other position through `gate` (the reference's masks are the `<imagePatch>` /
+  `<audioPatch>` positions themselves, not v1's span; `topN` routes everything by `gate`);
 - no `norm_head` (the V2 reference never normalizes `lm_head`).
 """
 
@@ -35,8 +37,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.families.llama.model import DecoderMLP
-from omnistage.families.ming_omni.thinker import BailingMoeForCausalLM
+from omnistage.families.ming_flash_omni.rope import video_rope_rows
+from omnistage.families.ming_omni.thinker import AUDIO, IMAGE, BailingMoeForCausalLM
 from omnistage.families.qwen_moe.model import SparseMoeBlock
+from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.rotary import RotaryEmbedding, rotate
 
 _QK_NORMS = re.compile(r"\.attention\.(q_norm|k_norm|query_layernorm|key_layernorm)\.")
@@ -122,6 +126,12 @@ class BailingV2SparseMoe(SparseMoeBlock):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         weights, experts = self.gate(x)
+        kinds = get_forward_context().token_modality if hasattr(self, "image_gate") else None
+        if kinds is not None:
+            for code, gate in ((IMAGE, self.image_gate), (AUDIO, self.audio_gate)):
+                rows = (kinds == code).nonzero().flatten()
+                if len(rows):
+                    weights[rows], experts[rows] = gate(x[rows])
         out = self.routed(x, weights.to(x.dtype), experts)
         if self.shared_experts is not None:
             out.add_(self.shared_experts.without_residual(x))
@@ -134,11 +144,14 @@ class BailingMoeV2ForCausalLM(BailingMoeForCausalLM):
 
     architectures = ("OmnistageMingFlashThinker",)
     qk_norm = True
+    supports_mrope = True  # image prompts' 3-D positions (`rope.py`)
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, dtype, max_positions)
         self.norm_head = False
-        rotary = PartialRotary(self.layers[0].self_attn.rotary, config.rotary_dim)
+        table = self.layers[0].self_attn.rotary
+        table.enable_position_rows(video_rope_rows(config))  # image prompts: `rope.py`
+        rotary = PartialRotary(table, config.rotary_dim)
         for layer in self.layers:
             layer.self_attn.rotary = rotary
 

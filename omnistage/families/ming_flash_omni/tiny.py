@@ -2,14 +2,14 @@
 layout): the built-in `demo-ming-flash-omni` and what the tests build from.
 
 The real layout at small sizes (`config.py` describes it): `config.json`
-(`BailingMM2Config` with the real field names; no vision or audio encoder; the talker of
-`tiny_talker.py`),
+(`BailingMM2Config` with the real field names; the ViT of `tiny_vision.py`, no audio
+encoder; the talker of `tiny_talker.py`),
 one safetensors file with the reference's thinker weight names
 (`model.model.word_embeddings.weight`, `model.model.layers.N.attention.query_key_value.weight`,
 `...attention.q_norm.weight`, `...attention.dense.weight`, `...mlp.gate.weight`,
 `...mlp.gate.expert_bias`, `...mlp.image_gate.expert_bias`, `...mlp.experts.E.up_proj.weight`,
 `...mlp.shared_experts.down_proj.weight`, `model.lm_head.weight`, …) and a byte-level
-tokenizer (with a ChatML template, not Ming's).
+tokenizer (with a ChatML template, not Ming's, rendering an image part as `<image>`).
 
 As the real thinker: layer 0 dense (`first_k_dense_replace` 1), the others MoE with 8
 experts in 4 groups (2 groups kept, 2 experts per token), one shared expert,
@@ -33,7 +33,14 @@ from omnistage.families.ming_flash_omni.tiny_talker import (
     tiny_talker_config,
     tiny_talker_weights,
 )
-from omnistage.models.tiny_checkpoints import VOCAB_SIZE, byte_tokenizer
+from omnistage.families.ming_flash_omni.tiny_vision import (
+    IMAGE_SPECIALS,
+    TINY_VISION,
+    VISION_WEIGHTS,
+    tiny_vision_weights,
+)
+from omnistage.families.ming_omni.tiny import CONTENT
+from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE, byte_tokenizer
 
 IM_END_ID = 2
 THINKER = dict(
@@ -49,7 +56,7 @@ THINKER = dict(
     rms_norm_eps=1e-6,
     max_position_embeddings=1024,
     rope_theta=600000.0,
-    rope_scaling={"factor": None, "type": "video_rope"},
+    rope_scaling={"factor": None, "type": "video_rope", "mrope_section": [2, 1, 1]},
     partial_rotary_factor=0.5,
     pad_token_id=0,
     eos_token_id=IM_END_ID,
@@ -121,6 +128,7 @@ def make_tiny_ming_flash_omni(
         mlp_depth=2,
         llm_config=llm,
         talker_config=talker.to_dict(),
+        vision_config=dict(TINY_VISION),
         architectures=["BailingMM2NativeForConditionalGeneration"],
     )
     weights = _draw(thinker_shapes(llm), torch.Generator().manual_seed(seed))
@@ -132,8 +140,11 @@ def make_tiny_ming_flash_omni(
     # A file of its own, so that the thinker's file (and its fixture's digest) stays as it was.
     talker_weights = tiny_talker_weights(talker, seed + 1)
     save_file({k: v.to(dtype) for k, v in talker_weights.items()}, path / TALKER_WEIGHTS)
+    vision = tiny_vision_weights(llm.hidden_size, config.mlp_depth, seed + 2)
+    save_file({k: v.to(dtype).contiguous() for k, v in vision.items()}, path / VISION_WEIGHTS)
     config.save_pretrained(path)
-    tok = byte_tokenizer(SPECIALS)
+    tok = byte_tokenizer(SPECIALS + IMAGE_SPECIALS)
+    tok.chat_template = CHAT_TEMPLATE.replace("{{ m['content'] }}", CONTENT)  # image parts
     tok.save_pretrained(path)
     # The class any transformers release reads (the reference pins 4.53).
     settings_file = path / "tokenizer_config.json"

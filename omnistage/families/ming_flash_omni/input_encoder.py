@@ -1,0 +1,159 @@
+"""Ming-flash-omni-2.0's multimodal processor, images: a prompt with `<image>` placeholders
+and its images -> the expanded ids, the thinker's input rows, the 3-D positions and the
+per-token modality (`EncodedPrompt`).
+
+As the reference does it (vLLM-Omni's port of `processing_bailingmm2.py` /
+`modeling_bailingmm2.py`; the reference itself was read, not run):
+
+- each `<image>` becomes `<image>` + `<imagePatch>` x n + `</image>` + `"\\n"`, n = the
+  image's patches over the 2x2 merge (v1's expansion: `ming_omni/input_encoder.py`);
+- the rows are the thinker's `word_embeddings` with the image encoder's rows
+  (`vision.MingFlashImageEncoder`) at the `<imagePatch>` positions, images in order;
+- positions are 3-D (`rope.image_positions`), the prompt's `rope_delta` shifts generated
+  tokens;
+- the per-token modality: IMAGE at the `<imagePatch>` positions only (the reference's
+  `image_mask = input_ids == image_patch_token`; v1 routes the whole span), so only they
+  go through `image_gate`;
+- the image processor is Qwen2-VL's (`smart_resize` to multiples of patch x merge,
+  rescale, normalization, temporal tiling) with `preprocessor_config.json`'s settings, its
+  patch, merge and temporal sizes defaulting to `vision_config`'s. Not the reference's
+  own pre-resize (`fetch_image`), whose factor for this ViT was not seen.
+
+Audio input is not built for this family (`audio` is refused).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from omnistage.families.ming_flash_omni.config import BailingMM2Config
+from omnistage.families.ming_flash_omni.rope import image_positions
+from omnistage.families.ming_flash_omni.vision import MingFlashImageEncoder
+from omnistage.families.ming_omni import input_encoder as v1
+from omnistage.families.ming_omni.thinker import IMAGE
+from omnistage.multimodal.prompts import EncodedPrompt
+
+
+class _Placeholders:
+    def placeholders(self) -> dict[str, str]:
+        return {"image": v1.IMAGE_START}
+
+
+class MingFlashInputEncoder(v1.MingInputEncoder):
+    """Prompt + images -> `EncodedPrompt` (see the module docstring)."""
+
+    model_type: ClassVar[str] = "bailingmm_moe_v2_lite"
+    tokens: ClassVar[_Placeholders] = _Placeholders()
+
+    def __init__(
+        self,
+        config: BailingMM2Config,
+        tokenizer: Any,
+        embeddings: torch.Tensor,
+        images: MingFlashImageEncoder,
+        processor: Any,
+    ) -> None:
+        self.config, self.tokenizer, self.embeddings = config, tokenizer, embeddings
+        self.images, self.image_processor = images, processor
+        self.audio = self.frontend = None
+        names = (v1.IMAGE_START, v1.IMAGE_PATCH, v1.IMAGE_END)
+        self.ids = {t: tokenizer.convert_tokens_to_ids(t) for t in names}
+        for token, i in self.ids.items():
+            if i is None or i == tokenizer.unk_token_id:
+                raise ValueError(f"tokenizer: special token {token!r} is missing")
+        self.newline = tokenizer("\n", add_special_tokens=False).input_ids
+
+    @classmethod
+    def supported_modalities(cls, config: Any) -> frozenset[str]:
+        if getattr(config, "model_type", None) != cls.model_type:
+            return frozenset()
+        return frozenset({"image"} if getattr(config, "vision_config", None) else ())
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | os.PathLike, dtype: torch.dtype | str = torch.float32, **_: Any
+    ) -> MingFlashInputEncoder:
+        from transformers import AutoTokenizer
+
+        from omnistage.models.loader import iter_weights
+
+        path = Path(path)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        config = BailingMM2Config.from_pretrained(path)
+        images = MingFlashImageEncoder.from_checkpoint(path, config, dtype)
+        embeddings = dict(iter_weights(path, (v1.EMBEDDINGS,)))[v1.EMBEDDINGS].to(dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return cls(config, tokenizer, embeddings, images, image_processor(path, config))
+
+    def encode(
+        self, prompt: str | Sequence[int], audios: Sequence[Any] = (), images: Sequence[Any] = ()
+    ) -> EncodedPrompt:
+        if len(audios):
+            raise ValueError("audio: audio input is not supported for Ming-flash-omni yet")
+        pixels, grid = self._pixels(images)
+        counts = self.images.num_tokens(grid) if len(images) else []
+        ids = self._expanded_ids(prompt, counts)
+        ids_t = torch.tensor(ids, dtype=torch.int64)
+        rows = self.embeddings[ids_t].clone()
+        patch = ids_t == self.ids[v1.IMAGE_PATCH]
+        n = len(ids)
+        positions, delta = torch.arange(n).expand(3, -1).clone(), 0
+        kinds = None
+        if counts:
+            rows[patch] = self.images(pixels, grid).to(rows.dtype)
+            patch_id, merge = self.ids[v1.IMAGE_PATCH], self.images.merge
+            positions, delta = image_positions(ids, patch_id, grid, merge)
+            kinds = patch.to(torch.int64) * IMAGE
+        return EncodedPrompt(
+            prompt_token_ids=ids,
+            prompt_embeds=rows,
+            mrope_positions=positions,
+            rope_delta=delta,
+            audio_mask=torch.zeros(n, dtype=torch.bool),
+            visual_pos_mask=patch,
+            deepstack_embeds=[],
+            audio_token_counts=[],
+            image_grid_thw=grid,
+            token_modality=kinds,
+        )
+
+    def _pixels(self, images: Sequence[Any]) -> tuple[torch.Tensor | None, torch.Tensor]:
+        if not len(images):
+            return None, torch.zeros(0, 3, dtype=torch.long)
+        from omnistage.multimodal.media import load_image
+
+        loaded = []
+        for k, item in enumerate(images):
+            try:
+                loaded.append(load_image(item).convert("RGB"))
+            except ValueError as e:
+                raise ValueError(f"image {k}: {e}") from e
+        try:
+            out = self.image_processor(images=loaded, return_tensors="pt")
+        except ValueError as e:
+            raise ValueError(f"image: cannot be processed ({e})") from e
+        return out["pixel_values"], out["image_grid_thw"].to(torch.long)
+
+
+def image_processor(path: Path, config: BailingMM2Config) -> Any:
+    """v1's processor settings, the patch / merge / temporal sizes defaulting to the ViT's."""
+    from transformers import Qwen2VLImageProcessorPil
+
+    vit = config.vision_config
+    data = v1._preprocessor(path)
+    settings = {
+        "min_pixels": 56 * 56,
+        "max_pixels": 28 * 28 * 1280,
+        "patch_size": vit.get("patch_size", 16),
+        "merge_size": vit.get("spatial_merge_size", 2),
+        "temporal_patch_size": vit.get("temporal_patch_size", 2),
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    } | {k: data[k] for k in v1.PROCESSOR_FIELDS if k in data}
+    size = {"shortest_edge": settings.pop("min_pixels"), "longest_edge": settings.pop("max_pixels")}
+    return Qwen2VLImageProcessorPil(size=size, **settings)
