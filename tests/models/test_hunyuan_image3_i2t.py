@@ -104,7 +104,7 @@ def _deploy(async_scheduling: bool) -> dict:
 
 def _chats() -> list[dict]:
     rng = np.random.RandomState(1)
-    images = [rng.randint(0, 256, hw + (3,)).astype(np.uint8) for hw in ((40, 56), (64, 48))]
+    images = [rng.randint(0, 256, hw + (3,)).astype(np.uint8) for hw in ((20, 60), (60, 20))]
     auto = {"bot_task": "auto"}
     image_parts = [
         [{"type": "image", "image": im}, {"type": "text", "text": "what?"}] for im in images

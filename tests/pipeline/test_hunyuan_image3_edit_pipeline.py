@@ -12,8 +12,9 @@ the prompt's input rows and the image grid, and the draw stage denoises after th
 - bad input (an image Pillow cannot decode, one over the pixel bound) is a ValueError
   naming `image`, before any stage runs.
 
-Base size 64: 64 x 64 images from 4 x 4 latent tokens. The input images are 48 x 48 and
-50 x 30, drawn to the group's 64 x 64 and 80 x 48 (multiples of the tiny VAE's 16).
+Base size 256, the smallest whose resolution group the reference can lay input images
+out in (`resolution.py`); drawn at 128 x 384 (8 x 24 latent tokens). The input images
+are 20 x 60 and 60 x 20, resized to the group's smallest sizes, 128 x 384 and 384 x 128.
 """
 
 from __future__ import annotations
@@ -30,15 +31,15 @@ from omnistage.families.hunyuan_image3.tiny import make_tiny_hunyuan_image3, tok
 from omnistage.pipeline.deploy import packaged_deploy_path
 from omnistage.pipeline.omni import Omni
 
-DRAW = {"height": 64, "width": 64, "num_inference_steps": 2, "guidance_scale": 2.5}
-IDS = token_ids(64)
+DRAW = {"height": 128, "width": 384, "num_inference_steps": 2, "guidance_scale": 2.5}
+IDS = token_ids()
 RNG = np.random.RandomState(3)
-IMAGES = [RNG.randint(0, 256, hw + (3,)).astype(np.uint8) for hw in ((48, 48), (50, 30))]
+IMAGES = [RNG.randint(0, 256, hw + (3,)).astype(np.uint8) for hw in ((20, 60), (60, 20))]
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    return make_tiny_hunyuan_image3(tmp_path_factory.mktemp("hy3e"), seed=0, image_base_size=64)
+    return make_tiny_hunyuan_image3(tmp_path_factory.mktemp("hy3e"), seed=0)
 
 
 def deploy(async_scheduling: bool) -> dict:
@@ -46,7 +47,7 @@ def deploy(async_scheduling: bool) -> dict:
     for stage in spec["stages"]:
         stage["engine_args"]["dtype"] = "float64"
     spec["stages"][0]["engine_args"]["async_scheduling"] = async_scheduling
-    spec["stages"][0]["default_sampling"]["max_tokens"] = 30  # cut in the caption
+    spec["stages"][0]["default_sampling"]["max_tokens"] = 8  # cut in the thought
     return spec
 
 
@@ -86,7 +87,7 @@ def test_edits_are_the_same_sync_async_alone_batched(sync, omni):
     assert generate(omni, CHATS, [0, 1, 2]) == sync
     assert generate(omni, CHATS[2:], [2]) == sync[2:]  # alone
     images = [np.frombuffer(image, np.uint8) for _, image in sync]
-    assert all(image.size == 64 * 64 * 3 and image.std() > 0 for image in images)
+    assert all(image.size == 128 * 384 * 3 and image.std() > 0 for image in images)
     # Cut before its own <boi>: the image is drawn after <answer><boi> appended to what
     # it wrote, not cut at the input image's <boi> (which would drop the image's block).
     assert all(IDS["<boi>"] not in tokens for tokens, _ in sync)

@@ -1,5 +1,5 @@
 """HunyuanImage-3 image editing behind the OpenAI server: POST /v1/images/edits (multipart
-image + prompt) on the tiny checkpoint (base size 64) with `demo-hunyuan-image3`'s deploy,
+image + prompt) on the tiny checkpoint (base size 256, drawn at 128 x 384) with `demo-hunyuan-image3`'s deploy,
 stages in the server process.
 
 - the edit is drawn (thinker over the image and the words, draw stage after the image's
@@ -28,13 +28,13 @@ from omnistage.pipeline.deploy import load_deploy, packaged_deploy_path
 from tests.server.conftest import _ThreadedServer
 
 NAME = "hunyuan-image3-tiny"
-INPUT = np.random.default_rng(5).integers(0, 256, size=(48, 48, 3), dtype=np.uint8)
-FORM = {"prompt": "make it red", "size": "64x64", "seed": "3", "num_inference_steps": "2"}
+INPUT = np.random.default_rng(5).integers(0, 256, size=(20, 60, 3), dtype=np.uint8)
+FORM = {"prompt": "make it red", "size": "384x128", "seed": "3", "num_inference_steps": "2"}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[_ThreadedServer]:
-    path = make_tiny_hunyuan_image3(tmp_path_factory.mktemp("hy3"), image_base_size=64)
+    path = make_tiny_hunyuan_image3(tmp_path_factory.mktemp("hy3"))
     spec = yaml.safe_load(packaged_deploy_path("demo-hunyuan-image3").read_text())
     spec["stages"][0]["default_sampling"]["max_tokens"] = 30
     client = PipelineClient(load_deploy(spec).with_model(str(path)), in_process=True)
@@ -63,7 +63,7 @@ def _pixels(response: httpx.Response) -> np.ndarray:
 
 def test_edit_is_drawn_seeded_and_reads_the_image(server) -> None:
     first = _pixels(_edit(server, _upload(INPUT)))
-    assert first.shape == (64, 64, 3) and first.std() > 0
+    assert first.shape == (128, 384, 3) and first.std() > 0
     assert np.array_equal(_pixels(_edit(server, _upload(INPUT))), first)
     assert not np.array_equal(_pixels(_edit(server, _upload(255 - INPUT))), first)
 
@@ -104,7 +104,7 @@ def test_a_chat_with_an_image_part_and_image_output_draws_the_same_edit(server) 
         "model": NAME,
         "messages": [{"role": "user", "content": parts}],
         "modalities": ["text", "image"],
-        "size": "64x64",
+        "size": "384x128",
         "num_inference_steps": 2,
         "seed": 0,
         "max_tokens": 30,

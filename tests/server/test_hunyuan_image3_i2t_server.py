@@ -51,7 +51,7 @@ def _body(url: str) -> dict:
 
 def test_chat_with_an_image_answers_text_that_depends_on_it(server) -> None:
     rng = np.random.RandomState(0)
-    first, second = (rng.randint(0, 256, (40, 56, 3)).astype(np.uint8) for _ in range(2))
+    first, second = (rng.randint(0, 256, (20, 60, 3)).astype(np.uint8) for _ in range(2))
     with httpx.Client(base_url=server.url, timeout=120) as http:
         answers = []
         for image in (first, first, second):

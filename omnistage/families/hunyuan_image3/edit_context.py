@@ -23,7 +23,7 @@ import torch
 from omnistage.families.hunyuan_image3.denoise import ContextLayout
 from omnistage.families.hunyuan_image3.image_input import ImageSection
 from omnistage.families.hunyuan_image3.resolution import resolution_group
-from omnistage.families.hunyuan_image3.tokens import NUM_RATIOS, HunyuanTokens
+from omnistage.families.hunyuan_image3.tokens import HunyuanTokens
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def find_blocks(
     for gh, gw in grids[:, 1:].tolist():
         boi = ids.index(tokens.boi, at) if tokens.boi in ids[at:] else -1
         ratio = tokens.ratios.index(ids[boi + 2]) if 0 <= boi < len(ids) - 2 else -1
-        if boi < 0 or not 0 <= ratio < NUM_RATIOS:
+        if boi < 0 or not 0 <= ratio < len(sizes):
             raise ValueError("image: the context does not hold the input image's block")
         height, width = sizes[ratio]
         h, w = height // scale, width // scale

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from omnistage.families.hunyuan_image3.resolution import resolution_group
+from omnistage.families.hunyuan_image3.resolution import check_image_base, resolution_group
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,9 @@ def as_rgb(image: np.ndarray) -> Image.Image:
 
 def vae_pixels(image: Image.Image, base: int) -> tuple[int, torch.Tensor]:
     """(ratio index, [1, 3, H, W] float32 in [-1, 1]): the image at the group's nearest
-    size, as the reference's `HunyuanImage3ImageProcessor.preprocess` gives its VAE."""
+    size, as the Instruct reference's `vae_process_image` gives its VAE; ValueError naming
+    `image` at a base size whose group the reference cannot build (`check_image_base`)."""
+    check_image_base(base)
     index, height, width = target_size(base, image.height, image.width)
     pixels = np.asarray(_resize_and_crop(image, width, height), dtype=np.float32) / 255.0
     tensor = torch.from_numpy(pixels).permute(2, 0, 1)[None]

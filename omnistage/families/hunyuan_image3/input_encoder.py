@@ -38,7 +38,8 @@ from omnistage.families.hunyuan_image3.image_input import (
     section_positions,
     vae_pixels,
 )
-from omnistage.families.hunyuan_image3.tokens import NUM_RATIOS
+from omnistage.families.hunyuan_image3.resolution import takes_images
+from omnistage.families.hunyuan_image3.tokens import EXTRA_RATIOS, NUM_RATIOS
 from omnistage.families.hunyuan_image3.vae_encoder import VaeEncoder
 from omnistage.families.hunyuan_image3.vision import PREFIXES as VISION_PREFIXES
 from omnistage.families.hunyuan_image3.vision import HunyuanVisionEncoder
@@ -67,7 +68,7 @@ class HunyuanImage3InputEncoder:
         self.vision.load(weights)
         self.base = config.image_base_size
         names = [*_TOKENS, f"<img_size_{self.base}>"]
-        names += [f"<img_ratio_{i}>" for i in range(NUM_RATIOS)]
+        names += [f"<img_ratio_{i}>" for i in (*range(NUM_RATIOS), *EXTRA_RATIOS)]
         ids = {name: tokenizer.convert_tokens_to_ids(name) for name in names}
         missing = [name for name, i in ids.items() if i is None or i == tokenizer.unk_token_id]
         if missing:
@@ -79,6 +80,9 @@ class HunyuanImage3InputEncoder:
         if getattr(config, "model_type", None) != cls.model_type or not getattr(
             config, "vit", None
         ):
+            return frozenset()
+        # the reference cannot lay out an input image below base 256 (`check_image_base`)
+        if not takes_images(int(getattr(config, "image_base_size", 1024))):
             return frozenset()
         return frozenset({"image"})
 
