@@ -36,6 +36,18 @@ def test_each_unsupported_conversion_names_the_processor_and_what_it_cannot_do()
     assert bare.to_meta({}) == {}
 
 
+def test_a_diffusion_input_is_by_default_the_payloads_prior_tokens():
+    class Prior(EdgeProcessor):
+        name = "prior"
+
+        def to_prior_tokens(self, payload):
+            return payload["ids.output"] + 1
+
+    tokens = Prior().to_diffusion_input({"ids.output": torch.tensor([1, 2])})
+    assert list(tokens) == ["prior_token_ids"]
+    assert tokens["prior_token_ids"].tolist() == [2, 3]
+
+
 def test_a_talker_input_becomes_the_stage_input_field_for_field():
     talker = SimpleNamespace(
         prompt_token_ids=[4, 5],
