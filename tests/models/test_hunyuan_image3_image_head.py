@@ -74,9 +74,12 @@ def test_scheduler_steps_in_order_only():
 
 def test_resolution_group_is_the_references():
     """Sizes `ResolutionGroup(base)` gives in the reference (checked when this was written:
-    33 sizes for bases 256 and 1024, the ones below among them)."""
+    33 sizes for bases 256 and 1024, the ones below among them, then the Instruct
+    reference's 4 extra sizes; tests/models/test_hunyuan_image3_image_sizes.py compares
+    whole groups with the reference's)."""
     group = resolution_group(1024)
-    assert len(group) == 33 and group[16] == (1024, 1024)
+    assert len(group) == 33 + 4 and group[16] == (1024, 1024)
+    assert group[33:] == [(1024, 768), (1280, 720), (768, 1024), (720, 1280)]
     assert group[0] == (512, 2048) and group[32] == (2048, 512) and group[12] == (768, 1280)
     assert resolution_group(256)[12] == (192, 320)  # the fixture's ratio 12: 12 x 20 tokens
     assert ratio_index(256, 192, 320) == 12

@@ -19,8 +19,8 @@ import torch
 from transformers import AutoTokenizer
 
 from omnistage import SamplingParams
-from omnistage.core.payload import Payload
 from omnistage.pipeline.accumulator import HIDDEN_KEY
+from omnistage.testing.payload_equality import assert_same_payload
 from omnistage.testing.tiny_pipeline import tiny_pipeline_deploy
 from tests.pipeline.pipeline_runs import PipelineRun, run_pipeline
 
@@ -79,22 +79,6 @@ def edge_payload(run: PipelineRun, i: int) -> dict[str, torch.Tensor]:
         "ids.output": torch.cat([c["ids.output"] for c in chunks]),
         "hidden": torch.cat([c[HIDDEN_KEY] for c in chunks]),
     }
-
-
-def assert_same_payload(got: Payload, expected: Payload, key: object) -> None:
-    """Every key and value the same, exactly; hidden states of the same shape and to float64
-    rounding: a request that stops at step N is in step N+1's batch under async (it was
-    scheduled before the stop was known), and a batch of another size may round the other
-    rows' matrix products differently (the preemption test in test_pipeline.py says why)."""
-    assert got.keys() == expected.keys(), key
-    for name, value in expected.items():
-        if name == HIDDEN_KEY:
-            assert got[name].shape == value.shape, (key, name)
-            torch.testing.assert_close(got[name], value, rtol=0, atol=1e-12)
-        elif isinstance(value, torch.Tensor):
-            assert got[name].dtype == value.dtype and torch.equal(got[name], value), (key, name)
-        else:
-            assert got[name] == value, (key, name)
 
 
 @pytest.mark.parametrize(

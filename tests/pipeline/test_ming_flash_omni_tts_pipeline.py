@@ -38,6 +38,7 @@ from omnistage.core.payload import pack_payload, unpack_payload
 from omnistage.families.ming_flash_omni.speech_prompt import MingFlashSpeechPrompter
 from omnistage.families.ming_flash_omni.tiny import make_tiny_ming_flash_omni
 from omnistage.pipeline.omni import AsyncOmni, Omni
+from omnistage.testing.payload_equality import assert_same_payload
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "ming_flash_omni" / "talker_reference.npz"
@@ -115,7 +116,7 @@ def test_sync_equals_async_and_payloads_are_identical(ckpt, sync_run):
         assert stops == async_stops and audio.tobytes() == async_audio.tobytes()
     assert received.keys() == async_received.keys() and len(received) > len(TEXTS)
     for key, data in received.items():
-        assert async_received[key] == data
+        assert_same_payload(async_received[key], data, key)
     for i in range(len(TEXTS)):
         chunks = sorted(k for k in received if k[0] == i)
         finished = [bool(unpack_payload(received[k]).get("meta.finished")) for k in chunks]

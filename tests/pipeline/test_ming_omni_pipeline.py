@@ -29,6 +29,7 @@ from omnistage import SamplingParams
 from omnistage.core.payload import pack_payload, unpack_payload
 from omnistage.families.ming_omni.tiny import make_tiny_ming_omni
 from omnistage.pipeline.omni import AsyncOmni, Omni
+from omnistage.testing.payload_equality import assert_same_payload
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
 
 PROMPTS = [
@@ -111,23 +112,7 @@ def test_sync_and_async_give_identical_ids_and_payloads(ckpt, sync_run):
     assert ids == async_ids
     assert received.keys() == async_received.keys()
     for key, data in received.items():
-        _assert_same_payload(async_received[key], data)
-
-
-def _assert_same_payload(packed: bytes, expected_packed: bytes) -> None:
-    """Ids, codes and metadata exactly; the thinker's hidden rows within 1e-12 (float64):
-    the step an async scheduler runs ahead puts a finished request in a batch of another
-    size, which rounds the other rows' sums differently (the talker's ids and audio are
-    still identical, checked above)."""
-    got, expected = unpack_payload(packed), unpack_payload(expected_packed)
-    assert got.keys() == expected.keys()
-    for name, value in expected.items():
-        if name == "hidden_states.output":
-            torch.testing.assert_close(got[name], value, rtol=0, atol=1e-12)
-        elif isinstance(value, torch.Tensor):
-            assert torch.equal(got[name], value), name
-        else:
-            assert got[name] == value, name
+        assert_same_payload(async_received[key], data, key)
 
 
 def test_alone_equals_batched(ckpt, sync_run):
@@ -135,7 +120,7 @@ def test_alone_equals_batched(ckpt, sync_run):
     for i in (2,):  # the longest prompt
         alone_ids, alone_received = _run(_deploy(ckpt, False), [PROMPTS[i]])
         assert alone_ids == [ids[i]]
-        _assert_same_payload(alone_received[0, EDGE, 0], received[i, EDGE, 0])
+        assert_same_payload(alone_received[0, EDGE, 0], received[i, EDGE, 0])
 
 
 def test_meta_finished_exactly_once(ckpt, sync_run):
@@ -225,10 +210,10 @@ def test_image_prompts_sync_equals_async_and_alone_equals_batched(ckpt):
     assert ids == async_ids
     assert received.keys() == async_received.keys()
     for key, data in received.items():
-        _assert_same_payload(async_received[key], data)
+        assert_same_payload(async_received[key], data, key)
     alone_ids, alone_received = _run(_deploy(ckpt, False), [prompts[2]])
     assert alone_ids == [ids[2]]
-    _assert_same_payload(alone_received[0, EDGE, 0], received[2, EDGE, 0])
+    assert_same_payload(alone_received[0, EDGE, 0], received[2, EDGE, 0])
     text_ids, _ = _run(_deploy(ckpt, False), [PROMPTS[1]])
     assert text_ids == [ids[1]]
 
@@ -259,7 +244,7 @@ def test_audio_prompts_sync_equals_async_and_alone_equals_batched(ckpt):
     assert ids == async_ids
     assert received.keys() == async_received.keys()
     for key, data in received.items():
-        _assert_same_payload(async_received[key], data)
+        assert_same_payload(async_received[key], data, key)
     alone_ids, alone_received = _run(_deploy(ckpt, False), [prompts[2]])
     assert alone_ids == [ids[2]]
-    _assert_same_payload(alone_received[0, EDGE, 0], received[2, EDGE, 0])
+    assert_same_payload(alone_received[0, EDGE, 0], received[2, EDGE, 0])

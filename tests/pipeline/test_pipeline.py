@@ -11,6 +11,7 @@ import torch
 from omnistage import SamplingParams
 from omnistage.core.payload import pack_payload
 from omnistage.pipeline.omni import Omni
+from omnistage.testing.payload_equality import assert_same_payload
 from omnistage.testing.tiny_pipeline import tiny_pipeline_deploy
 
 PROMPTS = ["hello world", "abc", "the quick brown fox jumps", "x" * 40, "omni", "stage by stage"]
@@ -123,16 +124,7 @@ def test_payloads_stay_identical_under_chunked_prefill_and_preemption(tiny_omni)
     assert outputs_sync == outputs_async
     assert payloads_sync.keys() == payloads_async.keys()
     for key, payload in payloads_sync.items():
-        other = payloads_async[key]
-        assert payload.keys() == other.keys()
-        for name, value in payload.items():
-            if name == "hidden_states.output":
-                assert value.shape == other[name].shape
-                torch.testing.assert_close(value, other[name], rtol=0, atol=1e-12)
-            elif isinstance(value, torch.Tensor):
-                assert torch.equal(value, other[name]), (key, name)
-            else:
-                assert value == other[name], (key, name)
+        assert_same_payload(payloads_async[key], payload, key)
 
 
 def test_stream_and_payload_transfer_give_the_same_audio(tiny_omni, sync_stream):
