@@ -23,16 +23,12 @@ flash-omni-2.0 `modeling_bailingmm2.py` and vLLM-Omni's port of its `qwen3_moe_v
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
-from omnistage.models.loader import iter_weights
+from omnistage.families.ming_omni.vision import MingImageEncoder
 
-PREFIXES = ("vision.", "linear_proj.")
 VISION_FIELDS = (
     "depth",
     "hidden_size",
@@ -68,49 +64,10 @@ def vision_transformer(vision_config: dict[str, Any]) -> nn.Module:
     return Qwen3VLVisionModel(config)
 
 
-class MingFlashImageEncoder(nn.Module):
-    """Pixel patches and their grids -> the thinker's image rows (see the module docstring)."""
+class MingFlashImageEncoder(MingImageEncoder):
+    """Pixel patches and their grids -> the thinker's image rows (see the module docstring):
+    Ming-Omni's encoder (projector, loading, normalized rows) over Qwen3-VL's ViT; its
+    `forward` keeps the main merger's rows (the deepstack mergers' are dropped, as the
+    reference drops them)."""
 
-    def __init__(self, vision_config: dict[str, Any], hidden_size: int, mlp_depth: int) -> None:
-        super().__init__()
-        self.vision = vision_transformer(vision_config)
-        width = int(vision_config["out_hidden_size"])
-        layers: list[nn.Module] = [nn.Linear(width, hidden_size)]
-        for _ in range(1, mlp_depth):
-            layers += [nn.GELU(), nn.Linear(hidden_size, hidden_size)]
-        self.linear_proj = nn.Sequential(*layers)
-        self.merge = int(vision_config.get("spatial_merge_size", 2))
-
-    @classmethod
-    def from_checkpoint(
-        cls, path: str | os.PathLike, config: Any, dtype: torch.dtype
-    ) -> MingFlashImageEncoder:
-        """The encoder of a Ming-flash checkpoint (`config`: its `BailingMM2Config`), every
-        `vision.*` / `linear_proj.*` weight loaded (a missing or extra one is a ValueError)."""
-        if not config.vision_config:
-            raise ValueError(f"{os.fspath(path)}: vision_config: this checkpoint has no ViT")
-        model = cls(config.vision_config, config.llm_config.hidden_size, config.mlp_depth)
-        state = dict(iter_weights(path, PREFIXES))
-        missing = set(model.state_dict()) - set(state)
-        if missing:
-            raise ValueError(
-                f"{os.fspath(path)}: image encoder weight {sorted(missing)[0]} missing"
-            )
-        try:
-            model.load_state_dict(state, strict=True)
-        except RuntimeError as e:  # an extra weight, or one of another shape
-            raise ValueError(f"{os.fspath(path)}: image encoder weights: {e}") from e
-        return model.to(dtype).eval()
-
-    def num_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        """Rows per image: its patches over the merge (the processor's `prod(grid) // 4`)."""
-        return (grid_thw.prod(dim=-1) // (self.merge * self.merge)).tolist()
-
-    @torch.no_grad()
-    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-        """[sum of rows, hidden] float32: every image's rows, in order (the main merger's
-        rows; the deepstack mergers' are dropped, as the reference drops them)."""
-        dtype = next(self.parameters()).dtype
-        merged = self.vision(pixel_values.to(dtype), grid_thw=grid_thw).pooler_output
-        rows = self.linear_proj(merged).float()
-        return F.normalize(rows, dim=-1)
+    build_vision = staticmethod(vision_transformer)

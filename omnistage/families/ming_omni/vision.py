@@ -60,9 +60,14 @@ def vision_transformer(vision_config: dict[str, Any]) -> nn.Module:
 class MingImageEncoder(nn.Module):
     """Pixel patches and their grids -> the thinker's image rows (see the module docstring)."""
 
+    @staticmethod
+    def build_vision(vision_config: dict[str, Any]) -> nn.Module:
+        """The ViT (a family with another ViT overrides this)."""
+        return vision_transformer(vision_config)
+
     def __init__(self, vision_config: dict[str, Any], hidden_size: int, mlp_depth: int) -> None:
         super().__init__()
-        self.vision = vision_transformer(vision_config)
+        self.vision = self.build_vision(vision_config)
         width = int(vision_config["out_hidden_size"])
         layers: list[nn.Module] = [nn.Linear(width, hidden_size)]
         for _ in range(1, mlp_depth):
@@ -76,6 +81,8 @@ class MingImageEncoder(nn.Module):
     ) -> MingImageEncoder:
         """The encoder of a Ming checkpoint (`config`: its `BailingMMConfig`), every
         `vision.*` / `linear_proj.*` weight loaded (a missing or extra one is a ValueError)."""
+        if not config.vision_config:
+            raise ValueError(f"{os.fspath(path)}: vision_config: this checkpoint has no ViT")
         model = cls(config.vision_config, config.llm_config.hidden_size, config.mlp_depth)
         state = dict(iter_weights(path, PREFIXES))
         missing = set(model.state_dict()) - set(state)
