@@ -363,3 +363,55 @@ def test_the_token_modality_salts_the_digest_and_crosses_the_wire():
 
 
 PINNED_MODALITY = "188821b12fbb3d20efe8cb4478884ac8"
+
+
+NAMES = ("image", "audio")
+
+
+def _check_codes(codes, names=NAMES) -> None:
+    MultimodalDecoderInputs(token_modality=codes).check(
+        L,
+        HIDDEN,
+        MAX_POS,
+        LAYERS,
+        supports_mrope=False,
+        supports_deepstack=False,
+        token_modalities=names,
+    )
+
+
+def test_token_modality_at_its_limits_is_accepted():
+    _check_codes(_modality((0, 0, 0, 0, 0)))
+    _check_codes(_modality((2, 1, 0, 2, 1)).int())
+    _check_codes(_modality((0, 1, 1, 1, 0)), names=("image",))
+    _check_codes(None, names=())  # no codes: all text, any model
+
+
+@pytest.mark.parametrize(
+    ("codes", "names", "message"),
+    [
+        (_modality(), (), "this model takes no per-token modality"),
+        ([0, 1, 1, 2, 0], NAMES, "must be an integer torch.Tensor"),
+        (_modality().float(), NAMES, "must be an integer torch.Tensor"),
+        (_modality().bool(), NAMES, "must be an integer torch.Tensor"),
+        (_modality((0, 1, 2)), NAMES, rf"expected shape \({L},\), got \(3,\)"),
+        (_modality().view(1, L), NAMES, rf"expected shape \({L},\), got \(1, {L}\)"),
+        (
+            _modality((0, 1, 3, 0, 0)),
+            NAMES,
+            "values must be 0 \\(text\\) or one of 1 image, 2 audio",
+        ),
+        (_modality((0, 2, 0, 0, 0)), ("image",), "values must be 0 \\(text\\) or one of 1 image$"),
+        (_modality((0, -1, 0, 0, 0)), NAMES, "values must be 0 \\(text\\) or one of"),
+    ],
+)
+def test_bad_token_modality_is_named(codes, names, message):
+    with pytest.raises(ValueError, match=f"^mm_decoder_inputs: token_modality: {message}"):
+        _check_codes(codes, names)
+
+
+def test_check_reads_the_prompt_length_and_the_models_modalities_for_the_codes():
+    mm = MultimodalDecoderInputs(token_modality=_modality((0, 1, 2)))
+    with pytest.raises(ValueError, match=r"expected shape \(4,\)"):
+        mm.check(4, HIDDEN, MAX_POS, LAYERS, False, False, token_modalities=NAMES)
+    mm.check(3, HIDDEN, MAX_POS, LAYERS, False, False, token_modalities=NAMES)
