@@ -120,3 +120,24 @@ def test_reset_prefix_cache_only_when_nothing_is_held_then_forgets_every_hash():
     assert kv.reset_prefix_cache()
     assert all(block.block_hash is None for block in kv.pool.blocks)
     assert kv.get_computed_blocks(make_request("c", list(range(12))))[1] == 0
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_covers_is_true_exactly_when_a_decode_needs_nothing_new(caching):
+    """`covers` lets the scheduler skip `allocate_slots` on most decodes: true while the held
+    blocks cover the new tokens and no block of known tokens fills up unhashed."""
+    kv = manager(caching=caching)
+    a = make_request("a", list(range(6)))
+    assert not kv.covers(a, 6)  # holds nothing yet
+    kv.allocate_slots(a, 6)  # 2 blocks of 4: 8 slots, the first block full
+    a.num_computed_tokens = 6
+    a.append_output_token(7)  # 7 tokens known
+    assert kv.covers(a, 1) and kv.covers(a, 2)  # slots 7 and 8 are held
+    assert not kv.covers(a, 3)  # a ninth slot needs a third block
+    before = kv.block_ids("a")
+    kv.allocate_slots(a, 2)  # what covers promised: nothing changes
+    assert kv.block_ids("a") == before and kv.num_free_blocks == 6
+    a.num_computed_tokens = 7
+    a.append_output_token(8)  # 8 known: the second block is full
+    assert kv.covers(a, 1) is (not caching)  # with caching it must be hashed first
+    assert not kv.covers(make_request("b", [1]), 1)

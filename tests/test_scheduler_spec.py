@@ -5,6 +5,8 @@ back (rejected drafts' positions, draft and acceptance counts)."""
 
 from __future__ import annotations
 
+import torch
+
 from omnistage.config import EngineConfig
 from omnistage.core.async_scheduler import AsyncScheduler
 from omnistage.core.kv_cache_manager import KVCacheManager
@@ -155,3 +157,45 @@ def _output(so, sampled, verified=None) -> ModelRunnerOutput:
         logprobs=[None] * len(ids),
         verified_drafts=None if verified is None else [verified.get(r, 0) for r in ids],
     )
+
+
+def test_what_the_runner_sent_reaches_the_engine_outputs():
+    """Hidden rows of a request that sampled nothing (a prompt chunk) are reported on their
+    own and the next request is still handled; logprobs, codes and hidden rows of a request
+    that sampled go out with its token."""
+    from omnistage.core.tensor_blob import tensor_to_blob
+
+    s = _scheduler(k=1)
+    s.add_request(_request("a", 3))
+    s.add_request(_request("b", 2))
+    so = s.schedule()
+    assert list(so.num_scheduled_tokens) == ["a", "b"]
+    rows = torch.arange(20.0).view(5, 4)
+    logprobs = [([9, 1], [-0.1, -2.0], 0)]
+    outs = s.update_from_output(
+        so,
+        ModelRunnerOutput(
+            req_ids=["a", "b"],
+            sampled_token_ids=[[], [9]],
+            logprobs=[None, logprobs],
+            hidden_states=tensor_to_blob(rows),
+            hidden_starts=[2, 1],
+            hidden_counts=[3, 2],
+            sampled_codes=[[], [4, 5]],
+        ),
+    )
+    chunk, token = outs
+    assert (chunk.request_id, chunk.new_token_ids, chunk.hidden_start) == ("a", [], 2)
+    assert torch.equal(chunk.hidden_states, rows[:3])
+    assert (token.request_id, token.new_token_ids, token.hidden_start) == ("b", [9], 1)
+    assert token.new_logprobs == logprobs and token.new_codes == [[4, 5]]
+    assert torch.equal(token.hidden_states, rows[3:])
+    assert s.requests["b"].output_codes == [[4, 5]] and s.requests["a"].output_codes == []
+    so = s.schedule()
+    ids = list(so.num_scheduled_tokens)
+    assert "b" in ids
+    outs = s.update_from_output(
+        so,
+        ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[6] for _ in ids], logprobs=[]),
+    )
+    assert [o.new_logprobs for o in outs] == [None] * len(ids)  # the runner sent none
