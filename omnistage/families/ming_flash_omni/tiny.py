@@ -39,7 +39,7 @@ from omnistage.families.ming_flash_omni.tiny_vision import (
     VISION_WEIGHTS,
     tiny_vision_weights,
 )
-from omnistage.families.ming_omni.tiny import CONTENT
+from omnistage.families.ming_omni.tiny import CONTENT, draw_weights
 from omnistage.models.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE, byte_tokenizer
 
 IM_END_ID = 2
@@ -102,18 +102,6 @@ def thinker_shapes(c: BailingMoeV2Config) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _draw(shapes: dict[str, tuple[int, ...]], g: torch.Generator) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, shape in shapes.items():
-        if name.endswith("norm.weight"):
-            out[name] = 1.0 + 0.1 * torch.randn(shape, generator=g)
-        elif len(shape) >= 2:
-            out[name] = 0.2 * torch.randn(shape, generator=g)
-        else:
-            out[name] = 0.1 * torch.randn(shape, generator=g)
-    return out
-
-
 def make_tiny_ming_flash_omni(
     path: Path, seed: int = 0, dtype: torch.dtype = torch.float32
 ) -> Path:
@@ -131,7 +119,7 @@ def make_tiny_ming_flash_omni(
         vision_config=dict(TINY_VISION),
         architectures=["BailingMM2NativeForConditionalGeneration"],
     )
-    weights = _draw(thinker_shapes(llm), torch.Generator().manual_seed(seed))
+    weights = draw_weights(thinker_shapes(llm), torch.Generator().manual_seed(seed))
     keep = torch.zeros(llm.vocab_size, dtype=torch.bool)
     keep[3:259] = True  # byte tokens
     keep[IM_END_ID] = True

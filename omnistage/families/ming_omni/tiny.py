@@ -176,7 +176,8 @@ def _thinker_shapes(c: BailingMoeConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _draw(shapes: dict[str, tuple[int, ...]], g: torch.Generator) -> dict[str, torch.Tensor]:
+def draw_weights(shapes: dict[str, tuple[int, ...]], g: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random tiny weights for `shapes`, drawn in order from `g` (norms near 1)."""
     out = {}
     for name, shape in shapes.items():
         if name.endswith("norm.weight"):
@@ -285,9 +286,9 @@ def make_tiny_ming_omni(path: Path, seed: int = 0, dtype: torch.dtype = torch.fl
         architectures=["BailingMMNativeForConditionalGeneration"],
     )
     g = torch.Generator().manual_seed(seed)
-    weights = _draw(_thinker_shapes(llm), g)
+    weights = draw_weights(_thinker_shapes(llm), g)
     resized = Qwen2Config(**{**talker_llm.to_dict(), "vocab_size": text_vocab + AUDIO_VOCAB})
-    weights |= _draw(_talker_shapes(resized, llm.hidden_size, 192), g)
+    weights |= draw_weights(_talker_shapes(resized, llm.hidden_size, 192), g)
     keep = torch.zeros(llm.vocab_size, dtype=torch.bool)
     keep[3:259] = True  # byte tokens
     keep[IM_END_ID] = True
