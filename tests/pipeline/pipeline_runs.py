@@ -50,11 +50,7 @@ def run_pipeline(deploy: dict[str, Any], prompts: list[str], params: Any = None)
             outputs = omni.generate(prompts, params)
         counters = omni.stage_counters()
     assert [o.error for o in outputs] == [None] * len(prompts)
-    index = {o.request_id: i for i, o in enumerate(outputs)}
-    received_bytes: dict[tuple[int, str, int], bytes] = {}
-    for key, data in got.items():
-        rid, edge, chunk = key.rsplit("/", 2)
-        received_bytes[index[rid], edge, int(chunk)] = data
+    received_bytes = _by_prompt(got, outputs)
     return PipelineRun(
         outputs=[
             (o.token_ids, o.outputs["thinker"].finish_reason, o.audio.tobytes()) for o in outputs
@@ -65,6 +61,32 @@ def run_pipeline(deploy: dict[str, Any], prompts: list[str], params: Any = None)
         cores=cores,
         counters=counters,
     )
+
+
+def run_recorded(spec: Any, prompts: list[Any], params: Any = None) -> tuple[list, dict]:
+    """Generate `prompts` in process: (the outputs, every payload a consumer stage got,
+    packed, keyed (prompt index, edge, chunk index)). Every request must succeed and every
+    stage's counters (requests, KV, buffers) be back at zero."""
+    got: dict[str, bytes] = {}
+    with Omni(spec, in_process=True) as omni:
+        for client in omni.orchestrator.clients.values():
+            for connector in client.core.connectors.values():
+                _record_gets(connector, got)
+        outputs = omni.generate(prompts, params)
+        counters = omni.stage_counters()
+    assert [o.error for o in outputs] == [None] * len(prompts)
+    assert all(v == 0 for c in counters.values() for v in c.values()), counters
+    return outputs, _by_prompt(got, outputs)
+
+
+def _by_prompt(got: dict[str, bytes], outputs: list[Any]) -> dict[tuple[int, str, int], bytes]:
+    """`got` keyed by (prompt index, edge, chunk index) instead of the request's key."""
+    index = {o.request_id: i for i, o in enumerate(outputs)}
+    received: dict[tuple[int, str, int], bytes] = {}
+    for key, data in got.items():
+        rid, edge, chunk = key.rsplit("/", 2)
+        received[index[rid], edge, int(chunk)] = data
+    return received
 
 
 def _record_gets(connector: Any, got: dict[str, bytes]) -> None:

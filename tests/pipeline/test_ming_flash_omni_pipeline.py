@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from omnistage import SamplingParams
-from omnistage.core.payload import pack_payload, unpack_payload
+from omnistage.core.payload import unpack_payload
 from omnistage.families.ming_flash_omni.audio_vae import MingFlashAudioVAE
 from omnistage.families.ming_flash_omni.tiny import make_tiny_ming_flash_omni
 from omnistage.models.generation import GenerationItem
@@ -26,6 +26,7 @@ from omnistage.models.registry import auto_config
 from omnistage.pipeline.omni import Omni
 from omnistage.testing.payload_equality import assert_same_payload
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
+from tests.pipeline.pipeline_runs import run_recorded
 
 PROMPTS = [
     "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n",
@@ -51,28 +52,7 @@ def _deploy(ckpt, async_scheduling: bool):
 
 def _run(spec, prompts: list[str]) -> tuple[list, dict]:
     """(per prompt: thinker ids, talker ids, audio), and the audio VAE's payloads, packed."""
-    got: dict[str, bytes] = {}
-    with Omni(spec, in_process=True) as omni:
-        for client in omni.orchestrator.clients.values():
-            for connector in client.core.connectors.values():
-                get = connector.get
-
-                def recording_get(handle, timeout=None, get=get):
-                    payload = get(handle, timeout)
-                    kept = {k: v for k, v in payload.items() if k != "meta.request_id"}
-                    got[handle.key] = pack_payload(kept)
-                    return payload
-
-                connector.get = recording_get
-        outputs = omni.generate(prompts, PARAMS)
-        counters = omni.stage_counters()
-    assert [o.error for o in outputs] == [None] * len(prompts)
-    assert all(v == 0 for c in counters.values() for v in c.values()), counters
-    index = {o.request_id: i for i, o in enumerate(outputs)}
-    received = {}
-    for key, data in got.items():
-        rid, edge, chunk = key.rsplit("/", 2)
-        received[index[rid], edge, int(chunk)] = data
+    outputs, received = run_recorded(spec, prompts, PARAMS)
     ids = [
         (o.outputs["thinker"].token_ids, o.outputs["talker"].token_ids, np.asarray(o.audio))
         for o in outputs

@@ -20,10 +20,11 @@ import pytest
 import torch
 
 from omnistage import SamplingParams
-from omnistage.core.payload import pack_payload, unpack_payload
+from omnistage.core.payload import unpack_payload
 from omnistage.families.ming_omni.tiny import make_tiny_ming_omni
 from omnistage.pipeline.omni import AsyncOmni, Omni
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
+from tests.pipeline.pipeline_runs import run_recorded
 
 TEXTS = ["Hello there", "Why?", "Say a long sentence about cats, please."]
 PARAMS = {
@@ -43,28 +44,7 @@ def _deploy(ckpt, async_scheduling: bool):
 
 def _run(spec, texts: list[str]) -> tuple[list, dict]:
     """(per text: talker ids, audio bytes), and what the vocoder received, packed."""
-    got: dict[str, bytes] = {}
-    with Omni(spec, in_process=True) as omni:
-        for client in omni.orchestrator.clients.values():
-            for connector in client.core.connectors.values():
-                get = connector.get
-
-                def recording_get(handle, timeout=None, get=get):
-                    payload = get(handle, timeout)
-                    kept = {k: v for k, v in payload.items() if k != "meta.request_id"}
-                    got[handle.key] = pack_payload(kept)
-                    return payload
-
-                connector.get = recording_get
-        outputs = omni.generate(texts, PARAMS)
-        counters = omni.stage_counters()
-    assert [o.error for o in outputs] == [None] * len(texts)
-    assert all(v == 0 for c in counters.values() for v in c.values()), counters
-    index = {o.request_id: i for i, o in enumerate(outputs)}
-    received = {}
-    for key, data in got.items():
-        rid, edge, chunk = key.rsplit("/", 2)
-        received[index[rid], edge, int(chunk)] = data
+    outputs, received = run_recorded(spec, texts, PARAMS)
     return [(o.outputs["talker"].token_ids, o.audio.tobytes()) for o in outputs], received
 
 
