@@ -19,7 +19,8 @@ what was expected versus what was found. An example::
         input_timeout_s: 30           # default 60.0: how long a consumer waits for input
         output_keys: [hidden_states.output, ids.output]
         restart: {max_retries: 3, backoff_s: 0.5}   # when its process dies or hangs
-                                      # (also max_backoff_s, reset_after_s, hang_timeout_s)
+                                      # (also max_backoff_s, reset_after_s, hang_timeout_s,
+                                      # step_timeout_s)
         backend: process              # process (default) | inprocess | ray
       - id: 1
         name: talker

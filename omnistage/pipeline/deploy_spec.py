@@ -24,6 +24,10 @@ IMPLICIT_CONNECTORS = ("inproc", "shm")
 DEFAULT_INPUT_TIMEOUT_S = 60.0
 DEFAULT_CHUNK_SIZE = 16
 DEFAULT_HANG_TIMEOUT_S = 60.0
+DEFAULT_STEP_TIMEOUT_S = 600.0
+MAX_PING_INTERVAL_S = 5.0
+"""An idle stage is pinged, and a busy one says it is busy, at least this often (more often
+with a short hang timeout)."""
 
 
 class DeployError(ValueError):
@@ -77,8 +81,14 @@ class RestartPolicy:
     """A restarted stage that stays up this long starts its count of tries afresh."""
 
     hang_timeout_s: float | None = DEFAULT_HANG_TIMEOUT_S
-    """A stage process that answers nothing, not even a ping, this long is killed (and
-    restarted like a dead one); it must exceed the stage's longest step. None: never."""
+    """A stage process that says nothing this long is killed (and restarted like a dead
+    one): it answers pings between steps, and a thread of its own says it is busy while a
+    step runs, so only a stopped or frozen process is silent. None: never."""
+
+    step_timeout_s: float | None = DEFAULT_STEP_TIMEOUT_S
+    """A stage whose loop stays busy in one step (or one batch of messages) this long is
+    taken as stuck — a deadlock, a stuck device — and killed like a hung one; it must
+    exceed the stage's longest step. None: never."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int):
@@ -90,9 +100,18 @@ class RestartPolicy:
                 raise ValueError(
                     f"{name}: expected a finite number >= 0, got {getattr(self, name)!r}"
                 )
-        hang = self.hang_timeout_s
-        if hang is not None and not _finite_at_least(hang, 0.0, strict=True):
-            raise ValueError(f"hang_timeout_s: expected a finite number > 0 or null, got {hang!r}")
+        for name in ("hang_timeout_s", "step_timeout_s"):
+            limit = getattr(self, name)
+            if limit is not None and not _finite_at_least(limit, 0.0, strict=True):
+                raise ValueError(f"{name}: expected a finite number > 0 or null, got {limit!r}")
+
+    @property
+    def heartbeat_interval_s(self) -> float | None:
+        """How often the supervisor pings a silent stage and a busy stage says it is busy:
+        a quarter of the shorter timeout, at most `MAX_PING_INTERVAL_S`; None when neither
+        timeout is set (nothing to watch)."""
+        limits = [t for t in (self.hang_timeout_s, self.step_timeout_s) if t is not None]
+        return min(min(limits) / 4, MAX_PING_INTERVAL_S) if limits else None
 
     def backoff(self, attempt: int) -> float:
         """The wait before try `attempt` (1 for the first) of a run of restarts."""

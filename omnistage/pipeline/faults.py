@@ -11,7 +11,10 @@ middle of a step, after the batch was scheduled::
 - `raise_for`: the model call raises `InjectedFault` (a `RuntimeError`) when a request
   whose id contains this text is in it;
 - `sleep_for`, `sleep_s`: the model call first sleeps `sleep_s` seconds when such a
-  request is in it (a slow stage).
+  request is in it (a slow stage);
+- `stall_for`: a mapping of markers to seconds: the first model call with a request
+  whose id contains the marker sleeps that long, once per request (one long step, or one
+  that never ends in time: a stuck stage).
 
 The model call is, per stage kind: `ar` the executor's `execute_model` / `submit` (the
 scheduled batch), `generation` the model's `generate` (the batch of work items),
@@ -25,7 +28,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 FAULTS_ENV = "OMNISTAGE_FAULTS"
@@ -42,12 +45,20 @@ class StageFaults:
     raise_for: str | None = None
     sleep_for: str | None = None
     sleep_s: float = 0.0
+    stall_for: dict[str, float] = field(default_factory=dict)
+    stalled: set[str] = field(default_factory=set, compare=False)
+    """The request ids that stalled already (each stalls once)."""
 
     def strike(self, stage: str, request_ids: Iterable[str]) -> None:
         """Sleep and/or raise, as the faults say, for a model call over `request_ids`."""
         ids = list(request_ids)
         if self.sleep_for and any(self.sleep_for in rid for rid in ids):
             time.sleep(self.sleep_s)
+        for marker, seconds in self.stall_for.items():
+            hit = [rid for rid in ids if marker in rid and rid not in self.stalled]
+            if hit:
+                self.stalled.update(hit)
+                time.sleep(seconds)
         if self.raise_for:
             hit = [rid for rid in ids if self.raise_for in rid]
             if hit:

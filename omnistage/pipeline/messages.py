@@ -83,7 +83,8 @@ class Shutdown(_Msg):
 
 class Ping(_Msg):
     """Are you there? A stage answers `Pong` between two steps (the orchestrator's liveness
-    check of an idle stage: a stage that answers nothing for `hang_timeout_s` is hung)."""
+    check of a silent stage: a stage that says nothing for `hang_timeout_s` is hung; while a
+    step runs, the stage's heartbeat thread says `Busy` instead)."""
 
 
 ToStage = SubmitRequest | DeliverPayload | AbortRequest | GetStats | Shutdown | Ping
@@ -110,6 +111,17 @@ class Pong(_Msg):
     """The answer to `Ping`."""
 
     stage: str
+
+
+class Busy(_Msg):
+    """The stage's loop is inside one step (or one batch of messages), and has been for
+    `busy_s` seconds: sent by the stage's heartbeat thread while a step runs, so a long
+    step is not taken for a hang (`pipeline/step_heartbeat.py`)."""
+
+    stage: str
+    busy_s: float
+    pid: int = 0
+    """The reporting process (a reaped one's late word is not the current one's)."""
 
 
 class StageOutput(_Msg):
@@ -158,7 +170,9 @@ class StageStats(_Msg):
     """A speculating stage's totals (`SpecDecodeStats` fields), else None."""
 
 
-FromStage = StageReady | StageFatal | StageOutput | PayloadReady | RequestFailed | StageStats | Pong
+FromStage = (
+    StageReady | StageFatal | StageOutput | PayloadReady | RequestFailed | StageStats | Pong | Busy
+)
 
 to_stage_encoder = msgspec.msgpack.Encoder()
 to_stage_decoder = msgspec.msgpack.Decoder(ToStage)

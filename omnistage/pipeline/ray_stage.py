@@ -38,6 +38,7 @@ import zmq
 from omnistage.pipeline.connectors.zmq_tcp import SECRET_ENV
 from omnistage.pipeline.deploy import ConnectorSpec, DeploySpec, StageSpec
 from omnistage.pipeline.messages import (
+    Busy,
     FromStage,
     Pong,
     Shutdown,
@@ -57,7 +58,7 @@ a deploy file can declare, so it never shadows one)."""
 ZAP_DOMAIN = "omnistage"
 WATCH_INTERVAL_S = 0.1
 """How often the orchestrator asks Ray whether an actor's stage loop has ended."""
-_INSTANCE_EVENTS = (StageReady, StageFatal, Pong, StageStats)
+_INSTANCE_EVENTS = (StageReady, StageFatal, Pong, Busy, StageStats)
 """Events about the runner rather than a request: they name the replica (`talker#1`)."""
 
 

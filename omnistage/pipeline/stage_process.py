@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -37,6 +38,7 @@ from omnistage.pipeline.messages import (
     to_stage_encoder,
 )
 from omnistage.pipeline.stage_core import StageCore
+from omnistage.pipeline.step_heartbeat import step_heartbeat
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 50
@@ -239,29 +241,36 @@ def serve_stage(
 ) -> None:
     """The stage loop of a stage process or a Ray actor: build the core, report ready, then
     handle what `inbox` brings and step until `Shutdown` or `keep_going()` is false;
-    everything it reports goes to `outbox`. An error is reported as `StageFatal`, then
-    raised."""
+    everything it reports goes to `outbox` (also a heartbeat thread's `Busy` while a step
+    runs long). An error is reported as `StageFatal`, then raised."""
+
+    sending = threading.Lock()  # the loop and its heartbeat thread share the outbox
 
     def report(events: list[Any]) -> None:
         if events:
-            outbox.send(from_stage_encoder.encode(events), copy=False)
+            with sending:
+                outbox.send(from_stage_encoder.encode(events), copy=False)
 
     core = None
+    heartbeat = step_heartbeat(spec.name, report, spec.restart.heartbeat_interval_s)
     try:
         core = make_stage_core(spec, deploy, namespace)
         report([ready_message(core)])
         while keep_going():
-            if inbox.poll(_poll_ms(core)) and not _drain(inbox, core, report):
-                return
-            events = core.check_timeouts()
-            if core.has_work():
-                events += core.run_step()
-            report(events)
+            ready = inbox.poll(_poll_ms(core))
+            with heartbeat.busy():  # a long step says it is busy: it is not hung
+                if ready and not _drain(inbox, core, report):
+                    return
+                events = core.check_timeouts()
+                if core.has_work():
+                    events += core.run_step()
+                report(events)
     except Exception as exc:  # report, then exit: the orchestrator fails our requests
         message = f"{type(exc).__name__}: {exc}"
         report([StageFatal(stage=spec.name, message=message, pid=os.getpid())])
         raise  # a stage process's death note carries the traceback to the parent
     finally:
+        heartbeat.close()
         if core is not None:
             core.shutdown()
 

@@ -3,7 +3,8 @@
 The orchestrator's thread calls `heard` with every event a stage reports and `check`
 once per loop. A stage is *up*, *restarting* or *down*::
 
-    up ──(exit code, StageFatal, or silent for hang_timeout_s: SIGKILL)──▶ restarting
+    up ──(exit code, StageFatal, silent for hang_timeout_s, or busy in one step past
+          step_timeout_s: SIGKILL)──▶ restarting
     restarting ──(backoff, then a new process reports StageReady)──▶ up
     restarting ──(max_retries tries in a row spent)──▶ down (for good)
 
@@ -16,6 +17,10 @@ the next failure. A stage that stays up `reset_after_s` starts its run afresh. W
 stage is up again `on_up(stage)` runs. Each stage's `StageHealth` is published as an
 immutable snapshot (`health`), which any thread may read. Stages that run in the
 orchestrator's process are not supervised: they cannot die on their own.
+
+A stage is silent only when its process is stopped or frozen: between steps it answers
+pings, and during a step its heartbeat thread reports `Busy` (`step_heartbeat.py`), whose
+running time `step_timeout_s` bounds.
 """
 
 from __future__ import annotations
@@ -28,12 +33,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from omnistage.pipeline.deploy import DeploySpec, RestartPolicy, StageSpec
-from omnistage.pipeline.messages import FromStage, Ping, StageFatal, StageReady
+from omnistage.pipeline.messages import Busy, FromStage, Ping, StageFatal, StageReady
 from omnistage.pipeline.stage_set import StageSet
 
 logger = logging.getLogger(__name__)
-MAX_PING_INTERVAL_S = 5.0
-"""An idle stage is pinged at least this often (more often with a short hang timeout)."""
 StageState = Literal["up", "restarting", "down"]
 
 
@@ -109,6 +112,8 @@ class StageSupervisor:
         if watch is None or not self.supervised:
             return
         watch.last_heard = self.clock()
+        if isinstance(event, Busy):
+            self._heard_busy(event, watch)
         if not isinstance(event, StageReady | StageFatal):
             return
         starting = watch.state == "restarting" and watch.starting_since is not None
@@ -117,6 +122,18 @@ class StageSupervisor:
             self._now_up(event.stage, watch)
         elif isinstance(event, StageFatal) and self._current(watch, event.pid, starting):
             self._failed(event.stage, f"stage {event.stage!r} failed: {event.message}")
+
+    def _heard_busy(self, event: Busy, watch: _Watch) -> None:
+        """A step that has run past `step_timeout_s` is stuck: the stage fails like a hung
+        one (a busy stage is alive, so silence never catches this)."""
+        limit = watch.policy.step_timeout_s
+        if limit is None or event.busy_s <= limit or not self._current(watch, event.pid, False):
+            return
+        self._failed(
+            event.stage,
+            f"stage {event.stage!r} has been busy in one step for {event.busy_s:.1f} s, "
+            f"longer than its step_timeout_s ({limit:g} s): stuck",
+        )
 
     @staticmethod
     def _current(watch: _Watch, pid: int, starting: bool) -> bool:
@@ -150,7 +167,7 @@ class StageSupervisor:
         if silent > hang:
             self._failed(name, f"stage {name!r} stopped answering for {silent:.1f} s (hung)")
             return
-        interval = min(hang / 4, MAX_PING_INTERVAL_S)
+        interval = watch.policy.heartbeat_interval_s or hang
         if silent >= interval and now - watch.last_ping >= interval:
             watch.last_ping = now
             self.stages.send(name, Ping())

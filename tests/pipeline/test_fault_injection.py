@@ -44,11 +44,16 @@ from omnistage.testing.tiny_pipeline import tiny_pipeline_deploy
 
 FAULTS = {
     "thinker": {"raise_for": "boom-thinker"},
-    "talker": {"raise_for": "boom-talker", "sleep_for": "slow-", "sleep_s": 0.05},
+    "talker": {
+        "raise_for": "boom-talker",
+        "sleep_for": "slow-",
+        "sleep_s": 0.05,
+        "stall_for": {"long-step-": 2.5, "stuck-": 30.0},
+    },
     "vocoder": {"raise_for": "boom-vocoder", "sleep_for": "slow-", "sleep_s": 0.2},
     "draw": {"raise_for": "boom-draw"},
 }
-RESTART = {"max_retries": 3, "backoff_s": 0.05, "hang_timeout_s": 1.5}
+RESTART = {"max_retries": 3, "backoff_s": 0.05, "hang_timeout_s": 1.5, "step_timeout_s": 4.0}
 FD_SLACK = 2
 """ZMQ may keep an fd or two of its own (a reaper's, a mailbox) open a while longer."""
 
@@ -232,6 +237,37 @@ def test_a_slow_stage_still_completes(speech):
     _same(pipe.run("hello", "slow-1"), baseline)  # talker and vocoder sleep in every step
     assert time.monotonic() - started > 0.4
     assert pipe.orchestrator.health() == health  # slow is not hung: nothing restarted
+    pipe.assert_clean()
+
+
+def test_a_step_longer_than_the_hang_timeout_is_slow_not_hung(speech):
+    """One talker step of 2.5 s, the hang timeout 1.5 s: the stage's heartbeat says it is
+    busy, so nothing is restarted and the request gives its usual output."""
+    pipe, baseline = speech
+    health = pipe.orchestrator.health()
+    started = time.monotonic()
+    _same(pipe.run("hello", "long-step-1"), baseline)
+    assert time.monotonic() - started > 2.5
+    assert pipe.orchestrator.health() == health
+    pipe.assert_clean()
+
+
+def test_a_step_past_the_step_timeout_is_stuck_and_restarted(speech):
+    """A talker step that would take 30 s, the step timeout 4 s: the stage is killed as
+    stuck while its heartbeat still says it is busy, and comes back."""
+    pipe, baseline = speech
+    before = pipe.orchestrator.health()["talker"]
+    old_pid = pipe.pid("talker")
+    started = time.monotonic()
+    out = pipe.run("hello", "stuck-1")
+    assert out.unavailable and 4.0 < time.monotonic() - started < 10.0
+    assert "stage 'talker' has been busy in one step for" in out.error
+    assert "longer than its step_timeout_s (4 s): stuck" in out.error
+    pipe.wait_up()
+    health = pipe.orchestrator.health()["talker"]
+    assert (health.restarts, health.failures) == (before.restarts + 1, before.failures + 1)
+    assert pipe.pid("talker") != old_pid
+    _same(pipe.run("hello", "after-stall"), baseline)
     pipe.assert_clean()
 
 

@@ -1,7 +1,8 @@
 """The stage supervisor's policy on a fake clock and fake stage processes: restarts back off
 exponentially up to `max_backoff_s`, a stage that fails `max_retries` times in a row is
 given up (down), a stage that stays up `reset_after_s` starts afresh, a silent stage is
-pinged and then killed as hung, and a late word of a reaped process changes nothing."""
+pinged and then killed as hung, a busy one is alive until its step outlasts the step timeout,
+and a late word of a reaped process changes nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from omnistage.pipeline.deploy import RestartPolicy, load_deploy
-from omnistage.pipeline.messages import Ping, Pong, StageFatal, StageReady
+from omnistage.pipeline.messages import Busy, Ping, Pong, StageFatal, StageReady
 from omnistage.pipeline.stage_supervisor import StageSupervisor
 from omnistage.testing.tiny_pipeline import tiny_pipeline_deploy
 
@@ -153,3 +154,49 @@ def test_a_silent_stage_is_pinged_then_killed_as_hung(answers):
         assert [c[1] for c in calls] == ["thinker", "talker", "vocoder"]
         assert all("stopped answering for 2.0 s (hung)" in c[2] for c in calls)
         assert len(stages.reaped) == 3
+
+
+def test_a_busy_stage_is_alive_until_its_step_outlasts_the_step_timeout():
+    """A stage in one long step says `Busy` (its heartbeat thread), never `Pong`: it stays up
+    past `hang_timeout_s`, and fails as stuck once the step runs past `step_timeout_s`;
+    a reaped process's late `Busy` changes nothing."""
+    policy = RestartPolicy(hang_timeout_s=2.0, step_timeout_s=10.0, backoff_s=0.1)
+    supervisor, stages, clock, calls = _supervised(policy)
+    pids = {name: client.pid for name, client in stages.clients.items()}
+    step_started = clock.now
+    while not calls:
+        _tick(supervisor, clock, 0.5)
+        for name, pid in pids.items():
+            supervisor.heard(Busy(stage=name, busy_s=clock.now - step_started, pid=pid))
+    assert clock.now == pytest.approx(10.5)  # 5x the hang timeout, silent for pings
+    assert [c[1] for c in calls] == ["thinker", "talker", "vocoder"]
+    assert all("busy in one step for 10.5 s" in c[2] and "stuck" in c[2] for c in calls)
+    assert sorted(stages.reaped) == sorted(pids.values())
+    supervisor.heard(Busy(stage="talker", busy_s=99.0, pid=pids["talker"]))  # reaped already
+    assert supervisor.health["talker"].failures == 1
+
+
+def test_a_stage_with_no_step_timeout_may_be_busy_forever():
+    supervisor, _, clock, calls = _supervised(
+        RestartPolicy(hang_timeout_s=2.0, step_timeout_s=None)
+    )
+    for _ in range(40):  # 20 s, busy all along
+        _tick(supervisor, clock, 0.5)
+        for name in ("thinker", "talker", "vocoder"):
+            supervisor.heard(Busy(stage=name, busy_s=clock.now, pid=0))
+    assert not calls and all(h.state == "up" for h in supervisor.health.values())
+
+
+@pytest.mark.parametrize(
+    ("hang", "step", "interval"),
+    [(60.0, 600.0, 5.0), (1.5, 4.0, 0.375), (None, 8.0, 2.0), (None, None, None)],
+)
+def test_the_heartbeat_interval_is_a_quarter_of_the_shorter_timeout(hang, step, interval):
+    policy = RestartPolicy(hang_timeout_s=hang, step_timeout_s=step)
+    assert policy.heartbeat_interval_s == interval
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), "10", True])
+def test_a_bad_step_timeout_is_a_value_error_naming_it(bad):
+    with pytest.raises(ValueError, match="step_timeout_s: expected a finite number > 0"):
+        RestartPolicy(step_timeout_s=bad)
