@@ -141,3 +141,15 @@ def test_covers_is_true_exactly_when_a_decode_needs_nothing_new(caching):
     a.append_output_token(8)  # 8 known: the second block is full
     assert kv.covers(a, 1) is (not caching)  # with caching it must be hashed first
     assert not kv.covers(make_request("b", [1]), 1)
+    c = make_request("c", [1, 2, 3])
+    kv.allocate_slots(c, 3)  # no block full: nothing hashed yet
+    c.num_computed_tokens = 3
+    c.append_output_token(4)  # its first block fills up
+    assert kv.covers(c, 1) is (not caching)
+
+
+def test_freeing_passes_over_the_null_block_and_frees_the_rest():
+    pool = BlockPool(4, enable_caching=True)
+    blocks = pool.take_new(2)
+    pool.free([pool.null_block, *blocks])  # a padding slot's null block among them
+    assert pool.num_free_blocks == 3 and pool.null_block.ref_cnt == 1

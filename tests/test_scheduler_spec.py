@@ -199,3 +199,6 @@ def test_what_the_runner_sent_reaches_the_engine_outputs():
         ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[6] for _ in ids], logprobs=[]),
     )
     assert [o.new_logprobs for o in outs] == [None] * len(ids)  # the runner sent none
+    assert [o.new_codes for o in outs] == [None] * len(ids)
+    assert [(o.hidden_states, o.hidden_start) for o in outs] == [(None, 0)] * len(ids)
+    assert [o.num_cached_tokens for o in outs] == [0] * len(ids)  # no block was full

@@ -153,3 +153,18 @@ def test_the_feed_sends_rows_once_and_the_fill_row_once():
     assert blob_to_tensor(again_rows).shape == (3, 3)
     assert blob_to_tensor(again_fill).tolist() == [7.0] * 3
     assert collect() == ({}, {})
+
+
+def test_a_request_that_ends_before_its_fill_row_is_sent_leaves_nothing(tiny_llama_f64):
+    """The stream ended with a fill row, then the request was aborted before any step sent
+    it: the scheduler's conditioning feed forgets it."""
+    engine = make_engine(tiny_llama_f64, executor_backend="thread")
+    try:
+        conditioning = engine.core.scheduler.conditioning
+        engine.add_tokenized_request("r", None, PROMPT, PARAMS, stream_conditioning=True)
+        engine.add_conditioning("r", rows(2), finished=True, fill=rows(1)[0])
+        assert conditioning.num_unsent_fills == 1
+        engine.abort_request("r")
+        assert conditioning.num_unsent_fills == 0
+    finally:
+        engine.shutdown()

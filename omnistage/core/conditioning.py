@@ -39,6 +39,11 @@ class ConditioningFeed:
         """The request ended: forget it."""
         self._fill_unsent.discard(request_id)
 
+    @property
+    def num_unsent_fills(self) -> int:
+        """Requests whose fill row waits to be sent (zero once they all ended: a leak check)."""
+        return len(self._fill_unsent)
+
     def for_new(self, request: Request) -> tuple[TensorBlob | None, TensorBlob | None]:
         """(every row so far, the fill row once the stream ended) for a runner that
         (re)learns the request."""

@@ -266,6 +266,7 @@ class ARStageCore(StageCore):
             "engine_requests": self.engine.num_unfinished_requests,
             "kv_blocks_used": kv.pool.num_usable_blocks - kv.num_free_blocks,
             "accumulator_entries": len(self.accumulators),
+            "conditioning_fills_unsent": self.engine.core.scheduler.conditioning.num_unsent_fills,
         }
 
     def gauges(self) -> dict[str, float]:
