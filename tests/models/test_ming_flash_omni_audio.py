@@ -9,7 +9,7 @@ reference builds it, and transcriptions of the reference's glue (this machine ca
 GitHub; the script's docstring says which), on the checkpoint `make_tiny_ming_flash_omni(path,
 seed=0)` writes; the test rebuilds it and checks the digests of its thinker and audio shards.
 Three cases: `<AUDIO>` at the start, no placeholder (the block and a newline appended), a
-placeholder mid-sentence; clip lengths of 30, 98 and 25 feature frames.
+placeholder mid-sentence; clip lengths of 30, 61 and 25 feature frames.
 """
 
 from __future__ import annotations
