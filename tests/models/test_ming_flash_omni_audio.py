@@ -208,3 +208,25 @@ def test_float64_audio_prompts_sync_equals_async_and_alone_equals_batched(tmp_pa
     # The audio rows are read: another clip in the same prompt changes the sampled ids.
     other = [("r0", (enc.encode(prompts[0][0], [_clip(0.4, 2500)]), 10))]
     assert _run(_engine(ckpt, executor_backend="inline"), other)["r0"] != sync["r0"]
+
+
+def test_an_image_and_a_clip_in_one_prompt_route_through_their_gates(encoder):
+    from omnistage.families.ming_flash_omni.rope import image_positions
+    from omnistage.families.ming_omni.thinker import IMAGE
+
+    image = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    prompt = "<|im_start|>user\n<image>Look, and listen: <AUDIO><|im_end|>\n"
+    encoded = encoder.encode(prompt, [_clip(0.3, 500)], [image])
+    ids = torch.tensor(encoded.prompt_token_ids)
+    kinds = encoded.token_modality
+    assert torch.equal(kinds == IMAGE, ids == encoder.ids["<imagePatch>"])
+    assert torch.equal(kinds == AUDIO, ids == encoder.ids["<audioPatch>"])
+    assert int((kinds == AUDIO).sum()) == encoder.audio.num_tokens(30) and (kinds == IMAGE).any()
+    # Audio positions are text positions of the 3-D rotary (the image's rope index).
+    expected, delta = image_positions(
+        encoded.prompt_token_ids, encoder.ids["<imagePatch>"], encoded.image_grid_thw, 2
+    )
+    assert torch.equal(encoded.mrope_positions, expected) and encoded.rope_delta == delta
+    heard = encoded.mrope_positions[:, kinds == AUDIO]
+    assert torch.equal(heard[0], heard[1]) and torch.equal(heard[0], heard[2])
+    assert torch.equal(heard[0].diff(), torch.ones(heard.shape[1] - 1, dtype=heard.dtype))
