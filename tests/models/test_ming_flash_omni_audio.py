@@ -170,10 +170,10 @@ def _engine(ckpt, **kw) -> LLMEngine:
     return LLMEngine(config)
 
 
-def _run(engine: LLMEngine, requests: list) -> dict[str, list[int]]:
+def _run(engine: LLMEngine, requests: list, routed: bool = True) -> dict[str, list[int]]:
     for rid, (encoded, seed) in requests:
         params = SamplingParams(temperature=0.9, seed=seed, max_tokens=6)
-        mm = MultimodalDecoderInputs.from_encoded_prompt(encoded)
+        mm = MultimodalDecoderInputs.from_encoded_prompt(encoded) if routed else None
         engine.add_tokenized_request(
             rid, None, encoded.prompt_token_ids, params, encoded.prompt_embeds, mm_decoder_inputs=mm
         )
@@ -205,6 +205,9 @@ def test_float64_audio_prompts_sync_equals_async_and_alone_equals_batched(tmp_pa
         assert _run(_engine(ckpt, executor_backend="inline"), [request]) == {
             request[0]: sync[request[0]]
         }
+    # The codes reach the engine: the same rows all through `gate` sample other ids.
+    unrouted = _run(_engine(ckpt, executor_backend="inline"), requests, routed=False)
+    assert unrouted != sync
     # The audio rows are read: another clip in the same prompt changes the sampled ids.
     other = [("r0", (enc.encode(prompts[0][0], [_clip(0.4, 2500)]), 10))]
     assert _run(_engine(ckpt, executor_backend="inline"), other)["r0"] != sync["r0"]
