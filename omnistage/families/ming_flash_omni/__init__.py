@@ -1,6 +1,7 @@
-"""Ming-flash-omni-2.0 (inclusionAI Ming, `BailingMM2NativeForConditionalGeneration`): text
-in; text and speech out, as thinker (a Bailing-MoE-V2 decoder) -> talker (a Qwen2 LM
-writing continuous latent patches: `talker.py`) -> audio VAE decoder (`audio_vae.py`).
+"""Ming-flash-omni-2.0 (inclusionAI Ming, `BailingMM2NativeForConditionalGeneration`): text,
+images and audio in (`input_encoder.py`); text and speech out, as thinker (a
+Bailing-MoE-V2 decoder) -> talker (a Qwen2 LM writing continuous latent patches:
+`talker.py`) -> audio VAE decoder (`audio_vae.py`).
 Its tiny checkpoint is the built-in `demo-ming-flash-omni`; `demo-ming-flash-omni-tts` serves
 it by its talker alone (text to speech, `speech_prompt.py`; docs/ming_flash_omni.md)."""
 
@@ -62,7 +63,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
             deploy="demo-ming-flash-omni",
-            version=3,  # v2: the talker and the audio VAE decoder; v3: the ViT's weights
+            version=4,  # v2: talker, audio VAE; v3: the ViT's weights; v4: the audio encoder's
         ),
         "demo-ming-flash-omni-tts": Demo(
             description=(
@@ -71,7 +72,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_ming_flash_omni",
             deploy="demo-ming-flash-omni-tts",
-            version=3,
+            version=4,
         ),
     },
 )

@@ -140,8 +140,8 @@ class BailingMoeV2Config(PretrainedConfig):
 
 
 class BailingMM2Config(PretrainedConfig):
-    """The whole Ming-flash-omni-2.0 checkpoint (the thinker, the image encoder, the talker and
-    its audio VAE are served; audio input is not)."""
+    """The whole Ming-flash-omni-2.0 checkpoint (the thinker, the image and audio encoders,
+    the talker and its audio VAE are served; `audio_config` is read by `audio.py`)."""
 
     model_type = "bailingmm_moe_v2_lite"
 

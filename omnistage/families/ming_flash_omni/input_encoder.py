@@ -19,7 +19,18 @@ As the reference does it (vLLM-Omni's port of `processing_bailingmm2.py` /
   patch, merge and temporal sizes defaulting to `vision_config`'s. Not the reference's
   own pre-resize (`fetch_image`), whose factor for this ViT was not seen.
 
-Audio input is not built for this family (`audio` is refused).
+Audio (`processing_bailingmm2.py` `_expand_audio_tokens` and `__call__`,
+`modeling_bailing_moe_v2.py` `prompt_wrap_audio`): at most one clip per prompt; its
+whisper log-mel features (`audio.log_mel`) have T frames and the encoder
+(`audio.MingFlashAudioEncoder`) makes n rows; the placeholder (`<audio>`, or the
+reference's text placeholder `<AUDIO>` in a text prompt) becomes `<audio>` +
+`<audioPatch>` x n + `</audio>` (a prompt without one gets that block and a newline
+appended, as the reference does); the rows go at the `<audioPatch>` run, which is the
+AUDIO modality (the reference's `placeholder_audio_loc_lens`: the `<audio>` index + 1,
+length n), so exactly those positions route through `audio_gate`. Audio positions are
+text positions (the 3-D rotary gives them equal (T, H, W) rows). The clip is read as
+mono 16 kHz (`media.load_audio`: channels averaged, soxr resampling; the reference takes
+channel 0 and resamples with torchaudio).
 """
 
 from __future__ import annotations
@@ -31,21 +42,25 @@ from typing import Any, ClassVar
 
 import torch
 
+from omnistage.families.ming_flash_omni.audio import MingFlashAudioEncoder, log_mel
 from omnistage.families.ming_flash_omni.config import BailingMM2Config
 from omnistage.families.ming_flash_omni.rope import image_positions
 from omnistage.families.ming_flash_omni.vision import MingFlashImageEncoder
 from omnistage.families.ming_omni import input_encoder as v1
-from omnistage.families.ming_omni.thinker import IMAGE
+from omnistage.families.ming_omni.thinker import AUDIO, IMAGE
 from omnistage.multimodal.prompts import EncodedPrompt
+
+TEXT_AUDIO = "<AUDIO>"
+"""The reference chat template's audio placeholder in text (`apply_chat_template`)."""
 
 
 class _Placeholders:
     def placeholders(self) -> dict[str, str]:
-        return {"image": v1.IMAGE_START}
+        return {"image": v1.IMAGE_START, "audio": v1.AUDIO_START}
 
 
 class MingFlashInputEncoder(v1.MingInputEncoder):
-    """Prompt + images -> `EncodedPrompt` (see the module docstring)."""
+    """Prompt + images + one clip -> `EncodedPrompt` (see the module docstring)."""
 
     model_type: ClassVar[str] = "bailingmm_moe_v2_lite"
     tokens: ClassVar[_Placeholders] = _Placeholders()
@@ -57,11 +72,14 @@ class MingFlashInputEncoder(v1.MingInputEncoder):
         embeddings: torch.Tensor,
         images: MingFlashImageEncoder,
         processor: Any,
+        audio: MingFlashAudioEncoder | None = None,
     ) -> None:
         self.config, self.tokenizer, self.embeddings = config, tokenizer, embeddings
         self.images, self.image_processor = images, processor
-        self.audio = self.frontend = None
+        self.audio, self.frontend = audio, None
         names = (v1.IMAGE_START, v1.IMAGE_PATCH, v1.IMAGE_END)
+        if audio is not None:
+            names += (v1.AUDIO_START, v1.AUDIO_PATCH, v1.AUDIO_END)
         self.ids = {t: tokenizer.convert_tokens_to_ids(t) for t in names}
         for token, i in self.ids.items():
             if i is None or i == tokenizer.unk_token_id:
@@ -72,7 +90,8 @@ class MingFlashInputEncoder(v1.MingInputEncoder):
     def supported_modalities(cls, config: Any) -> frozenset[str]:
         if getattr(config, "model_type", None) != cls.model_type:
             return frozenset()
-        return frozenset({"image"} if getattr(config, "vision_config", None) else ())
+        found = {"image"} if getattr(config, "vision_config", None) else set()
+        return frozenset(found | ({"audio"} if getattr(config, "audio_config", None) else set()))
 
     @classmethod
     def from_checkpoint(
@@ -88,16 +107,42 @@ class MingFlashInputEncoder(v1.MingInputEncoder):
         images = MingFlashImageEncoder.from_checkpoint(path, config, dtype)
         embeddings = dict(iter_weights(path, (v1.EMBEDDINGS,)))[v1.EMBEDDINGS].to(dtype)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(config, tokenizer, embeddings, images, image_processor(path, config))
+        audio = None
+        if config.audio_config:
+            audio = MingFlashAudioEncoder.from_checkpoint(path, config, dtype)
+        return cls(config, tokenizer, embeddings, images, image_processor(path, config), audio)
+
+    def audio_features(self, item: Any) -> torch.Tensor:
+        """[frames, n_mels] whisper log-mel features of one clip (a file, its bytes,
+        `(samples, rate)`, or samples at 16 kHz); ValueErrors name `audio`."""
+        from omnistage.multimodal.media import load_audio
+
+        if self.audio is None:
+            raise ValueError("audio: this Ming-flash-omni checkpoint has no audio encoder")
+        rate = 16000
+        if isinstance(item, (tuple, str, os.PathLike, bytes, bytearray, memoryview)):
+            wave = load_audio(item, target_rate=rate)
+        else:
+            wave = load_audio(item, rate, target_rate=rate)
+        feats = log_mel(wave, self.audio.dims["n_mels"])
+        if feats.shape[0] > self.audio.max_frames():
+            raise ValueError(
+                f"audio: {feats.shape[0] / 100:.1f} s is longer than the encoder's "
+                f"{self.audio.max_frames() / 100:.1f} s (whisper_encoder_config.n_ctx)"
+            )
+        return feats
 
     def encode(
         self, prompt: str | Sequence[int], audios: Sequence[Any] = (), images: Sequence[Any] = ()
     ) -> EncodedPrompt:
-        if len(audios):
-            raise ValueError("audio: audio input is not supported for Ming-flash-omni yet")
+        feats = self._clip(audios)
+        if feats is not None and isinstance(prompt, str):
+            prompt = prompt.replace(TEXT_AUDIO, v1.AUDIO_START)
         pixels, grid = self._pixels(images)
         counts = self.images.num_tokens(grid) if len(images) else []
         ids = self._expanded_ids(prompt, counts)
+        if feats is not None:
+            ids = self._audio_ids(ids, self.audio.num_tokens(feats.shape[0]))
         ids_t = torch.tensor(ids, dtype=torch.int64)
         rows = self.embeddings[ids_t].clone()
         patch = ids_t == self.ids[v1.IMAGE_PATCH]
@@ -109,6 +154,11 @@ class MingFlashInputEncoder(v1.MingInputEncoder):
             patch_id, merge = self.ids[v1.IMAGE_PATCH], self.images.merge
             positions, delta = image_positions(ids, patch_id, grid, merge)
             kinds = patch.to(torch.int64) * IMAGE
+        if feats is not None:
+            heard = ids_t == self.ids[v1.AUDIO_PATCH]
+            rows[heard] = self.audio(feats).to(rows.dtype)
+            kinds = (kinds if kinds is not None else torch.zeros(n, dtype=torch.int64)).clone()
+            kinds[heard] = AUDIO
         return EncodedPrompt(
             prompt_token_ids=ids,
             prompt_embeds=rows,
@@ -121,6 +171,16 @@ class MingFlashInputEncoder(v1.MingInputEncoder):
             image_grid_thw=grid,
             token_modality=kinds,
         )
+
+    def _clip(self, audios: Sequence[Any]) -> torch.Tensor | None:
+        """The one clip's features, or None (ValueErrors name `audio`)."""
+        if not len(audios):
+            return None
+        if self.audio is None:
+            raise ValueError("audio: this Ming-flash-omni checkpoint has no audio encoder")
+        if len(audios) > 1:
+            raise ValueError(f"audio: {len(audios)} clips; Ming-flash-omni takes one per prompt")
+        return self.audio_features(audios[0])
 
     def _pixels(self, images: Sequence[Any]) -> tuple[torch.Tensor | None, torch.Tensor]:
         if not len(images):

@@ -2,14 +2,15 @@
 layout): the built-in `demo-ming-flash-omni` and what the tests build from.
 
 The real layout at small sizes (`config.py` describes it): `config.json`
-(`BailingMM2Config` with the real field names; the ViT of `tiny_vision.py`, no audio
-encoder; the talker of `tiny_talker.py`),
+(`BailingMM2Config` with the real field names; the ViT of `tiny_vision.py`, the Whisper
+encoder of `tiny_audio.py`; the talker of `tiny_talker.py`),
 one safetensors file with the reference's thinker weight names
 (`model.model.word_embeddings.weight`, `model.model.layers.N.attention.query_key_value.weight`,
 `...attention.q_norm.weight`, `...attention.dense.weight`, `...mlp.gate.weight`,
 `...mlp.gate.expert_bias`, `...mlp.image_gate.expert_bias`, `...mlp.experts.E.up_proj.weight`,
 `...mlp.shared_experts.down_proj.weight`, `model.lm_head.weight`, …) and a byte-level
-tokenizer (with a ChatML template, not Ming's, rendering an image part as `<image>`).
+tokenizer (with a ChatML template, not Ming's, rendering an image part as `<image>`, an
+audio part as `<audio>`).
 
 As the real thinker: layer 0 dense (`first_k_dense_replace` 1), the others MoE with 8
 experts in 4 groups (2 groups kept, 2 experts per token), one shared expert,
@@ -27,6 +28,12 @@ from pathlib import Path
 import torch
 
 from omnistage.families.ming_flash_omni.config import BailingMM2Config, BailingMoeV2Config
+from omnistage.families.ming_flash_omni.tiny_audio import (
+    AUDIO_SPECIALS,
+    AUDIO_WEIGHTS,
+    TINY_AUDIO,
+    tiny_audio_weights,
+)
 from omnistage.families.ming_flash_omni.tiny_talker import (
     SPECIALS,
     TALKER_WEIGHTS,
@@ -117,6 +124,7 @@ def make_tiny_ming_flash_omni(
         llm_config=llm,
         talker_config=talker.to_dict(),
         vision_config=dict(TINY_VISION),
+        audio_config=dict(TINY_AUDIO),
         architectures=["BailingMM2NativeForConditionalGeneration"],
     )
     weights = draw_weights(thinker_shapes(llm), torch.Generator().manual_seed(seed))
@@ -130,8 +138,10 @@ def make_tiny_ming_flash_omni(
     save_file({k: v.to(dtype) for k, v in talker_weights.items()}, path / TALKER_WEIGHTS)
     vision = tiny_vision_weights(llm.hidden_size, config.mlp_depth, seed + 2)
     save_file({k: v.to(dtype).contiguous() for k, v in vision.items()}, path / VISION_WEIGHTS)
+    audio = tiny_audio_weights(llm.hidden_size, config.mlp_depth, seed + 3)
+    save_file({k: v.to(dtype).contiguous() for k, v in audio.items()}, path / AUDIO_WEIGHTS)
     config.save_pretrained(path)
-    tok = byte_tokenizer(SPECIALS + IMAGE_SPECIALS)
+    tok = byte_tokenizer(SPECIALS + IMAGE_SPECIALS + AUDIO_SPECIALS)
     tok.chat_template = CHAT_TEMPLATE.replace("{{ m['content'] }}", CONTENT)  # image parts
     tok.save_pretrained(path)
     # The class any transformers release reads (the reference pins 4.53).
