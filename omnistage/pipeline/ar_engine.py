@@ -45,6 +45,9 @@ class _Sequence:
     holdback: int = 0
     """Characters of text held back while unfinished (a stop string's longest start)."""
     num_text_sent: int = 0
+    num_prompt_tokens: int | None = None
+    """Positions the prompt takes in the model (media placeholders expanded): reported with
+    the sequence's first output, then None."""
 
 
 class ARStageEngine:
@@ -97,7 +100,7 @@ class ARStageEngine:
                 params.include_stop_str_in_output,
             )
         holdback = max((len(s) for s in params.stop_strings), default=1) - 1
-        self._sequences[request_id] = _Sequence(detok, holdback)
+        self._sequences[request_id] = _Sequence(detok, holdback, num_prompt_tokens=len(ids))
         self.core.add_request(
             built.inputs.make_request(
                 request_id,
@@ -169,6 +172,7 @@ class ARStageEngine:
             new_text, seq.num_text_sent = text[seq.num_text_sent : end], end
         if finish_reason is not None:
             del self._sequences[out.request_id]
+        num_prompt, seq.num_prompt_tokens = seq.num_prompt_tokens, None
         return StageOutput(
             stage=self.stage,
             request_id=out.request_id,
@@ -176,6 +180,7 @@ class ARStageEngine:
             new_text=new_text,
             finished=finish_reason is not None,
             finish_reason=finish_reason,
+            num_prompt_tokens=num_prompt,
         )
 
     def get_tokenizer(self) -> Any:

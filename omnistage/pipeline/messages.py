@@ -140,6 +140,9 @@ class StageOutput(_Msg):
     finish_reason: str | None = None
     progress: list[int] | None = None
     """Diffusion stages: `[steps done, steps in all]` after a denoising step."""
+    num_prompt_tokens: int | None = None
+    """An ar stage's first output of a request: the positions its prompt took in the model,
+    media placeholders expanded (what `usage.prompt_tokens` counts)."""
 
 
 class PayloadReady(_Msg):

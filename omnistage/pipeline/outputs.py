@@ -50,6 +50,8 @@ class StageResult:
     sample_rate: int | None = None
     finished: bool = False
     finish_reason: str | None = None
+    num_prompt_tokens: int | None = None
+    """An ar stage's prompt length in the model (media placeholders expanded), once known."""
     _record: _Record = field(default_factory=_Record, repr=False)
     _num_tokens: int = 0
     _num_text_pieces: int = 0

@@ -201,6 +201,8 @@ class RequestRouter:
         result = tracked.results[event.stage]
         data = None if event.data is None else blob_to_tensor(event.data)
         result.add(event.new_token_ids, event.new_text, data)
+        if event.num_prompt_tokens is not None:
+            result.num_prompt_tokens = event.num_prompt_tokens
         if event.finished:
             result.finished, result.finish_reason = True, event.finish_reason
             tracked.done.add(event.stage)

@@ -14,6 +14,7 @@ import openai
 import pytest
 import soundfile
 
+from omnistage.families.covo_audio.audio_input import audio_token_count
 from tests.server.conftest import PipelineServer
 
 MODEL = "demo-covo-audio"
@@ -69,9 +70,14 @@ def test_chat_with_audio_in(server: PipelineServer) -> None:
     assert reply.choices[0].message.audio is not None
     text_only = [{"role": "user", "content": "Answer."}]
     plain = server.openai().chat.completions.create(**_chat(messages=text_only, max_tokens=1))
-    # The clip counts as its placeholder's 3 marker tokens (serving_chat's usage; the stage
-    # expands it, see tests/pipeline/test_covo_audio_pipeline.py).
-    assert reply.usage.prompt_tokens == plain.usage.prompt_tokens + 3
+    # The clip counts as the thinker takes it: its placeholder's start and end markers and
+    # one position per audio token (the stage expands the pad marker).
+    expanded = 2 + audio_token_count(len(t))
+    assert reply.usage.prompt_tokens == plain.usage.prompt_tokens + expanded
+    stream = server.openai().chat.completions.create(
+        **_chat(messages=messages), stream=True, stream_options={"include_usage": True}
+    )
+    assert [c.usage.prompt_tokens for c in stream if c.usage] == [reply.usage.prompt_tokens]
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     with pytest.raises(openai.BadRequestError) as exc:
         server.openai().chat.completions.create(

@@ -55,6 +55,8 @@ class PipelineStream:
 
     @property
     def num_prompt_tokens(self) -> int:
+        """The text stage's prompt as its model took it (media placeholders expanded) once it
+        reported it; until then, the count of the rendered prompt."""
         return self._num_prompt_tokens
 
     def __aiter__(self) -> PipelineStream:
@@ -72,6 +74,9 @@ class PipelineStream:
                     raise
             self._last = output
             self.finished = output.finished
+            result = output.outputs.get(self._text_stage) if self._text_stage else None
+            if result is not None and result.num_prompt_tokens is not None:
+                self._num_prompt_tokens = result.num_prompt_tokens
             delta = self._delta(output)
             if delta is not None:
                 return delta

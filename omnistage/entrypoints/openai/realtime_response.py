@@ -185,6 +185,7 @@ class RealtimeResponse:
                         status = "incomplete"
                 if delta.audio is not None and self.audio:
                     await self._part_event("response.audio.delta", delta=pcm16_base64(delta.audio))
+        self.usage.input_tokens = stream.num_prompt_tokens  # as the model took it, once known
         return status
 
     async def _announce(self, num_prompt_tokens: int) -> None:

@@ -26,9 +26,9 @@ last chunk with the usage, and `data: [DONE]`. A whole response's audio is
 `message.audio` = {id, data: base64 of the whole file, expires_at, transcript}. With
 `image` in `modalities` the drawn picture comes as `message.images` (streamed: one chunk
 with `delta.images` once it is drawn, before the finish reason; `chat_image`).
-`usage.prompt_tokens` are the tokens the model receives (a pipeline counts an audio
-/ image part as its placeholder's marker tokens only: the encoders expand it in the
-stage); completion tokens are the text's. A client that disconnects aborts the
+`usage.prompt_tokens` are the tokens the model receives (a pipeline's audio / image
+parts as the stage's encoders expand them: the stage reports its prompt's length);
+completion tokens are the text's. A client that disconnects aborts the
 request (in every stage).
 """
 
