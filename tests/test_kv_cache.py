@@ -51,6 +51,8 @@ def test_prefix_cache_hit_shares_blocks_and_leaves_one_token():
     # 3 full blocks cached, but one token must be left to compute: 2 blocks hit.
     assert num == 8 and len(hit) == 2
     assert (kv.prefix_queries, kv.prefix_hits) == (12, 8)  # tokens asked for, tokens found
+    kv.get_computed_blocks(make_request("c", list(range(10))))
+    assert (kv.prefix_queries, kv.prefix_hits) == (22, 16)  # counted over every lookup
     assert hit.block_ids == kv.block_ids("a")[:2]
     kv.allocate_slots(b, 4, hit)
     assert kv.block_ids("b")[:2] == kv.block_ids("a")[:2]
@@ -153,3 +155,32 @@ def test_freeing_passes_over_the_null_block_and_frees_the_rest():
     blocks = pool.take_new(2)
     pool.free([pool.null_block, *blocks])  # a padding slot's null block among them
     assert pool.num_free_blocks == 3 and pool.null_block.ref_cnt == 1
+
+
+def test_freed_blocks_keep_cached_content_longest_and_a_double_free_is_named():
+    """Unhashed blocks go to the front of the free queue, hashed ones to its tail: new
+    blocks are taken from the front, so cached content is evicted last."""
+    pool = BlockPool(5, enable_caching=True)
+    cached, plain, other = pool.take_new(3)
+    never_taken = pool.blocks[4]
+    pool.cache(cached, b"h")
+    pool.free([cached, plain])
+    assert pool.take_new(2) == [plain, never_taken]
+    assert pool.take_new(1) == [cached] and pool.lookup(b"h") is None  # evicted last
+    pool.free([other])
+    with pytest.raises(
+        RuntimeError, match=f"KV block {other.block_id} freed more often than taken"
+    ):
+        pool.free([other])
+
+
+def test_a_request_id_used_again_caches_its_new_blocks():
+    """Freeing a request forgets how far its blocks were hashed: a later request with the
+    same id and other tokens has its full blocks cached from the first."""
+    kv = manager()
+    kv.allocate_slots(make_request("a", list(range(8))), 8)
+    kv.free(make_request("a", list(range(8))))
+    again = make_request("a", list(range(100, 108)))
+    kv.allocate_slots(again, 8)
+    assert kv.get_computed_blocks(make_request("b", list(range(100, 109))))[1] == 8
+    assert kv.block_ids("nobody") == [] and kv.num_blocks("nobody") == 0

@@ -94,6 +94,8 @@ def test_preemption_frees_and_recomputes_latest_arrival():
     b = s.requests["b"]
     assert b.status == RequestStatus.PREEMPTED and b.num_computed_tokens == 0
     assert b.output_token_ids == [7]  # confirmed outputs survive preemption
+    with pytest.raises(ValueError, match="request_id: 'b' is already running"):
+        s.add_request(req("b", 3))
     while s.has_unfinished_requests():
         fake_step(s)
     assert s.kv.num_free_blocks == 4
@@ -113,6 +115,8 @@ def test_preempt_running_preempts_everyone_in_running_order_and_counts_each():
     assert s.kv.num_free_blocks == 63
     so, _ = fake_step(s)
     assert so.preempted_req_ids == {"a", "b"}  # the runner hears of it
+    a = s.requests["a"]  # recomputed from its own cached blocks (8 tokens hit) ...
+    assert a.num_computed_tokens == 9 and a.num_cached_tokens == 0  # ... as first admitted
     assert set(so.num_scheduled_tokens) == {"a", "b"}  # and both are recomputed
 
 

@@ -202,3 +202,13 @@ def test_what_the_runner_sent_reaches_the_engine_outputs():
     assert [o.new_codes for o in outs] == [None] * len(ids)
     assert [(o.hidden_states, o.hidden_start) for o in outs] == [(None, 0)] * len(ids)
     assert [o.num_cached_tokens for o in outs] == [0] * len(ids)  # no block was full
+
+
+def test_admission_holds_slots_for_the_drafts_too():
+    """MTP's draft passes write k - 1 keys past the verified ones: a request is admitted
+    with room for them."""
+    s = _scheduler(k=3, method="mtp")
+    s.add_request(_request("a", 4))
+    s.schedule()
+    assert s.num_lookahead_slots == 2  # MTP: k - 1
+    assert s.kv.num_blocks("a") * 4 >= 4 + s.num_lookahead_slots
