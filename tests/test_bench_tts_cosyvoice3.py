@@ -121,3 +121,21 @@ def test_the_peer_rows_line_up_with_ours(capsys):
     assert row.split() == ["ref-stream", "1", "0.200", "0.625", "1.60"]
     header = f"{'mode':<11}{'conc':>5}"  # tts.main's: the level ends where "conc" does
     assert row[: len(header)].endswith(" 1") and header.endswith("conc")
+
+
+def test_the_bench_reports_the_ratio_and_tokens_per_mode(capsys):
+    best = {
+        "stream": {1: {"rtf_median": 1.25, "audio_s_per_request": 28.0}},
+        "payload": {1: {"rtf_median": 0.25, "audio_s_per_request": 28.0}},
+    }
+    peers = {"stream": _peer(), "payload": _peer("whole")}
+    fields = tts._cosyvoice3_peer_fields(
+        best, {m: tts_cosyvoice3.summarize(p) for m, p in peers.items()}
+    )
+    assert fields["ratio_rtf_vs_reference_stream_c1"] == 0.5
+    assert fields["ratio_rtf_vs_reference_payload_c1"] == 2.5
+    assert fields["reference_voice"] == "bright"
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("reference stream: RTF 0.625; its RTF / ours at c=1 0.50")
+    assert out[1].startswith("reference whole: RTF 0.625; its RTF / ours at c=1 2.50")
+    assert "ours 700, reference [700, 700, 700] written" in out[1]

@@ -230,8 +230,8 @@ def _cosyvoice3_peer_fields(best: Results, peers: dict) -> dict:
     fields = tts_cosyvoice3.compare({mode: best[mode][1] for mode in peers}, peers)
     for mode, peer in peers.items():
         print(
-            f"reference {peer['mode']}: RTF {peer['rtf_median']:.3f}; ours "
-            f"{fields[f'ratio_rtf_vs_reference_{mode}_c1']:.2f}x faster at c=1; speech tokens "
+            f"reference {peer['mode']}: RTF {peer['rtf_median']:.3f}; its RTF / ours at c=1 "
+            f"{fields[f'ratio_rtf_vs_reference_{mode}_c1']:.2f} (above 1: ours is faster); tokens "
             f"a request: ours {fields[f'{mode}_c1_tokens_per_request']}, reference "
             f"{peer['tokens']} written, {peer['spoken_tokens']} spoken (budget "
             f"{peer['budgets']})"
