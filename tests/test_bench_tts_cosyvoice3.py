@@ -3,7 +3,8 @@ the peer's texts are our c=1 texts, its JSON line is parsed and summarized as ou
 (median TTFA and RTF, all audio over all wall time), its audio must be 25 speech tokens a
 second (how our tokens are counted), the ratio is its RTF over ours and the token
 counts are compared; a failing peer raises with its stderr; `--peer-python` picks the
-peer's Python, and the peer is skipped without its venv."""
+peer's Python, and the peer is skipped without its venv; the qwen-tts comparison, split
+out of `tts.main` beside it, still computes its ratios."""
 
 from __future__ import annotations
 
@@ -139,3 +140,13 @@ def test_the_bench_reports_the_ratio_and_tokens_per_mode(capsys):
     assert out[0].startswith("reference stream: RTF 0.625; its RTF / ours at c=1 0.50")
     assert out[1].startswith("reference whole: RTF 0.625; its RTF / ours at c=1 2.50")
     assert "ours 700, reference [700, 700, 700] written" in out[1]
+
+
+def test_the_qwen_tts_comparison_is_unchanged_by_the_split(capsys):
+    best = {"stream": {1: {"rtf_median": 2.0}, 16: {"audio_s_per_s": 12.0}}}
+    alone, batched = {"rtf": 8.0}, {"audio_s_per_s": 1.5}
+    fields = tts._qwen_peer_fields(best, [1, 16], alone, batched)
+    assert fields["ratio_rtf_vs_reference_c1"] == 4.0
+    assert fields["ratio_aggregate_vs_reference_c16"] == 8.0
+    assert fields["target_rtf_met"] is True and fields["target_aggregate_met"] is False
+    assert "RTF 4.00x better at c=1" in capsys.readouterr().out
