@@ -8,7 +8,7 @@ frames/s), the speaker is the checkpoint's first, code2wav decodes 24 kHz audio 
 samples per frame in the tiny model, 1920 in the real one). `demo-cosyvoice3`: the LM
 samples with the deploy's defaults (seeded) and its own budget (the prompter's: up to 20
 speech tokens per text token; it replaces the request's `max_tokens`, so `--frames` does
-not bound it), token2wav speaks 24 kHz audio; no peer. Per concurrency (`--concurrency`,
+not bound it), token2wav speaks 24 kHz audio. Per concurrency (`--concurrency`,
 default 1, 4, 16) and mode, all requests of a measurement are submitted at once
 through `AsyncOmni` (a process per stage):
 
@@ -19,11 +19,16 @@ through `AsyncOmni` (a process per stage):
 Reported: time to first audio (TTFA: submit -> first audio; median), real-time factor
 (end-to-end time / audio duration; median; lower is better) and audio seconds per
 wall second (all requests). The peer, measured in the same run where its venv exists
-(`--reference-python`, default `.reference/qwen-tts-env/bin/python`, made by
-`tests/fixtures/qwen3_tts/make_reference_env.sh`): the official
-`qwen-tts` 0.1.1 on the same checkpoint (`qwen_tts_peer.py`), one request at a time
-(its RTF at c=1) and one batch of 16 (its aggregate audio s/s at c=16). Repeats are
-interleaved and the lowest median TTFA kept. A table, then one JSON line.
+(`--peer-python` or `--reference-python`; default per model, see below): for
+`demo-qwen3-tts` the official `qwen-tts` 0.1.1 on the same checkpoint
+(`qwen_tts_peer.py`; `.reference/qwen-tts-env/bin/python`, made by
+`tests/fixtures/qwen3_tts/make_reference_env.sh`), one request at a time (its RTF at
+c=1) and one batch of 16 (its aggregate audio s/s at c=16); for `demo-cosyvoice3`
+FunAudioLLM/CosyVoice's own `tts` on the same checkpoint (`cosyvoice3_peer.py`;
+`.reference/cosyvoice-env/bin/python`, made by
+`tests/fixtures/cosyvoice3/make_reference_env.sh`), our c=1 texts one at a time,
+streamed and whole, with the speech tokens of each side (`tts_cosyvoice3.py`). Repeats
+are interleaved and the lowest median TTFA kept. A table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -39,15 +44,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omnistage.benchmarks import tts_cosyvoice3
 from omnistage.benchmarks.pipeline import make_prompts
-from omnistage.benchmarks.speech_runs import best_by_first_audio, flat_fields, speech_deploy
+from omnistage.benchmarks.speech_runs import (
+    Results,
+    best_by_first_audio,
+    flat_fields,
+    speech_deploy,
+)
 from omnistage.benchmarks.startup import cpu_flags
 
 DEMO = "demo-qwen3-tts"
 SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
 DEFAULT_REFERENCE = Path(".reference/qwen-tts-env/bin/python")
-STAGES = {DEMO: ("talker", "code2wav"), "demo-cosyvoice3": ("llm", "token2wav")}
+COSYVOICE3 = "demo-cosyvoice3"
+PEER_PYTHON = {DEMO: DEFAULT_REFERENCE, COSYVOICE3: tts_cosyvoice3.DEFAULT_PYTHON}
+"""Each demo's reference venv (its peer is skipped where it does not exist)."""
+STAGES = {DEMO: ("talker", "code2wav"), COSYVOICE3: ("llm", "token2wav")}
 """The demos measured: (the stage that writes codes, the stage that speaks)."""
 
 
@@ -58,9 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=2, help="interleaved runs; best reported")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--peer-python",
         "--reference-python",
-        default=str(DEFAULT_REFERENCE),
-        help="python of a venv with qwen-tts 0.1.1 (the peer); skipped if absent",
+        dest="reference_python",
+        default=None,
+        help="python of the peer's venv (qwen-tts 0.1.1, or the CosyVoice reference); "
+        "default: the model's .reference/ venv; skipped if absent",
     )
 
 
@@ -93,6 +110,7 @@ async def _serve(omni: Any, texts: list[str], args: argparse.Namespace) -> dict[
         "ttfa_median_s": statistics.median(r[0] for r in results),
         "rtf_median": statistics.median(r[1] / r[2] for r in results),
         "audio_s_per_s": sum(r[2] for r in results) / wall,
+        "audio_s_per_request": statistics.mean(r[2] for r in results),
         "wall_s": wall,
     }
 
@@ -109,9 +127,13 @@ def run_mode(args: argparse.Namespace, transfer: str, levels: list[int], tag: st
     return out
 
 
+def peer_python(args: argparse.Namespace) -> Path:
+    return Path(args.reference_python or PEER_PYTHON[args.model])
+
+
 def run_reference(args: argparse.Namespace, n: int, batch: int) -> dict[str, float] | None:
     """The official qwen-tts on the same checkpoint, in its own venv; None without one."""
-    python = Path(args.reference_python)
+    python = peer_python(args)
     if args.model != DEMO or not python.exists():
         return None
     from omnistage.models.builtin import demo_model_path
@@ -132,6 +154,24 @@ def run_reference(args: argparse.Namespace, n: int, batch: int) -> dict[str, flo
     return result
 
 
+def run_cosyvoice3_peer(args: argparse.Namespace, levels: list[int]) -> dict | None:
+    """The CosyVoice reference on the same checkpoint and our c=1 texts, streamed and
+    whole (our mode -> its `summarize`d run); None without its venv or a c=1 level."""
+    python = peer_python(args)
+    if args.model != COSYVOICE3 or 1 not in levels or not python.exists():
+        return None
+    from omnistage.models.builtin import demo_model_path
+
+    texts = tts_cosyvoice3.peer_texts(make_prompts(1, args.seed + 1), args.repeat)
+    peers = {}
+    for mode, peer_mode in tts_cosyvoice3.PEER_MODES.items():
+        cmd = tts_cosyvoice3.command(
+            python, demo_model_path(COSYVOICE3), texts, args.seed, peer_mode
+        )
+        peers[mode] = tts_cosyvoice3.summarize(tts_cosyvoice3.run_peer(cmd))
+    return peers
+
+
 def _workload(args: argparse.Namespace) -> str:
     setup = (
         "texts of 4-8 random words, a process per stage, async scheduling; stream: chunks "
@@ -141,7 +181,9 @@ def _workload(args: argparse.Namespace) -> str:
         return (
             f"best of {args.repeat} (lowest median TTFA): {args.model} (tiny random weights, "
             f"float32), LM sampled (deploy defaults, seed {args.seed}) up to its own budget, "
-            f"{setup}; no reference peer"
+            f"{setup}; reference: FunAudioLLM/CosyVoice tts (ras_sampling to the same "
+            "budget, zero-shot, the same voice), our c=1 texts one at a time, streamed "
+            "(chunks of 25, 50, then 100 tokens) and whole"
         )
     return (
         f"best of {args.repeat} (lowest median TTFA): {DEMO} (tiny random-weight Qwen3-TTS "
@@ -153,18 +195,58 @@ def _workload(args: argparse.Namespace) -> str:
     )
 
 
-def main(args: argparse.Namespace) -> int:
-    import torch
-
+def _levels(args: argparse.Namespace) -> list[int]:
     levels = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     if not levels or min(levels) < 1:
         raise ValueError("--concurrency: expected comma-separated levels >= 1")
     for name in ("frames", "repeat"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name}: must be at least 1")
+    return levels
+
+
+def _qwen_peer_fields(best: Results, levels: list[int], alone: dict, batched: dict) -> dict:
+    """qwen-tts against ours: RTF at the lowest level, aggregate at the highest."""
+    low, high = min(levels), max(levels)
+    rtf_gain = alone["rtf"] / best["stream"][low]["rtf_median"]
+    aggregate = best["stream"][high]["audio_s_per_s"] / batched["audio_s_per_s"]
+    print(
+        f"reference: RTF {alone['rtf']:.3f} alone, {batched['audio_s_per_s']:.2f} audio s/s "
+        f"batched 16; ours: RTF {rtf_gain:.2f}x better at c={low} (target >= 3), "
+        f"{aggregate:.2f}x its aggregate at c={high} (target >= 10)"
+    )
+    return {
+        "reference_rtf_c1": round(alone["rtf"], 4),
+        "reference_batch16_audio_s_per_s": round(batched["audio_s_per_s"], 4),
+        "ratio_rtf_vs_reference_c1": round(rtf_gain, 3),
+        "ratio_aggregate_vs_reference_c16": round(aggregate, 3),
+        "target_rtf_met": rtf_gain >= 3,
+        "target_aggregate_met": aggregate >= 10,
+    }
+
+
+def _cosyvoice3_peer_fields(best: Results, peers: dict) -> dict:
+    """The CosyVoice reference against ours at c=1, per mode, with the tokens of each."""
+    fields = tts_cosyvoice3.compare({mode: best[mode][1] for mode in peers}, peers)
+    for mode, peer in peers.items():
+        print(
+            f"reference {peer['mode']}: RTF {peer['rtf_median']:.3f}; its RTF / ours at c=1 "
+            f"{fields[f'ratio_rtf_vs_reference_{mode}_c1']:.2f} (above 1: ours is faster); tokens "
+            f"a request: ours {fields[f'{mode}_c1_tokens_per_request']}, reference "
+            f"{peer['tokens']} written, {peer['spoken_tokens']} spoken (budget "
+            f"{peer['budgets']})"
+        )
+    return fields | {"reference_voice": next(iter(peers.values()))["voice"]}
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    levels = _levels(args)
     best = best_by_first_audio(run_mode, args, levels)
     alone = run_reference(args, n=2, batch=1)
     batched = run_reference(args, n=16, batch=16) if alone is not None else None
+    peers = run_cosyvoice3_peer(args, levels)
     workload = _workload(args)
     flags = ",".join(cpu_flags()) or "none of avx2/avx512"
     machine = (
@@ -172,41 +254,31 @@ def main(args: argparse.Namespace) -> int:
         f"flags {flags}, torch {torch.__version__}"
     )
     print(f"workload: {workload}\nmachine: {machine}")
-    print(f"{'mode':<9}{'conc':>5}{'TTFA s':>9}{'RTF':>8}{'audio s/s':>11}")
+    print(f"{'mode':<11}{'conc':>5}{'TTFA s':>9}{'RTF':>8}{'audio s/s':>11}")
     for transfer in ("stream", "payload"):
         for level in levels:
             r = best[transfer][level]
             print(
-                f"{transfer:<9}{level:>5}{r['ttfa_median_s']:>9.3f}{r['rtf_median']:>8.3f}"
+                f"{transfer:<11}{level:>5}{r['ttfa_median_s']:>9.3f}{r['rtf_median']:>8.3f}"
                 f"{r['audio_s_per_s']:>11.2f}"
             )
+    if peers is not None:
+        tts_cosyvoice3.print_rows(peers)
     summary: dict[str, Any] = {"benchmark": "tts", "workload": workload, "machine": machine}
     summary |= flat_fields(best, levels)
-    low, high = min(levels), max(levels)
+    low = min(levels)
     ratio_first = best["stream"][low]["ttfa_median_s"] / best["payload"][low]["ttfa_median_s"]
     summary["ratio_ttfa_stream_vs_whole"] = round(ratio_first, 4)
     summary["target_first_audio_met"] = ratio_first <= 0.2
     print(f"stream / whole first audio at concurrency {low}: {ratio_first:.3f} (target <= 0.2)")
     if alone is not None and batched is not None:
-        ours_rtf = best["stream"][low]["rtf_median"]
-        rtf_gain = alone["rtf"] / ours_rtf
-        aggregate = best["stream"][high]["audio_s_per_s"] / batched["audio_s_per_s"]
-        print(
-            f"reference: RTF {alone['rtf']:.3f} alone, {batched['audio_s_per_s']:.2f} audio s/s "
-            f"batched 16; ours: RTF {rtf_gain:.2f}x better at c={low} (target >= 3), "
-            f"{aggregate:.2f}x its aggregate at c={high} (target >= 10)"
-        )
-        summary |= {
-            "reference_rtf_c1": round(alone["rtf"], 4),
-            "reference_batch16_audio_s_per_s": round(batched["audio_s_per_s"], 4),
-            "ratio_rtf_vs_reference_c1": round(rtf_gain, 3),
-            "ratio_aggregate_vs_reference_c16": round(aggregate, 3),
-            "target_rtf_met": rtf_gain >= 3,
-            "target_aggregate_met": aggregate >= 10,
-        }
+        summary |= _qwen_peer_fields(best, levels, alone, batched)
+    elif peers is not None:
+        summary |= _cosyvoice3_peer_fields(best, peers)
     else:
-        why = "no peer for this model" if args.model != DEMO else "not found"
-        print(f"reference: skipped ({args.reference_python}: {why})")
+        no_c1 = args.model == COSYVOICE3 and 1 not in levels
+        why = "no c=1 level" if no_c1 else "not found"
+        print(f"reference: skipped ({peer_python(args)}: {why})")
     print(json.dumps(summary))
     return 0
 
