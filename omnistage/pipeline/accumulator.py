@@ -17,7 +17,8 @@ value wins) and sent whole with every chunk.
 Per outgoing edge the accumulator produces either one payload when the request
 finishes (`transfer: payload`) or chunks (`transfer: stream`): the first after
 `first_chunk_size` rows of the processor's stream key, then every
-`chunk_size` rows, and a last one (possibly empty) marked `meta.finished`.
+`chunk_size` rows (growing `chunk_growth`-fold per chunk up to `max_chunk_size`, when the
+edge asks for it), and a last one (possibly empty) marked `meta.finished`.
 Chunk boundaries depend only on row counts, never on step timing.
 """
 
@@ -155,8 +156,11 @@ class RequestAccumulator:
         return out
 
     def _next_chunk_size(self, cursor: _EdgeCursor) -> int:
-        edge = cursor.edge
-        return edge.first_chunk_size if cursor.next_chunk == 0 else edge.chunk_size
+        edge, n = cursor.edge, cursor.next_chunk
+        if n == 0:
+            return edge.first_chunk_size
+        size = edge.chunk_size * edge.chunk_growth ** (n - 1)
+        return size if edge.max_chunk_size is None else min(size, edge.max_chunk_size)
 
     def _cut(
         self, cursor: _EdgeCursor, size: int | None, last: bool

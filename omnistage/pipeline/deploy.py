@@ -34,8 +34,10 @@ what was expected versus what was found. An example::
         processor: hidden_to_embeds   # see omnistage.pipeline.processors
         transfer: payload             # prompt | payload | stream
         connector: shm                # required for payload/stream, absent for prompt
-        # stream only: chunk_size (16), first_chunk_size (= chunk_size), left_context (0),
-        # right_context (0: into a generation stage, items after a chunk its decode sees)
+        # stream only: chunk_size (16), first_chunk_size (= chunk_size), chunk_growth (1:
+        # each later chunk that many times the one before), max_chunk_size (null: no cap),
+        # left_context (0), right_context (0: into a generation stage, items after a chunk
+        # its decode sees)
     connectors:                       # inproc and shm exist even when not declared
       remote: {kind: zmq, host: 127.0.0.1}   # kind: inproc | shm | zmq; rest = options
 

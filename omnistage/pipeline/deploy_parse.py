@@ -41,7 +41,14 @@ from omnistage.pipeline.processors import processor_class, processor_names
 from omnistage.sampling_params import SamplingParams
 
 _TOP_KEYS = ("name", "stages", "edges", "connectors")
-_STREAM_KEYS = ("chunk_size", "first_chunk_size", "left_context", "right_context")
+_STREAM_KEYS = (
+    "chunk_size",
+    "first_chunk_size",
+    "chunk_growth",
+    "max_chunk_size",
+    "left_context",
+    "right_context",
+)
 _EDGE_KEYS = ("from", "to", "processor", "transfer", "connector", *_STREAM_KEYS)
 _RESTART_KEYS = tuple(f.name for f in dataclasses.fields(RestartPolicy))
 _RAY_KEYS = tuple(f.name for f in dataclasses.fields(RayOptions))
@@ -252,6 +259,10 @@ def _edge(
         connector=connector,
         chunk_size=chunk,
         first_chunk_size=r.integer(d.get("first_chunk_size", chunk), f"{path}.first_chunk_size", 1),
+        chunk_growth=r.integer(d.get("chunk_growth", 1), f"{path}.chunk_growth", 1),
+        max_chunk_size=None
+        if d.get("max_chunk_size") is None
+        else r.integer(d["max_chunk_size"], f"{path}.max_chunk_size", chunk),
         left_context=r.integer(d.get("left_context", 0), f"{path}.left_context", 0),
         right_context=right,
     )

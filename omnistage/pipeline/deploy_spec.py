@@ -264,6 +264,14 @@ class EdgeSpec:
     (a model that looks ahead); the consumer holds back the last `right_context` items of
     each chunk until the next chunk (or the end) brings the items after them."""
 
+    chunk_growth: int = 1
+    """Stream only: each chunk after the second is this many times the one before, up to
+    `max_chunk_size` (CosyVoice's growing hop: 25, 50, 100, 100, ... tokens, so a long
+    answer takes fewer, larger decodes); 1: every chunk after the first is `chunk_size`."""
+
+    max_chunk_size: int | None = None
+    """Stream only: the largest chunk a growing schedule reaches (None: no cap)."""
+
 
 @dataclass(frozen=True)
 class DeploySpec:

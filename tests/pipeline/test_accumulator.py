@@ -61,6 +61,28 @@ def test_stream_chunks_have_exact_sizes_whatever_the_step_sizes():
     assert [last for *_, last in got] == [False, False, False, True]
 
 
+@pytest.mark.parametrize(
+    ("growth", "cap", "sizes"),
+    [
+        (2, 8, [1, 2, 4, 8, 8, 8, 3]),  # CosyVoice's growing hop
+        (3, None, [1, 2, 6, 18, 7]),  # no cap
+        (1, 8, [1] + [2] * 16 + [1]),  # fixed
+    ],
+)
+def test_stream_chunks_grow_by_the_edges_factor_up_to_its_cap(growth, cap, sizes):
+    acc = accumulator(
+        edge("stream", "ids_to_codes", chunk_size=2, chunk_growth=growth, max_chunk_size=cap)
+    )
+    got = []
+    for token in range(1, 35):  # one token a step
+        acc.add_step([token], None, 0)
+        got += acc.ready_chunks()
+    got += acc.final_payloads()
+    chunks = [p["ids.output"].tolist() for _, _, p, _ in got]
+    assert [len(c) for c in chunks] == sizes
+    assert [t for c in chunks for t in c] == list(range(1, 35))
+
+
 def test_stream_last_chunk_may_be_empty():
     acc = accumulator(edge("stream", "ids_to_codes", first_chunk_size=2, chunk_size=2))
     acc.add_step([1, 2], None, 0)

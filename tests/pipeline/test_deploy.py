@@ -143,6 +143,10 @@ def test_stream_defaults_and_topological_order_of_a_join(tmp_path):
     spec = load_deploy(_write(tmp_path, data))
     stream = spec.edges_from("talker")[0]
     assert (stream.chunk_size, stream.first_chunk_size, stream.left_context) == (5, 5, 0)
+    assert (stream.chunk_growth, stream.max_chunk_size) == (1, None)
+    data["edges"][1].update(chunk_growth=2, max_chunk_size=20)
+    grown = load_deploy(_write(tmp_path, data)).edges_from("talker")[0]
+    assert (grown.chunk_size, grown.chunk_growth, grown.max_chunk_size) == (5, 2, 20)
     assert spec.topological_order() == ("thinker", "talker", "vocoder")
     assert len(spec.edges_into("vocoder")) == 2
 
@@ -464,6 +468,8 @@ def test_stream_option_on_payload_edge(tmp_path):
         ("first_chunk_size", "2", 1),
         ("left_context", -1, 0),
         ("right_context", -2, 0),
+        ("chunk_growth", 0, 1),
+        ("max_chunk_size", 7, 8),  # below the edge's chunk_size
     ],
 )
 def test_stream_bad_ints(tmp_path, key, value, low):
