@@ -53,7 +53,7 @@ class InputEmbeds:
         if not self.own and not with_codes:  # the common case: no row is touched
             return None
         embeds = self.model.embed_input_ids(inputs.input_ids)
-        offset = 0
+        offset, fed_back = 0, _FedBackCodes()
         for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
             state = self.batch.states[row]
             start, prompt_len = state.num_computed_tokens, len(state.prompt_token_ids)
@@ -64,28 +64,47 @@ class InputEmbeds:
             # Positions past the prompt hold output tokens: output `first - prompt_len` first.
             first, last = max(start, prompt_len), start + n
             if first < last:
-                out = embeds[offset + first - start : offset + last - start]
-                self._add_output_rows(state, out, first - prompt_len)
+                at = offset + first - start
+                self._add_conditioning(state, embeds[at : at + last - first], first - prompt_len)
+                if with_codes:
+                    codes = state.output_codes[first - prompt_len : last - prompt_len]
+                    fed_back.add(at, codes)
+                    if not self.model.codes_feed_back_by_row:
+                        self._feed_back(embeds, fed_back)
+                        fed_back = _FedBackCodes()
             offset += n
+        self._feed_back(embeds, fed_back)
         return embeds
 
-    def _add_output_rows(self, state: RequestState, out: torch.Tensor, first: int) -> None:
+    def _add_conditioning(self, state: RequestState, out: torch.Tensor, first: int) -> None:
         """Add to the input embeddings `out` of outputs `first, first + 1, ...` their
-        conditioning rows (then the fill row) and the embeddings of their extra codes."""
-        count = out.shape[0]
+        conditioning rows (then the fill row)."""
         if state.conditioning is not None:
+            count = out.shape[0]
             rows = state.conditioning[first : first + count]
             out[: rows.shape[0]] += rows
             if state.conditioning_fill is not None and rows.shape[0] < count:
                 out[rows.shape[0] :] += state.conditioning_fill
-        if self.model.num_token_codes > 0:
-            codes = state.output_codes[first : first + count]
-            if codes:
-                if self.model.token_codes_are_floats:  # float64 first: the rows as sampled
-                    rows = torch.tensor(codes, dtype=torch.float64).to(out.device, out.dtype)
-                else:
-                    rows = torch.tensor(codes, dtype=torch.long, device=out.device)
-                out[: len(codes)] = self.model.feed_back_codes(out[: len(codes)], rows)
+
+    def _feed_back(self, embeds: torch.Tensor, fed_back: _FedBackCodes) -> None:
+        """Replace the embedding rows `fed_back` names by `feed_back_codes` of them and
+        their codes: one call for all of them (the caller gives one request's rows at a
+        time unless the model's `codes_feed_back_by_row`)."""
+        if not fed_back.codes:
+            return
+        if self.model.token_codes_are_floats:  # float64 first: the rows as sampled
+            codes = torch.tensor(fed_back.codes, dtype=torch.float64).to(
+                embeds.device, embeds.dtype
+            )
+        else:
+            codes = torch.tensor(fed_back.codes, dtype=torch.long, device=embeds.device)
+        if len(fed_back.spans) == 1:  # one run of rows: a slice, no gather or scatter
+            at, count = fed_back.spans[0]
+            embeds[at : at + count] = self.model.feed_back_codes(embeds[at : at + count], codes)
+            return
+        rows = [i for at, count in fed_back.spans for i in range(at, at + count)]
+        index = torch.tensor(rows, dtype=torch.long, device=embeds.device)
+        embeds[index] = self.model.feed_back_codes(embeds[index], codes)
 
     def deepstack_rows(self, inputs: StepInputs) -> DeepstackRows | None:
         """The deepstack features of the step's prompt tokens at visual positions (a chunk
@@ -121,3 +140,17 @@ class InputEmbeds:
         if any(f.shape[0] != layers for f in feats):  # requests may differ: pad with zeros
             feats = [torch.cat([f, f.new_zeros(layers - len(f), *f.shape[1:])]) for f in feats]
         return DeepstackRows(rows=torch.cat(flat).to(self.device), embeds=torch.cat(feats, dim=1))
+
+
+class _FedBackCodes:
+    """The fed-back outputs of a step whose codes are known: runs of embedding rows
+    `(start, count)` and their codes, in the same order."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+        self.codes: list = []
+
+    def add(self, at: int, codes: list) -> None:
+        if codes:
+            self.spans.append((at, len(codes)))
+            self.codes.extend(codes)
