@@ -59,7 +59,7 @@ class _Talker:
         return token_embeds + self.predictor.embed(codes)
 
 
-def _state(req: int, prompt: int, outputs: int, computed: int, conditioned: bool):
+def _state(req: int, prompt: int, outputs: int, computed: int, conditioned: bool, fill=True):
     g = torch.Generator().manual_seed(100 + req)
     codes = torch.randint(0, VOCAB, (outputs, CODES), generator=g).tolist()
     return SimpleNamespace(
@@ -67,54 +67,62 @@ def _state(req: int, prompt: int, outputs: int, computed: int, conditioned: bool
         prompt_token_ids=list(range(prompt)),
         prompt_embeds=torch.randn(prompt, HIDDEN, generator=g) if req % 2 else None,
         conditioning=torch.randn(3, HIDDEN, generator=g) if conditioned else None,
-        conditioning_fill=torch.randn(HIDDEN, generator=g) if conditioned else None,
+        conditioning_fill=torch.randn(HIDDEN, generator=g) if conditioned and fill else None,
         output_codes=codes,
     )
 
 
-def _step(by_row: bool) -> tuple[torch.Tensor, list[int]]:
-    """Five requests: decodes (one output fed back, with and without conditioning), a
-    prompt chunk (nothing fed back), a recompute over prompt and outputs (several rows of
-    one request), and an output whose codes are not known yet."""
-    states = [
-        _state(0, 4, 6, 9, False),  # decode: output 5
-        _state(1, 5, 2, 6, True),  # decode: output 1, its conditioning row
-        _state(2, 7, 0, 2, False),  # prompt chunk [2, 6)
-        _state(3, 3, 8, 1, True),  # recompute [1, 9): prompt 1..2, outputs 0..5
-        _state(4, 2, 4, 6, False),  # output 4 has no codes yet
-    ]
-    counts = [1, 1, 4, 8, 1]
+STATES = [
+    (0, 4, 6, 9, False),  # decode: output 5, no conditioning
+    (1, 5, 2, 6, True),  # decode: output 1, its conditioning row
+    (2, 7, 0, 2, False),  # prompt chunk [2, 6): nothing fed back
+    (3, 3, 8, 1, True),  # recompute [1, 9): prompt 1..2, outputs 0..5 (rows, then the fill)
+    (4, 2, 4, 6, False),  # output 4 has no codes yet
+    (5, 2, 6, 2, True, False),  # outputs 0..4: conditioning rows 0..2, then no fill
+]
+COUNTS = [1, 1, 4, 8, 1, 5]
+
+
+def _step(by_row: bool) -> tuple[torch.Tensor, list[int], _Talker, torch.Tensor]:
+    states = [_state(*s) for s in STATES]
     model = _Talker(by_row)
     batch = SimpleNamespace(states=dict(enumerate(states)))
-    ids = torch.randint(0, VOCAB, (sum(counts),), generator=torch.Generator().manual_seed(2))
-    inputs = SimpleNamespace(input_ids=ids, rows=list(range(5)), row_counts=counts)
+    ids = torch.randint(0, VOCAB, (sum(COUNTS),), generator=torch.Generator().manual_seed(2))
+    inputs = SimpleNamespace(input_ids=ids, rows=list(range(len(COUNTS))), row_counts=COUNTS)
     embeds = InputEmbeds(model, batch, torch.device("cpu"))
     embeds.own.update({"a"})
-    return embeds.prompt_embeds(inputs), model.calls
+    return embeds.prompt_embeds(inputs), model.calls, model, ids
+
+
+def _expected(model: _Talker, ids: torch.Tensor) -> torch.Tensor:
+    """Row by row, as one request alone at a time would make it."""
+    rows, at = [], 0
+    for spec, n in zip(STATES, COUNTS, strict=True):
+        state = _state(*spec)
+        prompt = len(state.prompt_token_ids)
+        for pos in range(state.num_computed_tokens, state.num_computed_tokens + n):
+            row = model.table[ids[at]]
+            if pos < prompt:
+                rows.append(row if state.prompt_embeds is None else state.prompt_embeds[pos])
+                at += 1
+                continue
+            out = pos - prompt
+            if state.conditioning is not None and out < state.conditioning.shape[0]:
+                row = row + state.conditioning[out]
+            elif state.conditioning_fill is not None:
+                row = row + state.conditioning_fill
+            if out < len(state.output_codes):
+                codes = torch.tensor([state.output_codes[out]])
+                row = (row[None] + model.predictor.embed(codes))[0]
+            rows.append(row)
+            at += 1
+    return torch.stack(rows)
 
 
 def test_one_call_a_step_equals_one_call_per_request():
-    batched, batched_calls = _step(by_row=True)
-    alone, alone_calls = _step(by_row=False)
-    assert batched_calls == [1 + 1 + 6]
-    assert alone_calls == [1, 1, 6]
+    batched, batched_calls, model, ids = _step(by_row=True)
+    alone, alone_calls, _, _ = _step(by_row=False)
+    assert batched_calls == [1 + 1 + 6 + 5]
+    assert alone_calls == [1, 1, 6, 5]
     assert torch.equal(batched, alone)
-
-
-def test_fed_back_rows_are_the_token_plus_its_codes():
-    embeds, _ = _step(by_row=True)
-    model, state = _Talker(True), _state(3, 3, 8, 1, True)
-    ids = torch.randint(0, VOCAB, (15,), generator=torch.Generator().manual_seed(2))
-    # Request 3's rows are flat positions 6..13: prompt positions 1, 2 then outputs 0..5.
-    for out in range(6):
-        at = 8 + out
-        row = model.table[ids[at]] + state.conditioning_fill
-        if out < 3:
-            row = model.table[ids[at]] + state.conditioning[out]
-        codes = torch.tensor([state.output_codes[out]])
-        expected = row + model.predictor.embed(codes)[0]
-        assert torch.equal(embeds[at], expected)
-    # Request 4's output 4 has no codes yet: its token's embedding alone.
-    assert torch.equal(embeds[14], model.table[ids[14]])
-    # Request 2's prompt chunk: the token embeddings, untouched.
-    assert torch.equal(embeds[2:6], model.table[ids[2:6]])
+    assert torch.equal(batched, _expected(model, ids))
