@@ -1,9 +1,11 @@
 """What the Qwen3-TTS codec decoder keeps between calls without autograd (SnakeBeta's
-per-channel factors, the transformer's rotary tables and mask per length) gives the
-values computed afresh, and follows its parameters when they change."""
+per-channel factors, the transformer's rotary tables and mask per length, the quantizer's
+stacked codebooks) gives the values computed afresh, and follows its parameters when
+they change."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from omnistage.families.qwen3_tts.codec_convs import SnakeBeta
@@ -86,3 +88,28 @@ def test_decoder_kept_tables_give_the_fresh_decode():
     assert sorted(k[0] for k in transformer._kept_tables) == [1, 5, 7]
     cos, sin, mask = transformer._kept_tables[next(iter(transformer._kept_tables))]
     assert mask.dtype == torch.bool
+
+
+def _per_codebook(rvq, codes: torch.Tensor) -> torch.Tensor:
+    return rvq.output_proj(sum(layer.decode(codes[:, k]) for k, layer in enumerate(rvq.vq.layers)))
+
+
+def test_quantizer_one_lookup_equals_one_per_codebook_and_follows_refresh():
+    decoder = _decoder()
+    rvq = decoder.quantizer.rvq_rest  # 3 codebooks of 16
+    codes = torch.randint(0, 16, (2, 3, 5), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        assert torch.equal(rvq.decode(codes), _per_codebook(rvq, codes))
+    with torch.no_grad():
+        rvq.vq.layers[1]._codebook.cluster_usage.mul_(3.0)
+    decoder.refresh_codebooks()
+    with torch.inference_mode():
+        assert torch.equal(rvq.decode(codes), _per_codebook(rvq, codes))
+
+
+def test_quantizer_code_outside_its_codebook_is_an_error_not_the_next_codebook():
+    rvq = _decoder().quantizer.rvq_rest
+    codes = torch.zeros(1, 3, 2, dtype=torch.long)
+    codes[0, 0, 1] = 16  # row 0 of codebook 1 in the stacked table
+    with torch.inference_mode(), pytest.raises(IndexError):
+        rvq.decode(codes)
