@@ -59,6 +59,12 @@ class CausalLM(nn.Module):
     `feed_back_codes` receives it in the model's dtype. Same path, same sync = async and
     recompute rules as integer codes."""
 
+    codes_feed_back_by_row: ClassVar[bool] = False
+    """`feed_back_codes` makes each row from that row alone with per-element ops (lookups,
+    sums; no product whose result depends on how many rows share it), so one call over a
+    step's fed-back rows of every request gives, bit for bit, what one call per request
+    gives: the runner then makes one call a step instead of one per request."""
+
     hidden_output_layers: tuple[int, ...] = ()
     """Hidden states a stage sends downstream, as indices of transformers' `hidden_states`
     (0: the input embeddings, k: the output of layer k-1, num_layers: the final normed

@@ -72,6 +72,8 @@ class RequestAccumulator:
             k: [] for k, m in self.modes.items() if m is Accumulate.CONCAT
         }
         self.counts: dict[str, int] = dict.fromkeys(self.rows, 0)
+        self.ints: dict[str, list] = {}
+        """Integer rows of a step key not yet in `rows` (`_append_ints`)."""
         self.latest: dict[str, torch.Tensor] = {}
         if "ids.prompt" in self.modes:
             self.latest["ids.prompt"] = torch.tensor(prompt_token_ids, dtype=torch.int64)
@@ -103,7 +105,7 @@ class RequestAccumulator:
         """One accepted step of the request: its new tokens (with their codes, for models
         that sample codes with each token) and computed positions."""
         if new_token_ids and "ids.output" in self.modes:
-            self._append("ids.output", torch.tensor(new_token_ids, dtype=torch.int64))
+            self._append_ints("ids.output", new_token_ids)
         if new_token_ids and CODES_KEY in self.modes:
             if not new_codes or len(new_codes) != len(new_token_ids):
                 raise RuntimeError(
@@ -111,7 +113,7 @@ class RequestAccumulator:
                     "with each token"
                 )
             frames = [[t, *c] for t, c in zip(new_token_ids, new_codes, strict=True)]
-            self._append(CODES_KEY, torch.tensor(frames, dtype=torch.int64))
+            self._append_ints(CODES_KEY, frames)
         if new_token_ids and LATENTS_KEY in self.modes:
             if not new_codes or len(new_codes) != len(new_token_ids):
                 raise RuntimeError(f"request {self.request_id!r}: {LATENTS_KEY} without float rows")
@@ -130,8 +132,20 @@ class RequestAccumulator:
 
     def _append(self, key: str, rows: torch.Tensor) -> None:
         # Only step keys get here, and those are CONCAT (`collected_modes` refuses others).
+        self._flush_ints(key)
         self.rows[key].append(rows)
         self.counts[key] += rows.shape[0]
+
+    def _append_ints(self, key: str, rows: list) -> None:
+        """Integer rows (token ids, code frames) stay Python lists until a payload takes
+        them: one int64 tensor per cut instead of one per step."""
+        self.ints.setdefault(key, []).extend(rows)
+        self.counts[key] += len(rows)
+
+    def _flush_ints(self, key: str) -> None:
+        pending = self.ints.pop(key, None)
+        if pending:
+            self.rows[key].append(torch.tensor(pending, dtype=torch.int64))
 
     # -- payloads ---------------------------------------------------------------------------------
     def ready_chunks(self) -> list[tuple[EdgeSpec, int, Payload, bool]]:
@@ -190,6 +204,7 @@ class RequestAccumulator:
         return cursor.edge, index, payload, last
 
     def _slice(self, key: str, start: int, stop: int) -> torch.Tensor:
+        self._flush_ints(key)
         parts = self.rows[key]
         if len(parts) > 1:  # compact once: later slices are views of one tensor
             parts[:] = [torch.cat(parts)]

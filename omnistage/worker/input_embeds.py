@@ -48,12 +48,15 @@ class InputEmbeds:
     def prompt_embeds(self, inputs: StepInputs) -> torch.Tensor | None:
         """Input embeddings of the step when a scheduled request brings its own (prompt
         embeddings, conditioning rows) or the model embeds its tokens' codes, else None:
-        the model embeds the token ids."""
+        the model embeds the token ids. A fed-back output's row is its token's embedding,
+        plus its conditioning row, then made with its codes (`feed_back_codes`); the
+        conditioning rows of the step are added in one operation and the codes fed back
+        in one call (one per request unless the model's `codes_feed_back_by_row`)."""
         with_codes = self.model.num_token_codes > 0
         if not self.own and not with_codes:  # the common case: no row is touched
             return None
         embeds = self.model.embed_input_ids(inputs.input_ids)
-        offset = 0
+        offset, added, fed_back = 0, _AddedRows(), _FedBackCodes()
         for row, n in zip(inputs.rows, inputs.row_counts, strict=True):
             state = self.batch.states[row]
             start, prompt_len = state.num_computed_tokens, len(state.prompt_token_ids)
@@ -64,28 +67,38 @@ class InputEmbeds:
             # Positions past the prompt hold output tokens: output `first - prompt_len` first.
             first, last = max(start, prompt_len), start + n
             if first < last:
-                out = embeds[offset + first - start : offset + last - start]
-                self._add_output_rows(state, out, first - prompt_len)
+                at, out = offset + first - start, first - prompt_len
+                added.conditioning(state, at, out, last - first)
+                if with_codes:
+                    fed_back.add(at, state.output_codes[out : out + last - first])
             offset += n
+        added.add_to(embeds)
+        self._feed_back(embeds, fed_back)
         return embeds
 
-    def _add_output_rows(self, state: RequestState, out: torch.Tensor, first: int) -> None:
-        """Add to the input embeddings `out` of outputs `first, first + 1, ...` their
-        conditioning rows (then the fill row) and the embeddings of their extra codes."""
-        count = out.shape[0]
-        if state.conditioning is not None:
-            rows = state.conditioning[first : first + count]
-            out[: rows.shape[0]] += rows
-            if state.conditioning_fill is not None and rows.shape[0] < count:
-                out[rows.shape[0] :] += state.conditioning_fill
-        if self.model.num_token_codes > 0:
-            codes = state.output_codes[first : first + count]
-            if codes:
-                if self.model.token_codes_are_floats:  # float64 first: the rows as sampled
-                    rows = torch.tensor(codes, dtype=torch.float64).to(out.device, out.dtype)
-                else:
-                    rows = torch.tensor(codes, dtype=torch.long, device=out.device)
-                out[: len(codes)] = self.model.feed_back_codes(out[: len(codes)], rows)
+    def _feed_back(self, embeds: torch.Tensor, fed_back: _FedBackCodes) -> None:
+        """Replace the embedding rows `fed_back` names by `feed_back_codes` of them and
+        their codes: one call for all of them if the model's `codes_feed_back_by_row`,
+        else one per run of rows (a request's)."""
+        if not fed_back.codes:
+            return
+        if self.model.token_codes_are_floats:  # float64 first: the rows as sampled
+            codes = torch.tensor(fed_back.codes, dtype=torch.float64).to(
+                embeds.device, embeds.dtype
+            )
+        else:
+            codes = torch.tensor(fed_back.codes, dtype=torch.long, device=embeds.device)
+        if not self.model.codes_feed_back_by_row or len(fed_back.spans) == 1:
+            done = 0  # each run of rows alone: a slice, no gather or scatter
+            for at, count in fed_back.spans:
+                rows = embeds[at : at + count]
+                embeds[at : at + count] = self.model.feed_back_codes(
+                    rows, codes[done : done + count]
+                )
+                done += count
+            return
+        index = _index(fed_back.spans, embeds.device)
+        embeds[index] = self.model.feed_back_codes(embeds[index], codes)
 
     def deepstack_rows(self, inputs: StepInputs) -> DeepstackRows | None:
         """The deepstack features of the step's prompt tokens at visual positions (a chunk
@@ -121,3 +134,56 @@ class InputEmbeds:
         if any(f.shape[0] != layers for f in feats):  # requests may differ: pad with zeros
             feats = [torch.cat([f, f.new_zeros(layers - len(f), *f.shape[1:])]) for f in feats]
         return DeepstackRows(rows=torch.cat(flat).to(self.device), embeds=torch.cat(feats, dim=1))
+
+
+def _index(spans: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
+    """The rows of the runs `(start, count)`, in order."""
+    rows = [i for at, count in spans for i in range(at, at + count)]
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+class _AddedRows:
+    """The conditioning rows of a step's outputs, added to their input embeddings in one
+    operation (each row gets the same sum as its own `+=` would give)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+        self.rows: list[torch.Tensor] = []
+
+    def conditioning(self, state: RequestState, at: int, first: int, count: int) -> None:
+        """Outputs `first .. first + count - 1` of `state` at embedding rows `at ..`: their
+        conditioning rows, then the fill row past them (none past them without one)."""
+        if state.conditioning is None:
+            return
+        rows = state.conditioning[first : first + count]
+        if rows.shape[0]:
+            self.spans.append((at, rows.shape[0]))
+            self.rows.append(rows)
+        rest = count - rows.shape[0]
+        if state.conditioning_fill is not None and rest > 0:
+            self.spans.append((at + rows.shape[0], rest))
+            self.rows.append(state.conditioning_fill.expand(rest, -1))
+
+    def add_to(self, embeds: torch.Tensor) -> None:
+        if not self.rows:
+            return
+        if len(self.spans) == 1:
+            at, count = self.spans[0]
+            embeds[at : at + count] += self.rows[0]
+            return
+        index = _index(self.spans, embeds.device)
+        embeds[index] = embeds[index] + torch.cat(self.rows).to(embeds.device)
+
+
+class _FedBackCodes:
+    """The fed-back outputs of a step whose codes are known: runs of embedding rows
+    `(start, count)` and their codes, in the same order."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+        self.codes: list = []
+
+    def add(self, at: int, codes: list) -> None:
+        if codes:
+            self.spans.append((at, len(codes)))
+            self.codes.extend(codes)

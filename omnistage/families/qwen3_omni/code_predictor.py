@@ -285,6 +285,7 @@ class CodePredictingTalker:
     embedding and head the codec head): call `init_talker` at the end of `__init__`."""
 
     prefer_model_sampler = True
+    codes_feed_back_by_row = True  # embedding lookups and their sum
     code_predictor_params: ClassVar[SamplingParams]
     """How codes 1..G-1 of a sampled (not greedy) request are drawn."""
 

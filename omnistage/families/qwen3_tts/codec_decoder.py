@@ -6,7 +6,8 @@ residual vector-quantizer decode (`codec_quantizer`), a causal conv, a small tra
 upsampling stages, then the SnakeBeta / transposed-conv vocoder blocks, clamped to
 [-1, 1]. Every module and parameter name equals the reference's, so the `decoder.*`
 tensors of `speech_tokenizer/model.safetensors` load as they are. This module owns the
-network (but the quantizer) and its config (`CodecDecoderConfig`, read from the
+network (but the quantizer, `codec_quantizer`, and the causal convolutions and SnakeBeta,
+`codec_convs`) and its config (`CodecDecoderConfig`, read from the
 `decoder_config` dict of the speech tokenizer's `config.json`).
 
 Every convolution is causal and the transposed ones are cut to `stride * length`, so
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.families.qwen3_tts.codec_convs import CausalConvNet, CausalTransConvNet, SnakeBeta
 from omnistage.families.qwen3_tts.codec_quantizer import (
     EuclideanCodebook,
     SplitResidualVectorQuantizer,
@@ -99,53 +101,11 @@ class CodecDecoderConfig:
         return math.prod(self.upsample_rates + self.upsampling_ratios)
 
 
-# --- convolutions and activations ---------------------------------------------------------
+KEPT_TABLES = 16
+"""Lengths whose rotary tables and attention mask the decoder's transformer keeps."""
 
 
-class CausalConvNet(nn.Module):
-    """Conv1d with all padding on the left (plus what a stride needs on the right)."""
-
-    def __init__(
-        self, in_ch: int, out_ch: int, kernel_size: int, dilation: int = 1, groups: int = 1
-    ) -> None:
-        super().__init__()
-        self.conv = nn.Conv1d(in_ch, out_ch, kernel_size, dilation=dilation, groups=groups)
-        self.stride = 1
-        self.kernel_size = (kernel_size - 1) * dilation + 1
-        self.padding = self.kernel_size - self.stride
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        length = x.shape[-1]
-        n_frames = math.ceil((length - self.kernel_size + self.padding) / self.stride + 1)
-        extra = (n_frames - 1) * self.stride + self.kernel_size - self.padding - length
-        return self.conv(F.pad(x, (self.padding, extra)))
-
-
-class CausalTransConvNet(nn.Module):
-    """ConvTranspose1d cut to `stride * length` samples (the overlap tail dropped)."""
-
-    def __init__(self, in_ch: int, out_ch: int, kernel_size: int, stride: int) -> None:
-        super().__init__()
-        self.conv = nn.ConvTranspose1d(in_ch, out_ch, kernel_size, stride=stride)
-        self.right_pad = kernel_size - stride
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv(x)
-        return x[..., : x.shape[-1] - self.right_pad] if self.right_pad > 0 else x
-
-
-class SnakeBeta(nn.Module):
-    """x + sin^2(x * e^alpha) / e^beta, per channel (alpha, beta stored as logs)."""
-
-    def __init__(self, channels: int) -> None:
-        super().__init__()
-        self.alpha = nn.Parameter(torch.zeros(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        alpha = self.alpha.exp()[None, :, None]
-        beta = self.beta.exp()[None, :, None]
-        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+# --- convolution blocks ---------------------------------------------------------
 
 
 class ConvNeXtBlock(nn.Module):
@@ -301,6 +261,7 @@ class DecoderTransformer(nn.Module):
         exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
         inv_freq = 1.0 / (config.rope_theta**exponents)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._kept_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def _rope(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of positions 0..length-1, computed in float32 (as the reference)."""
@@ -309,14 +270,28 @@ class DecoderTransformer(nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
+    def _tables(self, length: int, dtype: torch.dtype, device: torch.device) -> tuple:
+        """cos, sin and the causal sliding-window mask of `length` frames. Without
+        autograd they are kept per (length, dtype, device) until `inv_freq` changes: a
+        stream decodes chunks of a few lengths, each chunk in one call."""
+        keep = not torch.is_grad_enabled()  # an autograd pass neither reads nor keeps them
+        key = (length, dtype, device, self.inv_freq.data_ptr(), self.inv_freq._version)
+        tables = self._kept_tables.get(key) if keep else None
+        if tables is None:
+            cos, sin = self._rope(length, dtype)
+            pos = torch.arange(length, device=device)
+            offset = pos[:, None] - pos[None, :]  # query - key
+            tables = (cos, sin, (offset >= 0) & (offset < self.sliding_window))
+            if keep:
+                if len(self._kept_tables) >= KEPT_TABLES:
+                    self._kept_tables.clear()
+                self._kept_tables[key] = tables
+        return tables
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`[B, T, latent_dim]` -> `[B, T, latent_dim]`."""
         x = self.input_proj(x)
-        length = x.shape[1]
-        cos, sin = self._rope(length, x.dtype)
-        pos = torch.arange(length, device=x.device)
-        offset = pos[:, None] - pos[None, :]  # query - key
-        mask = (offset >= 0) & (offset < self.sliding_window)
+        cos, sin, mask = self._tables(x.shape[1], x.dtype, x.device)
         for layer in self.layers:
             x = layer(x, cos, sin, mask)
         return self.output_proj(self.norm(x))

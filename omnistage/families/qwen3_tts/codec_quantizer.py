@@ -60,10 +60,32 @@ class ResidualVectorQuantizer(nn.Module):
         self.input_proj = nn.Conv1d(io_dim, dimension, 1, bias=False)
         self.output_proj = nn.Conv1d(dimension, io_dim, 1, bias=False)
         self.vq = ResidualVectorQuantization(num_quantizers, dimension, bins)
+        self._stacked: tuple | None = None
+        """(the codebooks' entries it was made from, the stacked table, starts, bins)."""
+
+    def _entries(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Every codebook's entries as one table `[K * bins, dim]`, each codebook's first
+        row in it and the smallest codebook's size; remade when a codebook's entries are
+        (`refresh` sets new tensors)."""
+        tables = [layer._codebook.embedding for layer in self.vq.layers]
+        kept = self._stacked
+        if kept is None or any(a is not b for a, b in zip(kept[0], tables, strict=True)):
+            starts = torch.tensor([0, *(t.shape[0] for t in tables[:-1])]).cumsum(0)
+            stacked = (torch.cat(tables), starts.to(tables[0].device))
+            kept = self._stacked = (tables, *stacked, min(t.shape[0] for t in tables))
+        return kept[1], kept[2], kept[3]
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """`[B, K, T]` codes -> `[B, io_dim, T]`."""
-        quantized = sum(layer.decode(codes[:, k]) for k, layer in enumerate(self.vq.layers))
+        """`[B, K, T]` codes -> `[B, io_dim, T]`: each codebook's entries, summed in codebook
+        order (found in one lookup over the stacked codebooks without autograd)."""
+        table, starts, bins = self._entries()
+        if torch.is_grad_enabled() or int(codes.min()) < 0 or int(codes.max()) >= bins:
+            # One lookup per codebook: autograd, or a code outside its codebook (an error
+            # there, never a row of the next codebook).
+            quantized = sum(layer.decode(codes[:, k]) for k, layer in enumerate(self.vq.layers))
+            return self.output_proj(quantized)
+        entries = F.embedding(codes + starts[None, :, None], table)  # [B, K, T, dim]
+        quantized = sum(entries[:, k].transpose(1, 2) for k in range(entries.shape[1]))
         return self.output_proj(quantized)
 
 

@@ -10,9 +10,12 @@ lists ``/dev/shm`` for the request's prefix and unlinks what it finds, from any
 process; ``num_pending()`` counts the connector's segments there.
 
 Lifetime: a segment belongs to its request, not to the process that made it.
-``put`` unregisters the segment from Python's ``resource_tracker`` (3.11 has no
-``track=False``), so the producer exiting does not unlink it and another
-process unlinking it causes no "leaked shared_memory" warning. It is unlinked
+``put`` creates the ``/dev/shm`` file itself (open with ``O_CREAT | O_EXCL``, size,
+map, write), as ``shm_open`` does on Linux, never through Python's ``SharedMemory``
+and its ``resource_tracker`` (3.11 has no ``track=False``; registering and
+unregistering cost two messages to the tracker process per payload), so the
+producer exiting does not unlink it and another process unlinking it causes no
+"leaked shared_memory" warning. It is unlinked
 by ``get`` (consume-once), by ``cleanup(request_id)``, by ``cleanup_all()``, or
 by ``unlink_namespace(namespace)`` at pipeline shutdown. ``close()`` unlinks
 nothing: the consumer may still need what this process produced.
@@ -34,8 +37,6 @@ import mmap
 import os
 import time
 from collections.abc import Mapping
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 from omnistage.core.payload import PackedPayload, Payload, unpack_payload
@@ -99,21 +100,26 @@ class SharedMemoryConnector(Connector):
         self._check_open()
         name = self.segment_name(key)
         packed = PackedPayload(payload, where=f"connector {self.name!r} put {key!r}")
-        try:
-            shm = SharedMemory(name, create=True, size=packed.nbytes)
+        path = os.path.join(SHM_DIR, name)
+        try:  # what shm_open(O_CREAT | O_EXCL) does; no resource tracker involved
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         except FileExistsError:
             raise ValueError(
                 f"payload {key!r} is already held by connector {self.name!r}"
             ) from None
-        # The segment belongs to the request, not to this process: keep the tracker off it.
-        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
         try:
-            packed.write_into(shm.buf)
+            os.ftruncate(fd, packed.nbytes)
+            with mmap.mmap(fd, packed.nbytes) as mapping:
+                view = memoryview(mapping)
+                try:
+                    packed.write_into(view)
+                finally:
+                    view.release()
         except BaseException:
-            shm.close()
-            os.unlink(os.path.join(SHM_DIR, name))
+            os.unlink(path)
             raise
-        shm.close()
+        finally:
+            os.close(fd)
         self._tombstones.discard(key)
         return PayloadHandle(self.name, key, name, packed.nbytes)
 
