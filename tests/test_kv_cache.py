@@ -184,3 +184,50 @@ def test_a_request_id_used_again_caches_its_new_blocks():
     kv.allocate_slots(again, 8)
     assert kv.get_computed_blocks(make_request("b", list(range(100, 109))))[1] == 8
     assert kv.block_ids("nobody") == [] and kv.num_blocks("nobody") == 0
+
+
+def test_block_hashes_chain_over_the_prefix():
+    kv = manager()
+    a = make_request("a", [1, 2, 3, 4, 5, 6, 7, 8])
+    b = make_request("b", [0, 2, 3, 4, 5, 6, 7, 8])  # block 1 equal, block 0 not
+    for r in (a, b):
+        kv.update_block_hashes(r)
+    assert a.block_hashes[1] != b.block_hashes[1]  # equal hashes mean equal prefixes
+
+
+def test_an_evicted_block_can_be_cached_again_and_too_large_asks_are_named():
+    pool = BlockPool(3, enable_caching=True)
+    first, second = pool.take_new(2)
+    pool.cache(first, b"old")
+    pool.free([first, second])
+    assert set(pool.take_new(2)) == {first, second}  # the cached one evicted too
+    pool.cache(first, b"new")
+    assert pool.lookup(b"new") is first and pool.lookup(b"old") is None
+    with pytest.raises(RuntimeError, match="asked for 2 KV blocks, 0 free"):
+        pool.take_new(2)
+
+
+def test_a_prompt_chunk_caches_only_the_blocks_it_computes():
+    kv = manager()
+    a = make_request("a", list(range(12)))
+    kv.allocate_slots(a, 6)  # a first chunk: block 1 is held but half computed
+    assert kv.get_computed_blocks(make_request("b", list(range(12))))[1] == 4
+
+
+def test_blocks_after_prefix_hits_are_cached_and_revived_hits_count_against_free():
+    kv = manager(num_blocks=7)  # 6 usable
+    a = make_request("a", list(range(12)))
+    kv.allocate_slots(a, 12)
+    kv.free(a)  # 3 cached blocks, free again
+    b = make_request("b", [*range(8), 100, 101, 102, 103, 104])
+    hit, num = kv.get_computed_blocks(b)
+    assert num == 8
+    kv.allocate_slots(b, 5, hit)  # its own third block is full and known: cached
+    c = make_request("c", [*range(8), 100, 101, 102, 103, 200])
+    assert kv.get_computed_blocks(c)[1] == 12
+    kv.free(b)
+    big = make_request("big", [*range(8), *range(300, 320)])  # 2 hits + 5 new > 6 free
+    hit, _ = kv.get_computed_blocks(big)
+    assert not kv.can_allocate(big, 20, hit)
+    with pytest.raises(RuntimeError, match="no KV blocks for request big"):
+        kv.allocate_slots(big, 20, hit)
