@@ -24,15 +24,20 @@ class RecordingScheduler:
         self.unfinished = False
         self.next_empty = False
         self.updates = 0
+        self.applied: list[tuple[object, object]] = []
         self.schedules = 0
+        self.next_finished: set[str] = set()
         self.isolation = StepIsolation()
 
     def schedule(self) -> Scheduled:
         self.schedules += 1
-        return Scheduled(self.next_empty)
+        scheduled = Scheduled(self.next_empty)
+        scheduled.finished_req_ids = set(self.next_finished)
+        return scheduled
 
     def update_from_output(self, scheduled, runner_output) -> list:
         self.updates += 1
+        self.applied.append((scheduled, runner_output))
         return []
 
     def finish_requests(self, request_ids, status) -> None:
@@ -101,3 +106,23 @@ def test_an_async_step_keeps_one_batch_ahead_and_says_whether_it_computed_anythi
     core.step()  # launches step 2, then applies step 1
     assert (scheduler.schedules, scheduler.updates, len(core.batch_queue)) == (2, 1, 1)
     assert core.made_progress is True
+
+
+def test_flush_applies_the_batches_in_flight_and_tells_the_runner_what_ended():
+    """With no request left: every batch in flight is applied (one whose runner failed is
+    dropped: nobody is left to tell), then one empty step carries the ended requests to the
+    runner, which drops them; with requests left, flush schedules nothing."""
+    scheduler, sent = RecordingScheduler(), []
+    core = EngineCore(scheduler, SimpleNamespace(execute_model=sent.append), async_scheduling=True)  # type: ignore[arg-type]
+    assert core.made_progress is False  # nothing computed yet
+    done, failed = Future(), Future()
+    done.set_result("runner output")
+    failed.set_exception(RuntimeError("the runner died"))
+    core.batch_queue.extend([("step 1", done), ("step 2", failed)])  # type: ignore[list-item]
+    scheduler.next_finished = {"a"}
+    core.flush()
+    assert scheduler.applied == [("step 1", "runner output")] and not core.batch_queue
+    assert [s.finished_req_ids for s in sent] == [{"a"}]
+    scheduler.unfinished = True
+    core.flush()
+    assert len(sent) == 1 and scheduler.schedules == 1

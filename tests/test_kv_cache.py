@@ -231,3 +231,9 @@ def test_blocks_after_prefix_hits_are_cached_and_revived_hits_count_against_free
     assert not kv.can_allocate(big, 20, hit)
     with pytest.raises(RuntimeError, match="no KV blocks for request big"):
         kv.allocate_slots(big, 20, hit)
+
+
+def test_a_pool_needs_the_null_block_and_one_more():
+    assert BlockPool(2, enable_caching=True).num_free_blocks == 1
+    with pytest.raises(ValueError, match="num_kv_blocks: need at least 2 KV blocks, got 1"):
+        BlockPool(1, enable_caching=True)

@@ -36,7 +36,6 @@ class EngineCore:
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
-        self.async_scheduling = async_scheduling
         self.batch_queue: deque[tuple[SchedulerOutput, Future[ModelRunnerOutput]]] = deque()
         self.step = self.step_with_batch_queue if async_scheduling else self.step_sync
         self.made_progress = False
