@@ -1,9 +1,9 @@
 """POST /v1/audio/speech over Ming-flash-omni-2.0's talker alone (the built-in
 demo-ming-flash-omni-tts: talker -> audio VAE, the talker renders its prompt from the
 text) with the real server and the real `openai` client: the default voice speaks, whole
-(wav at the VAE's rate) and streamed (pcm). The endpoint takes no `seed` and the flow head
-starts from noise at any temperature, so streamed = whole is proven offline
-(tests/pipeline/test_ming_flash_omni_tts_pipeline.py). Bad input is a 400 naming the
+(wav at the VAE's rate) and streamed (pcm). The flow head starts from noise at any
+temperature, so the same audio twice needs a `seed` (an extension of the endpoint); streamed =
+whole is proven offline (tests/pipeline/test_ming_flash_omni_tts_pipeline.py). Bad input is a 400 naming the
 field (`voice`, `input`, `instructions`) and the server goes on serving."""
 
 from __future__ import annotations
@@ -43,6 +43,23 @@ def test_the_talker_speaks_whole_and_streamed(server: PipelineServer) -> None:
         data = b"".join(response.iter_bytes(4096))
     assert len(data) > 0 and len(data) % 2 == 0
     assert np.abs(np.frombuffer(data, dtype="<i2")).max() > 0
+    server.wait_idle()
+
+
+def test_a_seed_gives_the_same_speech_and_another_seed_other_speech(server: PipelineServer):
+    client = server.openai()
+
+    def say(seed: int) -> bytes:
+        body = {"seed": seed}
+        return client.audio.speech.create(
+            model=MODEL, input="Hello there.", voice="default", extra_body=body
+        ).content
+
+    first, again, other = say(7), say(7), say(8)
+    assert first == again and first != other
+    with pytest.raises(openai.BadRequestError) as exc:
+        say(-1)
+    assert exc.value.response.json()["error"]["param"] == "seed"
     server.wait_idle()
 
 

@@ -58,3 +58,6 @@ class SpeechRequest(RequestModel):
     """Extension (TTS models): the language to speak; None: "auto"."""
     stream: bool = False
     stream_format: Literal["audio", "sse"] | None = None
+    seed: Int | None = Field(default=None, ge=0, le=INT64_MAX)
+    """Extension: seeds every sampling stage (each with its deploy defaults), so a model that
+    samples its speech (or starts it from noise) says the same for the same seed."""

@@ -130,8 +130,9 @@ class SpeechServing(OpenAIServing):
             prompt = {"messages": [{"role": "user", "content": READ_ALOUD + body.input}]}
         request_id = f"speech-{uuid.uuid4().hex}"
         arrival = time.monotonic()
+        params = None if body.seed is None else self.client.seeded_params(body.seed)
         updates = self.client.generate(
-            prompt, None, ["audio"], request_id, {"prompt": "input"}, voice=voice, **speech
+            prompt, params, ["audio"], request_id, {"prompt": "input"}, voice=voice, **speech
         )
         first = await anext(updates)  # 400s are raised here, before the response starts
         if body.stream:
