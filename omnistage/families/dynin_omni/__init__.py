@@ -38,7 +38,7 @@ FAMILY = Family(
             ),
             maker=f"{_PKG}.tiny:make_tiny_dynin_omni",
             deploy="dynin-omni",
-            version=2,  # v2: Dynin's chat template, the MAGVITv2 encoder (image input)
+            version=3,  # v3: EMOVA S2U (speech input); v2: chat template, MAGVITv2 encoder
         )
     },
 )
