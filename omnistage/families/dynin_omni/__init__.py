@@ -20,7 +20,7 @@ FAMILY = Family(
         "dynin_token2audio": f"{_PKG}.edges:DyninImageToAudio",
     },
     deploys_by_model_type={"dynin_omni": "dynin-omni"},
-    entry_media={"dynin_omni": ("image",)},  # token2text encodes them (MAGVITv2)
+    entry_media={"dynin_omni": ("image", "audio")},  # token2text encodes them (MAGVITv2, S2U)
     voices={  # emova_u2s.DEFAULT_STYLE, Dynin's t2s condition
         "dynin_token2audio": Voices(
             f"{_PKG}.token2audio:styles",

@@ -137,6 +137,14 @@ class DyninOmniConfig:
     mmu_image_resolution: int = 336
     """Pixels a side an input image is resized and cropped to (vLLM-Omni's i2t
     `image_resolution` default)."""
+    s2t_token_id: int = 126096
+    """`<|s2t|>`, the task token of speech understanding (Dynin's reserved id)."""
+    s2t_instruction: str = "Transcribe the given audio."
+    """The instruction of a speech request without text (vLLM-Omni's s2t default)."""
+    s2t_reduce_units: bool = True
+    """Collapse repeated consecutive speech units (EMOVA's `s2u_extract_unit_demo` default)."""
+    s2t_max_seconds: float = 60.0
+    """Longest speech input (EMOVA's demo extracts up to 960000 samples at 16 kHz at once)."""
     audio_cfg_scale: float = 2.5
     """Classifier-free guidance of the speech units against their region all masked (0: off;
     2.5: Dynin's t2s `cfg_scale`)."""

@@ -157,6 +157,7 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
         # Dynin's <|mmu|> is a reserved id of LLaDA's vocabulary; here byte 0xFF's token,
         # which no UTF-8 text contains.
         "mmu_token_id": tokenizer.convert_tokens_to_ids("\u00ff"),
+        "s2t_token_id": tokenizer.convert_tokens_to_ids("\u00fe"),  # byte 0xFE, as <|mmu|>
     }
     config = tiny_config(
         len(tokenizer),
