@@ -59,8 +59,7 @@ def _reduced(units: np.ndarray) -> list[int]:
     return out
 
 
-def _answer(model: DyninToken2Text, rows: torch.Tensor) -> str:
-    item = GenerationItem(rows, seed=0, meta={"modalities": ["text"]})
+def _answer(model: DyninToken2Text, item: GenerationItem) -> str:
     (out,) = model.generate([item])
     return model.tokenizer.decode(out.tolist(), skip_special_tokens=True)
 
@@ -142,7 +141,7 @@ def test_speech_questions_offline_alone_equal_batched_float64(checkpoint, model,
         item = GenerationItem(model.prompt_rows("Transcribe the given audio.", None))
         item.meta["modalities"] = ["text"]
         model.take_audios(item, [prompts[i]["multi_modal_data"]["audio"][0]])
-        assert alone[i].text == _answer(model, item.rows)
+        assert alone[i].text == _answer(model, item)
     assert chat.error is None and chat.text  # the clip went through 16-bit WAV: its own units
     # The clip matters: the prompts differ, and so do these answers.
     assert alone[0].text != alone[2].text
@@ -171,3 +170,32 @@ def test_bad_audio_names_the_field_and_the_pipeline_serves_on(checkpoint, refere
             omni.generate({"prompt": "x", "multi_modal_data": {"audio": (clip[:10], 16000)}})
         (out,) = omni.generate("hello", modalities=["text"])
         assert out.error is None and out.text
+
+
+def test_speech_questions_take_the_s2t_settings(model, reference):
+    """vLLM-Omni's s2t shape (blocks of 2, several steps a block: the tiny 8 tokens, 8 steps),
+    not the text settings (the tiny 8 tokens, 4 steps, blocks of 4)."""
+    from omnistage.families.dynin_omni.unmask import fill_masks
+
+    cfg = model.cfg
+    assert (cfg.s2t_block_length, cfg.s2t_steps) != (cfg.text_block_length, cfg.text_steps)
+    item = GenerationItem(model.prompt_rows("Transcribe the given audio.", None))
+    item.meta["modalities"] = ["text"]
+    model.take_audios(item, [reference["wav_2"]])
+    prompt = item.rows.clone()
+    (out,) = model.generate([item])
+    n = cfg.s2t_max_new_tokens
+    masks = torch.full((n,), cfg.mask_token_id, dtype=torch.long)
+    x = fill_masks(
+        model.lm,
+        torch.cat([prompt, masks]),
+        prompt.numel(),
+        n,
+        mask_id=cfg.mask_token_id,
+        block_length=cfg.s2t_block_length,
+        steps=cfg.s2t_steps,
+    )
+    answer = x[prompt.numel() :].tolist()
+    if cfg.eos_token_id in answer:
+        answer = answer[: answer.index(cfg.eos_token_id)]
+    assert out.tolist() == answer

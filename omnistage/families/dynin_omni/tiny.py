@@ -108,6 +108,9 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int, template_ids: dic
         "text_max_new_tokens": 8,
         "text_steps": 4,
         "text_block_length": 4,
+        "s2t_max_new_tokens": 8,
+        "s2t_steps": 8,  # two steps a block of two: the reference's s2t shape
+        "s2t_block_length": 2,
         "image_steps": 4,
         "image_temperature": 1.0,
         "audio_max_new_tokens": 8,

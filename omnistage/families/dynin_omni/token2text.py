@@ -123,8 +123,9 @@ class DyninToken2Text(GenerationModel):
         if task != "t2t" and self.task_text(ids).numel() == 0:
             raise ValueError("prompt: the prompt has no text")
         # Image and speech prompts are padded or cut to their templates' max_text_len + 1.
+        answer = c.s2t_max_new_tokens if item.meta.get("speech_prompt") else c.text_max_new_tokens
         total = {
-            "t2t": ids.numel() + c.text_max_new_tokens,
+            "t2t": ids.numel() + answer,
             "t2i": c.t2i_max_text_len + 3 + c.num_vq_tokens,
         }.get(task, c.t2s_max_text_len + 2 + c.audio_max_new_tokens)
         if total > self.cfg.max_sequence_length:
@@ -143,21 +144,29 @@ class DyninToken2Text(GenerationModel):
         if task != "t2t":
             prompt = self.task_text(prompt)
         generator = torch.Generator().manual_seed(0 if item.seed is None else int(item.seed))
-        out = {"t2t": self._text, "t2i": self._image, "t2s": self._speech}[task](prompt, generator)
+        if item.meta.get("speech_prompt"):
+            out = self._text(prompt, generator, "s2t")
+        else:
+            out = {"t2t": self._text, "t2i": self._image, "t2s": self._speech}[task](
+                prompt, generator
+            )
         detok = {"t2t": DETOK_TEXT, "t2i": DETOK_IMAGE, "t2s": DETOK_AUDIO}[task]
         item.meta.update(task=task, detok_id=detok, prompt_length=int(prompt.numel()))
         return out
 
-    def _text(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        c, n = self.cfg, self.cfg.text_max_new_tokens
+    def _text(
+        self, prompt: torch.Tensor, generator: torch.Generator, settings: str = "text"
+    ) -> torch.Tensor:
+        """`mmu_generate` with the text settings, or the s2t ones for a speech question."""
+        c, n = self.cfg, getattr(self.cfg, f"{settings}_max_new_tokens")
         x = fill_masks(
             self.lm,
             torch.cat([prompt, self._masks(n)]),
             prompt.numel(),
             n,
             mask_id=c.mask_token_id,
-            block_length=c.text_block_length,
-            steps=c.text_steps,
+            block_length=getattr(c, f"{settings}_block_length"),
+            steps=getattr(c, f"{settings}_steps"),
         )
         answer = x[prompt.numel() :]
         ends = (answer == c.eos_token_id).nonzero()
