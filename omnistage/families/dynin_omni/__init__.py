@@ -32,7 +32,8 @@ FAMILY = Family(
         "demo-dynin-omni": Demo(
             description=(
                 "a tiny random-weight Dynin-Omni (LLaDA masked diffusion, MAGVITv2 image "
-                "decoder, EMOVA unit-to-speech decoder): token2text -> token2image -> "
+                "encoder and decoder, EMOVA speech-to-unit encoder and unit-to-speech "
+                "decoder): token2text -> token2image -> "
                 "token2audio with the prompt metadata on both hops; its images and speech are "
                 "noise. For real output pass a downloaded Dynin-Omni folder as --model"
             ),
