@@ -89,6 +89,10 @@ class GenerationModel(nn.Module):
         none."""
         raise ValueError(f"multi_modal_data: {type(self).__name__} takes no images")
 
+    def take_audios(self, item: GenerationItem, audios: list[Any]) -> None:
+        """The same for a request's 16 kHz mono float clips (`Family.entry_media` "audio")."""
+        raise ValueError(f"multi_modal_data: {type(self).__name__} takes no audio")
+
     def output_text(self, item: GenerationItem, output: torch.Tensor) -> str:
         """The text of a finished item's output, for a model that writes text (Dynin-Omni's
         token2text on a text task); "" for the others (the default)."""

@@ -139,6 +139,8 @@ class GenerationStageCore(StageCore):
         item = GenerationItem(rows, seed=self._seed(msg, rows), meta=request_meta(msg))
         if msg.images:
             self.model.take_images(item, [blob_to_tensor(i).numpy() for i in msg.images])
+        if msg.audios:
+            self.model.take_audios(item, [blob_to_tensor(a).numpy() for a in msg.audios])
         self.model.check_item(item)  # a ValueError fails this request (`handle`)
         self.queue.append(_WorkItem(msg.request_id, 0, item, True, self.outgoing_for(msg)))
         return []

@@ -20,7 +20,7 @@ FAMILY = Family(
         "dynin_token2audio": f"{_PKG}.edges:DyninImageToAudio",
     },
     deploys_by_model_type={"dynin_omni": "dynin-omni"},
-    entry_media={"dynin_omni": ("image",)},  # token2text encodes them (MAGVITv2)
+    entry_media={"dynin_omni": ("image", "audio")},  # token2text encodes them (MAGVITv2, S2U)
     voices={  # emova_u2s.DEFAULT_STYLE, Dynin's t2s condition
         "dynin_token2audio": Voices(
             f"{_PKG}.token2audio:styles",
@@ -32,13 +32,14 @@ FAMILY = Family(
         "demo-dynin-omni": Demo(
             description=(
                 "a tiny random-weight Dynin-Omni (LLaDA masked diffusion, MAGVITv2 image "
-                "decoder, EMOVA unit-to-speech decoder): token2text -> token2image -> "
+                "encoder and decoder, EMOVA speech-to-unit encoder and unit-to-speech "
+                "decoder): token2text -> token2image -> "
                 "token2audio with the prompt metadata on both hops; its images and speech are "
                 "noise. For real output pass a downloaded Dynin-Omni folder as --model"
             ),
             maker=f"{_PKG}.tiny:make_tiny_dynin_omni",
             deploy="dynin-omni",
-            version=2,  # v2: Dynin's chat template, the MAGVITv2 encoder (image input)
+            version=3,  # v3: EMOVA S2U (speech input); v2: chat template, MAGVITv2 encoder
         )
     },
 )

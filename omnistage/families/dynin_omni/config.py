@@ -137,6 +137,20 @@ class DyninOmniConfig:
     mmu_image_resolution: int = 336
     """Pixels a side an input image is resized and cropped to (vLLM-Omni's i2t
     `image_resolution` default)."""
+    s2t_token_id: int = 126096
+    """`<|s2t|>`, the task token of speech understanding (Dynin's reserved id)."""
+    s2t_instruction: str = "Transcribe the given audio."
+    """The instruction of a speech request without text (vLLM-Omni's s2t default)."""
+    s2t_reduce_units: bool = True
+    """Collapse repeated consecutive speech units (EMOVA's `s2u_extract_unit_demo` default)."""
+    s2t_max_seconds: float = 60.0
+    """Longest speech input (EMOVA's demo extracts up to 960000 samples at 16 kHz at once)."""
+    s2t_max_new_tokens: int = 128
+    """Length of the masked answer region of a speech question (vLLM-Omni's s2t default)."""
+    s2t_steps: int = 256
+    """Denoising steps of that answer (vLLM-Omni's s2t default)."""
+    s2t_block_length: int = 2
+    """Its semi-autoregressive block length (vLLM-Omni's s2t default)."""
     audio_cfg_scale: float = 2.5
     """Classifier-free guidance of the speech units against their region all masked (0: off;
     2.5: Dynin's t2s `cfg_scale`)."""
@@ -166,7 +180,7 @@ class DyninOmniConfig:
                 f"audio_codebook_size: text, image and speech ids end at {end}, past the "
                 f"{self.table_size} rows of the embedding table"
             )
-        for name in ("text", "audio"):
+        for name in ("text", "audio", "s2t"):
             length, block = (
                 getattr(self, f"{name}_max_new_tokens"),
                 getattr(self, f"{name}_block_length"),

@@ -6,7 +6,9 @@ byte-level tokenizer with Dynin's special tokens and chat layout (`DYNIN_CHAT_TE
 encoder in `vq_model_image/` (its `config.json` states the tiny sizes, the encoder's under
 `encoder`; weights in MAGVITv2's names),
 and EMOVA's unit-to-speech decoder in `vq_model_audio/` (UVITS names, weight norm as
-`weight_g`/`weight_v`, three named styles; see `emova_u2s`).
+`weight_g`/`weight_v`, three named styles; see `emova_u2s`), and EMOVA's speech-to-unit
+encoder in `s2u/` (`hparams.yaml` + `model.safetensors`, its own generator so the other
+weights stay those of checkpoints without it; see `s2u`).
 Vocabulary: the tokenizer's ids, then the image codes, then the speech units.
 """
 
@@ -26,6 +28,8 @@ from omnistage.families.dynin_omni.config import (
     DyninOmniConfig,
 )
 from omnistage.families.dynin_omni.prompting import DYNIN_CHAT_TEMPLATE
+from omnistage.families.dynin_omni.s2u import S2U_DIR
+from omnistage.families.dynin_omni.tiny_s2u import TINY_S2U_LEVELS, make_tiny_s2u
 from omnistage.models.tiny_checkpoints import byte_tokenizer
 
 TINY_MAGVIT = {
@@ -104,6 +108,9 @@ def tiny_config(tokenizer_len: int, mask_id: int, eos_id: int, template_ids: dic
         "text_max_new_tokens": 8,
         "text_steps": 4,
         "text_block_length": 4,
+        "s2t_max_new_tokens": 8,
+        "s2t_steps": 8,  # two steps a block of two: the reference's s2t shape
+        "s2t_block_length": 2,
         "image_steps": 4,
         "image_temperature": 1.0,
         "audio_max_new_tokens": 8,
@@ -153,6 +160,7 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
         # Dynin's <|mmu|> is a reserved id of LLaDA's vocabulary; here byte 0xFF's token,
         # which no UTF-8 text contains.
         "mmu_token_id": tokenizer.convert_tokens_to_ids("\u00ff"),
+        "s2t_token_id": tokenizer.convert_tokens_to_ids("\u00fe"),  # byte 0xFE, as <|mmu|>
     }
     config = tiny_config(
         len(tokenizer),
@@ -173,6 +181,7 @@ def make_tiny_dynin_omni(path: str | Path, seed: int = 0) -> Path:
     vq_config = {**TINY_MAGVIT, "encoder": TINY_MAGVIT_ENCODER}
     (path / VQ_IMAGE_DIR / "config.json").write_text(json.dumps(vq_config, indent=2))
     save_file(weights, str(path / VQ_IMAGE_DIR / "model.safetensors"))
+    make_tiny_s2u(path / S2U_DIR, TINY_S2U_LEVELS, torch.Generator().manual_seed(seed + 7919))
     return path
 
 

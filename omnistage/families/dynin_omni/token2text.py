@@ -42,6 +42,7 @@ from omnistage.families.dynin_omni.prompting import (
     t2s_chat_text,
 )
 from omnistage.families.dynin_omni.sampled_fill import maskgit_image, speech_units
+from omnistage.families.dynin_omni.speech_input import SpeechUnits, s2t_prompt
 from omnistage.families.dynin_omni.unmask import fill_masks
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
 
@@ -79,6 +80,8 @@ class DyninToken2Text(GenerationModel):
         self.lm = LLaDAModelLM(cfg, dtype)
         self.image_codes: ImageCodes | None = None
         """MAGVITv2's encoder, for image understanding (`image_prompt`), when present."""
+        self.speech_units: SpeechUnits | None = None
+        """EMOVA's S2U encoder, for speech understanding (`take_audios`), when present."""
         self.special = {
             t: int(tokenizer.convert_tokens_to_ids(t))
             for t in ("<|soi|>", "<|eoi|>", "<|soa|>", "<|eoa|>")
@@ -93,12 +96,14 @@ class DyninToken2Text(GenerationModel):
         model = cls(cfg, tokenizer, dtype)
         load_part_module(model.lm, Path(path), "", "Dynin-Omni LLaDA")
         model.image_codes = ImageCodes.load(Path(path), cfg.mmu_image_resolution, dtype)
+        model.speech_units = SpeechUnits.load(Path(path), cfg, dtype)
         return model.eval()
 
     def prompt_rows(self, prompt: str | None, prompt_token_ids: list[int] | None) -> torch.Tensor:
         if prompt_token_ids is None:
-            if not prompt:
+            if prompt is None:
                 raise ValueError("prompt: the prompt is empty")
+            # "" is refused by `check_item` unless media (a speech clip) fills the rows.
             prompt_token_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         return torch.tensor(list(prompt_token_ids), dtype=torch.long)
 
@@ -112,14 +117,15 @@ class DyninToken2Text(GenerationModel):
         if ids.numel() == 0:
             raise ValueError("prompt: the prompt is empty")
         bad = ids[(ids < 0) | (ids >= self.cfg.llm_vocab_size)]
-        if bad.numel() and not item.meta.get("image_prompt"):
+        if bad.numel() and not (item.meta.get("image_prompt") or item.meta.get("speech_prompt")):
             raise ValueError(f"prompt_token_ids: {int(bad[0])} is no text id of this model")
         c, task = self.cfg, task_of(item.meta)
         if task != "t2t" and self.task_text(ids).numel() == 0:
             raise ValueError("prompt: the prompt has no text")
         # Image and speech prompts are padded or cut to their templates' max_text_len + 1.
+        answer = c.s2t_max_new_tokens if item.meta.get("speech_prompt") else c.text_max_new_tokens
         total = {
-            "t2t": ids.numel() + c.text_max_new_tokens,
+            "t2t": ids.numel() + answer,
             "t2i": c.t2i_max_text_len + 3 + c.num_vq_tokens,
         }.get(task, c.t2s_max_text_len + 2 + c.audio_max_new_tokens)
         if total > self.cfg.max_sequence_length:
@@ -138,21 +144,29 @@ class DyninToken2Text(GenerationModel):
         if task != "t2t":
             prompt = self.task_text(prompt)
         generator = torch.Generator().manual_seed(0 if item.seed is None else int(item.seed))
-        out = {"t2t": self._text, "t2i": self._image, "t2s": self._speech}[task](prompt, generator)
+        if item.meta.get("speech_prompt"):
+            out = self._text(prompt, generator, "s2t")
+        else:
+            out = {"t2t": self._text, "t2i": self._image, "t2s": self._speech}[task](
+                prompt, generator
+            )
         detok = {"t2t": DETOK_TEXT, "t2i": DETOK_IMAGE, "t2s": DETOK_AUDIO}[task]
         item.meta.update(task=task, detok_id=detok, prompt_length=int(prompt.numel()))
         return out
 
-    def _text(self, prompt: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        c, n = self.cfg, self.cfg.text_max_new_tokens
+    def _text(
+        self, prompt: torch.Tensor, generator: torch.Generator, settings: str = "text"
+    ) -> torch.Tensor:
+        """`mmu_generate` with the text settings, or the s2t ones for a speech question."""
+        c, n = self.cfg, getattr(self.cfg, f"{settings}_max_new_tokens")
         x = fill_masks(
             self.lm,
             torch.cat([prompt, self._masks(n)]),
             prompt.numel(),
             n,
             mask_id=c.mask_token_id,
-            block_length=c.text_block_length,
-            steps=c.text_steps,
+            block_length=getattr(c, f"{settings}_block_length"),
+            steps=getattr(c, f"{settings}_steps"),
         )
         answer = x[prompt.numel() :]
         ends = (answer == c.eos_token_id).nonzero()
@@ -202,6 +216,27 @@ class DyninToken2Text(GenerationModel):
             raise ValueError("modalities: Dynin-Omni answers about an image in text only")
         item.rows = self.image_prompt(images[0], item.rows)
         item.meta["image_prompt"] = 1
+
+    def take_audios(self, item: GenerationItem, audios: list[Any]) -> None:
+        """A text request about one 16 kHz clip: its rows become the s2t prompt (the
+        request's text as the instruction, `s2t_instruction` where it has none)."""
+        if len(audios) != 1:
+            raise ValueError(
+                f"multi_modal_data: Dynin-Omni takes one audio clip per request, got {len(audios)}"
+            )
+        if item.meta.get("image_prompt"):
+            raise ValueError("multi_modal_data: Dynin-Omni takes an image or an audio, not both")
+        if task_of(item.meta) != "t2t":
+            raise ValueError("modalities: Dynin-Omni answers about speech in text only")
+        if self.speech_units is None:
+            raise ValueError(
+                "multi_modal_data: this checkpoint has no speech-to-unit encoder (s2u/)"
+            )
+        text = self.task_text(item.rows) if item.rows.numel() else item.rows
+        instruction = self.tokenizer.decode(text.tolist()).strip() or self.cfg.s2t_instruction
+        units = self.speech_units(audios[0])
+        item.rows = s2t_prompt(units, instruction, self.cfg, self.tokenizer, self.special)
+        item.meta["speech_prompt"] = 1
 
     def image_prompt(self, image: np.ndarray, prompt: torch.Tensor) -> torch.Tensor:
         """Dynin's mmu prompt of an `[H, W, 3]` uint8 image and the request's prompt (its user
