@@ -315,12 +315,6 @@ class PipelineClient(VoiceChoice):
             image.name if image is not None and "image" in modalities else None,
         )
 
-    def seeded_params(self, seed: int) -> dict[str, Any]:
-        """Every sampling stage's deploy defaults with `seed` (a seeded request that brings no
-        sampling parameters of its own)."""
-        (entry,) = self.deploy.entry_stages
-        return stage_params(self.deploy, SamplingParams(**{**entry.default_sampling, "seed": seed}))
-
     async def generate(
         self,
         prompt: Any,

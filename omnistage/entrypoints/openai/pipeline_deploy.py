@@ -68,6 +68,13 @@ def stage_params(deploy: DeploySpec, params: SamplingParams, draw: Any = None) -
     return per_stage
 
 
+def seeded_params(deploy: DeploySpec, seed: int) -> dict[str, Any]:
+    """Every sampling stage's deploy defaults with `seed` (a seeded request that brings no
+    sampling parameters of its own)."""
+    (entry,) = deploy.entry_stages
+    return stage_params(deploy, SamplingParams(**{**entry.default_sampling, "seed": seed}))
+
+
 def entry_max_model_len(entry: StageSpec) -> int | None:
     """The context length an `ar` stage's engine will have (`EngineConfig.resolve_for_model`
     over its checkpoint part's config), read from configuration only; None for other kinds

@@ -44,6 +44,7 @@ from fastapi.responses import Response
 
 from omnistage.entrypoints.openai.errors import OpenAIError
 from omnistage.entrypoints.openai.pipeline_client import PipelineClient
+from omnistage.entrypoints.openai.pipeline_deploy import seeded_params
 from omnistage.entrypoints.openai.protocol_media import SpeechRequest
 from omnistage.entrypoints.openai.serving import ERROR_RESPONSES, OpenAIServing, ServingContext
 from omnistage.entrypoints.openai.sse import EventStream, until_disconnect
@@ -130,7 +131,7 @@ class SpeechServing(OpenAIServing):
             prompt = {"messages": [{"role": "user", "content": READ_ALOUD + body.input}]}
         request_id = f"speech-{uuid.uuid4().hex}"
         arrival = time.monotonic()
-        params = None if body.seed is None else self.client.seeded_params(body.seed)
+        params = None if body.seed is None else seeded_params(self.client.deploy, body.seed)
         updates = self.client.generate(
             prompt, params, ["audio"], request_id, {"prompt": "input"}, voice=voice, **speech
         )
