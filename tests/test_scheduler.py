@@ -215,3 +215,26 @@ def test_async_request_preempted_while_its_stop_token_is_in_flight():
     assert finished == {"a": None, "b": "stop"}  # b's real token (EOS) ends it while it waits
     assert "b" not in s.requests and all(r.request_id != "b" for r in s.waiting)
     assert s.kv.num_free_blocks == 1  # only a's 3 blocks are held
+
+
+def test_an_isolated_suspect_runs_alone_to_the_end_of_its_prompt():
+    s = make_scheduler(budget=16)
+    s.add_request(req("a", 30))
+    s.add_request(req("b", 3, first=50))
+    s.isolation.suspect(["a", "b"])
+    for _ in range(2):  # its prompt in two chunks, the second as a running request
+        so, _ = fake_step(s)
+        assert list(so.num_scheduled_tokens) == ["a"]
+
+
+def test_the_last_token_of_the_budget_is_used():
+    s = make_scheduler(budget=2)
+    for rid, first in (("a", 0), ("b", 50)):
+        s.add_request(req(rid, 1, max_tokens=4, first=first))
+        fake_step(s)  # prefilled alone: a one-token prompt
+    so, _ = fake_step(s)
+    assert so.num_scheduled_tokens == {"a": 1, "b": 1}  # two decodes fill a budget of 2
+    s.add_request(req("c", 8, first=100))
+    s.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
+    so, _ = fake_step(s)
+    assert so.num_scheduled_tokens == {"a": 1, "c": 1}  # a chunk of the one token left

@@ -212,3 +212,23 @@ def test_admission_holds_slots_for_the_drafts_too():
     s.schedule()
     assert s.num_lookahead_slots == 2  # MTP: k - 1
     assert s.kv.num_blocks("a") * 4 >= 4 + s.num_lookahead_slots
+
+
+def test_the_slots_held_cover_every_scheduled_position_and_draft():
+    """A decode with drafts is allocated its token, its draft slots and (MTP) the lookahead
+    slots, from one block boundary to the next."""
+    for method, lookahead in (("ngram", 0), ("mtp", 2)):
+        s = _scheduler(k=3, method=method)
+        s.add_request(_request("a", 4))  # exactly one block
+        _step(s, {"a": [7]}, proposed={"a": 3})
+        so = s.schedule()
+        assert so.num_scheduled_tokens == {"a": 4} and so.scheduled_spec_tokens == {"a": 3}
+        assert s.kv.num_blocks("a") * 4 >= 4 + 4 + lookahead
+
+
+def test_a_prompts_last_token_alone_gets_no_draft_slots_even_async():
+    s = _scheduler(cls=AsyncScheduler, k=3, budget=16)
+    s.add_request(_request("a", 17))
+    _step(s, {})  # 16 of its 17 prompt tokens
+    so = s.schedule()
+    assert so.num_scheduled_tokens == {"a": 1} and so.scheduled_spec_tokens == {}
