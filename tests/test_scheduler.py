@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from omnistage.config import EngineConfig
 from omnistage.core.kv_cache_manager import KVCacheManager
@@ -238,3 +239,29 @@ def test_the_last_token_of_the_budget_is_used():
     s.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
     so, _ = fake_step(s)
     assert so.num_scheduled_tokens == {"a": 1, "c": 1}  # a chunk of the one token left
+
+
+def test_a_new_request_reaches_the_runner_with_its_embeddings_and_positions():
+    from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
+    from omnistage.core.tensor_blob import blob_to_tensor
+
+    s = make_scheduler()
+    embedded = req("e", 5)
+    embedded.prompt_embeds = torch.arange(10.0).view(5, 2)
+    positioned = req("m", 5, first=50)
+    positions = torch.arange(15).view(3, 5)
+    positioned.mm_decoder_inputs = MultimodalDecoderInputs(mrope_positions=positions, rope_delta=-1)
+    s.add_request(embedded)
+    s.add_request(positioned)
+    new = {r.req_id: r for r in s.schedule().scheduled_new_reqs}
+    assert torch.equal(blob_to_tensor(new["e"].prompt_embeds), embedded.prompt_embeds)
+    assert new["e"].mm_decoder_inputs is None and new["m"].prompt_embeds is None
+    data = new["m"].mm_decoder_inputs
+    assert torch.equal(blob_to_tensor(data.mrope_positions), positions) and data.rope_delta == -1
+
+
+def test_without_chunked_prefill_a_prompt_that_fills_the_budget_runs():
+    s = make_scheduler(budget=64, chunked=False)
+    s.add_request(req("a", 60))
+    s.add_request(req("b", 4, first=100))  # exactly the 4 tokens left
+    assert s.schedule().num_scheduled_tokens == {"a": 60, "b": 4}

@@ -232,3 +232,17 @@ def test_a_prompts_last_token_alone_gets_no_draft_slots_even_async():
     _step(s, {})  # 16 of its 17 prompt tokens
     so = s.schedule()
     assert so.num_scheduled_tokens == {"a": 1} and so.scheduled_spec_tokens == {}
+
+
+def test_a_request_waits_until_its_lookahead_slots_fit_too():
+    config = EngineConfig(
+        model="unused",
+        max_model_len=64,
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+        block_size=4,
+        speculative_config={"method": "mtp", "num_speculative_tokens": 3},
+    )
+    s = Scheduler(config, KVCacheManager(3, 4, 64, True))  # 8 slots
+    s.add_request(_request("a", 8))  # 8 tokens + 2 lookahead slots do not fit
+    assert s.schedule().num_scheduled_tokens == {} and s.requests["a"] in s.waiting
