@@ -251,6 +251,9 @@ def test_a_new_request_reaches_the_runner_with_its_embeddings_and_positions():
     positioned = req("m", 5, first=50)
     positions = torch.arange(15).view(3, 5)
     positioned.mm_decoder_inputs = MultimodalDecoderInputs(mrope_positions=positions, rope_delta=-1)
+    coded = req("c", 3, first=100)  # recomputed after a preemption: its tokens' codes too
+    coded.output_token_ids, coded.output_codes = [7], [[1, 2]]
+    s.add_request(coded)
     s.add_request(embedded)
     s.add_request(positioned)
     new = {r.req_id: r for r in s.schedule().scheduled_new_reqs}
@@ -258,6 +261,7 @@ def test_a_new_request_reaches_the_runner_with_its_embeddings_and_positions():
     assert new["e"].mm_decoder_inputs is None and new["m"].prompt_embeds is None
     data = new["m"].mm_decoder_inputs
     assert torch.equal(blob_to_tensor(data.mrope_positions), positions) and data.rope_delta == -1
+    assert new["c"].output_codes == [[1, 2]] and new["c"].output_token_ids == [7]
 
 
 def test_without_chunked_prefill_a_prompt_that_fills_the_budget_runs():
