@@ -14,7 +14,6 @@ placeholder mid-sentence; clip lengths of 30, 61 and 25 feature frames.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from pathlib import Path
@@ -35,6 +34,7 @@ from omnistage.families.ming_flash_omni.input_encoder import MingFlashInputEncod
 from omnistage.families.ming_flash_omni.tiny import make_tiny_ming_flash_omni
 from omnistage.families.ming_flash_omni.tiny_audio import AUDIO_WEIGHTS, TINY_AUDIO
 from omnistage.families.ming_omni.thinker import AUDIO
+from tests.models.npz_fixture import checked_checkpoint, load_npz
 
 FIXTURE = (
     Path(__file__).resolve().parents[1] / "fixtures" / "ming_flash_omni" / "audio_reference.npz"
@@ -44,16 +44,14 @@ CASES = [0, 1, 2]
 
 @pytest.fixture(scope="module")
 def fixture():
-    with np.load(FIXTURE) as data:
-        return {k: data[k] for k in data.files}
+    return load_npz(FIXTURE)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory, fixture):
-    path = make_tiny_ming_flash_omni(tmp_path_factory.mktemp("ming-flash-audio"), seed=0)
-    for name, digest in json.loads(str(fixture["meta"]))["sha256"].items():
-        assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest, name
-    return path
+    return checked_checkpoint(
+        make_tiny_ming_flash_omni(tmp_path_factory.mktemp("ming-flash-audio"), seed=0), fixture
+    )
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from safetensors.torch import load_file, save_file
 
 from omnistage import SamplingParams
 from omnistage.config import EngineConfig
-from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.engine.llm_engine import LLMEngine
 from omnistage.families.ming_flash_omni.config import BailingMM2Config, BailingMoeV2Config
 from omnistage.families.ming_flash_omni.input_encoder import MingFlashInputEncoder
@@ -27,6 +26,7 @@ from omnistage.families.ming_flash_omni.tiny_vision import TINY_VISION, VISION_W
 from omnistage.families.ming_flash_omni.vision import MingFlashImageEncoder
 from omnistage.families.ming_omni.thinker import AUDIO, IMAGE
 from omnistage.layers.forward_context import forward_context
+from tests.test_token_modality import run as run_with_modality
 
 L = 40
 GRID = torch.tensor([[1, 4, 6], [1, 2, 2]])
@@ -150,24 +150,8 @@ SAMPLED = SamplingParams(temperature=1.0, seed=7, max_tokens=6, ignore_eos=True)
 
 
 def run(eng: LLMEngine, names: list[str], prompts=PROMPTS) -> dict[str, tuple]:
-    """Each request's ids and the logits of its every sampling step."""
-    logits: dict[str, list[torch.Tensor]] = {}
-
-    def observe(event) -> None:
-        for i, rid in enumerate(event.req_ids):
-            logits.setdefault(rid, []).append(event.logits[i].clone())
-
-    eng.core.executor.runner.add_sample_observer(observe)
-    for name in names:
-        ids, kinds = prompts[name]
-        mm = None if kinds is None else MultimodalDecoderInputs(token_modality=kinds.clone())
-        eng.add_tokenized_request(name, None, ids, SAMPLED, mm_decoder_inputs=mm)
-    done = {}
-    while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
-    return {n: (done[n], torch.stack(logits[n])) for n in names}
+    """Each request's ids and the logits of its every sampling step (sampled)."""
+    return run_with_modality(eng, names, prompts, SAMPLED)
 
 
 def test_float64_coded_prompts_sync_async_alone_batched_chunked_equal(ckpt):

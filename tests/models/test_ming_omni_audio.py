@@ -22,8 +22,6 @@ both gates).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,7 @@ from omnistage.families.ming_omni.fbank import apply_lfr, fbank
 from omnistage.families.ming_omni.input_encoder import MingInputEncoder
 from omnistage.families.ming_omni.thinker import AUDIO, IMAGE
 from omnistage.families.ming_omni.tiny import make_tiny_ming_omni
+from tests.models.npz_fixture import checked_checkpoint, load_npz
 from tests.models.test_ming_omni_image import generate
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ming_omni" / "audio_reference.npz"
@@ -48,16 +47,14 @@ CASES = [0, 1, 2, 3]
 
 @pytest.fixture(scope="module")
 def fixture():
-    with np.load(FIXTURE) as data:
-        return {k: data[k] for k in data.files}
+    return load_npz(FIXTURE)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory, fixture):
-    path = make_tiny_ming_omni(tmp_path_factory.mktemp("ming-audio"), seed=0)
-    for name, digest in json.loads(str(fixture["meta"]))["sha256"].items():
-        assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest, name
-    return path
+    return checked_checkpoint(
+        make_tiny_ming_omni(tmp_path_factory.mktemp("ming-audio"), seed=0), fixture
+    )
 
 
 @pytest.fixture(scope="module")

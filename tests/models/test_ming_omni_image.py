@@ -20,8 +20,6 @@ an image over the tiny processor's `max_pixels` (resized by `fetch_image`, then 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,7 @@ from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.families.ming_omni.input_encoder import MingInputEncoder
 from omnistage.families.ming_omni.thinker import IMAGE
 from omnistage.families.ming_omni.tiny import make_tiny_ming_omni
+from tests.models.npz_fixture import checked_checkpoint, load_npz
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ming_omni" / "image_reference.npz"
 PROMPTS = [
@@ -45,16 +44,14 @@ CASES = [0, 1, 2]
 
 @pytest.fixture(scope="module")
 def fixture():
-    with np.load(FIXTURE) as data:
-        return {k: data[k] for k in data.files}
+    return load_npz(FIXTURE)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory, fixture):
-    path = make_tiny_ming_omni(tmp_path_factory.mktemp("ming-image"), seed=0)
-    for name, digest in json.loads(str(fixture["meta"]))["sha256"].items():
-        assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest, name
-    return path
+    return checked_checkpoint(
+        make_tiny_ming_omni(tmp_path_factory.mktemp("ming-image"), seed=0), fixture
+    )
 
 
 @pytest.fixture(scope="module")

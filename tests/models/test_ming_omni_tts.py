@@ -19,12 +19,9 @@ one of a single byte.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 
@@ -33,6 +30,7 @@ from omnistage.families.ming_omni.speech_prompt import MingSpeechPrompter
 from omnistage.families.ming_omni.tiny import make_tiny_ming_omni
 from omnistage.pipeline.omni import Omni
 from omnistage.testing.tiny_deploys import tiny_speech_deploy
+from tests.models.npz_fixture import checked_checkpoint, load_npz
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "ming_omni" / "tts_reference.npz"
 TEXTS = ["Hello there", "A second, longer sentence to speak.", "x"]
@@ -41,16 +39,14 @@ TEXT_VOCAB = 270
 
 @pytest.fixture(scope="module")
 def fixture():
-    with np.load(FIXTURE) as data:
-        return {k: data[k] for k in data.files}
+    return load_npz(FIXTURE)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory, fixture):
-    path = make_tiny_ming_omni(tmp_path_factory.mktemp("ming-tts"), seed=0)
-    for name, digest in json.loads(str(fixture["meta"]))["sha256"].items():
-        assert hashlib.sha256((path / name).read_bytes()).hexdigest() == digest, name
-    return path
+    return checked_checkpoint(
+        make_tiny_ming_omni(tmp_path_factory.mktemp("ming-tts"), seed=0), fixture
+    )
 
 
 @pytest.mark.parametrize("i", [0, 1, 2])

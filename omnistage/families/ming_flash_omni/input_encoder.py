@@ -54,16 +54,10 @@ TEXT_AUDIO = "<AUDIO>"
 """The reference chat template's audio placeholder in text (`apply_chat_template`)."""
 
 
-class _Placeholders:
-    def placeholders(self) -> dict[str, str]:
-        return {"image": v1.IMAGE_START, "audio": v1.AUDIO_START}
-
-
 class MingFlashInputEncoder(v1.MingInputEncoder):
     """Prompt + images + one clip -> `EncodedPrompt` (see the module docstring)."""
 
     model_type: ClassVar[str] = "bailingmm_moe_v2_lite"
-    tokens: ClassVar[_Placeholders] = _Placeholders()
 
     def __init__(
         self,
@@ -80,18 +74,8 @@ class MingFlashInputEncoder(v1.MingInputEncoder):
         names = (v1.IMAGE_START, v1.IMAGE_PATCH, v1.IMAGE_END)
         if audio is not None:
             names += (v1.AUDIO_START, v1.AUDIO_PATCH, v1.AUDIO_END)
-        self.ids = {t: tokenizer.convert_tokens_to_ids(t) for t in names}
-        for token, i in self.ids.items():
-            if i is None or i == tokenizer.unk_token_id:
-                raise ValueError(f"tokenizer: special token {token!r} is missing")
+        self.ids = v1.special_token_ids(tokenizer, names)
         self.newline = tokenizer("\n", add_special_tokens=False).input_ids
-
-    @classmethod
-    def supported_modalities(cls, config: Any) -> frozenset[str]:
-        if getattr(config, "model_type", None) != cls.model_type:
-            return frozenset()
-        found = {"image"} if getattr(config, "vision_config", None) else set()
-        return frozenset(found | ({"audio"} if getattr(config, "audio_config", None) else set()))
 
     @classmethod
     def from_checkpoint(

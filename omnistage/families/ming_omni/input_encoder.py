@@ -70,6 +70,15 @@ class _Placeholders:
         return {"image": IMAGE_START, "audio": AUDIO_START}
 
 
+def special_token_ids(tokenizer: Any, names: Sequence[str]) -> dict[str, int]:
+    """The ids of the special tokens `names`; a ValueError naming one the tokenizer lacks."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in names}
+    for token, i in ids.items():
+        if i is None or i == tokenizer.unk_token_id:
+            raise ValueError(f"tokenizer: special token {token!r} is missing")
+    return ids
+
+
 class MingEncodedPrompt(EncodedPrompt):
     """An `EncodedPrompt` at 1-D positions although it has images."""
 
@@ -144,10 +153,7 @@ class MingInputEncoder:
         self.audio, self.frontend = audio, frontend
         names = (IMAGE_START, IMAGE_PATCH, IMAGE_END) if images is not None else ()
         names += (AUDIO_START, AUDIO_PATCH, AUDIO_END) if audio is not None else ()
-        ids = {t: tokenizer.convert_tokens_to_ids(t) for t in names}
-        for token, i in ids.items():
-            if i is None or i == tokenizer.unk_token_id:
-                raise ValueError(f"tokenizer: special token {token!r} is missing")
+        ids = special_token_ids(tokenizer, names)
         if images is not None and ids[IMAGE_PATCH] != config.llm_config.image_patch_token:
             raise ValueError(
                 f"llm_config.image_patch_token: {config.llm_config.image_patch_token}, but the "
