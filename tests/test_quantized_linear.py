@@ -29,7 +29,7 @@ from omnistage.layers import quantized_linear as QL
 from omnistage.layers.quantized_linear import QuantizedEmbedding, QuantizedLinear
 
 TOL = 2e-5
-TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K]
+TYPES = [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F32, T.F16, T.BF16]
 ISAS = {"scalar": kernels.ISA_SCALAR, "avx2": kernels.ISA_AVX2, "avx512": kernels.ISA_AVX512}
 MS = [1, 7, 64, 300]
 N_ODD = 37  # not a multiple of the kernels' 4-row tiles nor of their 16-row units
@@ -58,7 +58,7 @@ def random_blocks(ggml_type, n, k, seed=0):
     """A [n, k] matrix as ggml blocks: gguf's quantizer where it has one, else valid
     random blocks (random quant bytes, sane random f16 scales)."""
     rng = np.random.default_rng(seed)
-    if ggml_type in (T.Q4_0, T.Q4_1, T.Q8_0):
+    if ggml_type in (T.Q4_0, T.Q4_1, T.Q8_0, T.F32, T.F16, T.BF16):
         return quants.quantize(rng.standard_normal((n, k)).astype(np.float32), ggml_type)
     block_bytes = {T.Q4_K: 144, T.Q6_K: 210}[ggml_type]
     raw = rng.integers(0, 256, size=(n * k // 256, block_bytes), dtype=np.uint8)

@@ -23,6 +23,9 @@
 #endif
 
 enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 }; /* ggml type ids */
+/* Float types (ggml's F32, F16, BF16), run as blocks of 32 values with no scale: a GGUF
+ * file's float matrices stay in their format and take the same kernels. */
+enum { T_F32 = 0, T_F16 = 1, T_BF16 = 30 };
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3 };
 
@@ -74,7 +77,7 @@ static inline int take_rows(int64_t *next, int64_t N, int64_t *n0, int64_t *nt)
 static inline int block_elems(int type)
 {
     switch (type) {
-    case T_Q4_0: case T_Q4_1: case T_Q8_0: return 32;
+    case T_Q4_0: case T_Q4_1: case T_Q8_0: case T_F32: case T_F16: case T_BF16: return 32;
     case T_Q4_K: case T_Q6_K: return 256;
     default: return 0;
     }
@@ -88,6 +91,8 @@ static inline int block_bytes(int type)
     case T_Q8_0: return 34;  /* f16 d, 32 int8 */
     case T_Q4_K: return 144; /* f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles */
     case T_Q6_K: return 210; /* 128 bytes low nibbles, 64 bytes high 2 bits, 16 int8 scales, f16 d */
+    case T_F32: return 128;
+    case T_F16: case T_BF16: return 64;
     default: return 0;
     }
 }
@@ -127,6 +132,15 @@ INLINE void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn)
         *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+/* bfloat16 to float: the upper half of the float's bits (exact). */
+INLINE float bf16_to_f32(uint16_t h)
+{
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
 }
 
 static inline void put(float *y, float v, int accumulate) { *y = accumulate ? *y + v : v; }

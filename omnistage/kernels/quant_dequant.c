@@ -101,6 +101,18 @@ INLINE void dq_q6_k(const uint8_t *b, int64_t n, float *restrict y)
     }
 }
 
+/* Float rows: F32 copied, F16 and BF16 widened (exactly). */
+INLINE void dq_float(int type, const uint8_t *b, int64_t n, float *restrict y)
+{
+    const int64_t values = 32 * n;
+    if (type == T_F32) {
+        memcpy(y, b, (size_t)values * 4);
+        return;
+    }
+    for (int64_t i = 0; i < values; i++)
+        y[i] = type == T_F16 ? f16_soft(rd16(b + 2 * i)) : bf16_to_f32(rd16(b + 2 * i));
+}
+
 INLINE void dq_any(int type, const uint8_t *b, int64_t n, float *y)
 {
     switch (type) {
@@ -109,6 +121,7 @@ INLINE void dq_any(int type, const uint8_t *b, int64_t n, float *y)
     case T_Q8_0: dq_q8_0(b, n, y); break;
     case T_Q4_K: dq_q4_k(b, n, y); break;
     case T_Q6_K: dq_q6_k(b, n, y); break;
+    case T_F32: case T_F16: case T_BF16: dq_float(type, b, n, y); break;
     }
 }
 

@@ -13,7 +13,18 @@
 AVX512 INLINE void w32_512(const uint8_t *row, int64_t j, __m512 *lo, __m512 *hi, const int type)
 {
     const __m128i low4 = _mm_set1_epi8(15);
-    if (type == T_Q4_0 || type == T_Q4_1) {
+    if (type == T_F32) {
+        *lo = _mm512_loadu_ps((const float *)(row + 128 * j));
+        *hi = _mm512_loadu_ps((const float *)(row + 128 * j + 64));
+    } else if (type == T_F16) {
+        *lo = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 64 * j)));
+        *hi = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 64 * j + 32)));
+    } else if (type == T_BF16) {
+        const __m256i h0 = _mm256_loadu_si256((const __m256i *)(row + 64 * j));
+        const __m256i h1 = _mm256_loadu_si256((const __m256i *)(row + 64 * j + 32));
+        *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+        *hi = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+    } else if (type == T_Q4_0 || type == T_Q4_1) {
         const uint8_t *b = row + j * (type == T_Q4_0 ? 18 : 20);
         const __m128i q = _mm_loadu_si128((const __m128i *)(b + (type == T_Q4_0 ? 2 : 4)));
         const float d = _cvtsh_ss(rd16(b)), m = type == T_Q4_0 ? -8.0f * d : _cvtsh_ss(rd16(b + 2));
@@ -68,6 +79,9 @@ AVX512 INLINE void w32_512(const uint8_t *row, int64_t j, __m512 *lo, __m512 *hi
     case T_Q4_1: fn(__VA_ARGS__, T_Q4_1); break;      \
     case T_Q8_0: fn(__VA_ARGS__, T_Q8_0); break;      \
     case T_Q4_K: fn(__VA_ARGS__, T_Q4_K); break;      \
+    case T_F32: fn(__VA_ARGS__, T_F32); break;        \
+    case T_F16: fn(__VA_ARGS__, T_F16); break;        \
+    case T_BF16: fn(__VA_ARGS__, T_BF16); break;      \
     default: fn(__VA_ARGS__, T_Q6_K); break;          \
     }
 
@@ -77,6 +91,18 @@ AVX2 INLINE void w32_256(const uint8_t *row, int64_t j, __m256 v[4], const int t
     const __m128i low4 = _mm_set1_epi8(15);
     __m128i q[2]; /* 32 small unsigned ints, 16 per register */
     float d, m;
+    if (type == T_F32 || type == T_F16 || type == T_BF16) {
+        for (int i = 0; i < 4; i++) {
+            if (type == T_F32)
+                v[i] = _mm256_loadu_ps((const float *)(row + 128 * j) + 8 * i);
+            else if (type == T_F16)
+                v[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 64 * j + 16 * i)));
+            else
+                v[i] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 64 * j + 16 * i))), 16));
+        }
+        return;
+    }
     if (type == T_Q4_0 || type == T_Q4_1) {
         const uint8_t *b = row + j * (type == T_Q4_0 ? 18 : 20);
         const __m128i p = _mm_loadu_si128((const __m128i *)(b + (type == T_Q4_0 ? 2 : 4)));

@@ -16,7 +16,14 @@ from typing import Any
 from omnistage import kernels
 from omnistage.layers.ggml_types import GGMLType
 
-KERNEL_TYPES = frozenset(
+FLOAT_KERNEL_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
+"""Float matrices of a GGUF file the C kernels run in their own format (as blocks of
+`FLOAT_KERNEL_BLOCK` values without a scale), on the float path only."""
+
+FLOAT_KERNEL_BLOCK = 32
+"""A float-typed matrix takes the kernels only when its rows are a multiple of this."""
+
+INT8_TYPES = frozenset(
     {
         GGMLType.Q4_0,
         GGMLType.Q4_1,
@@ -25,9 +32,6 @@ KERNEL_TYPES = frozenset(
         GGMLType.Q6_K,
     }
 )
-"""The ggml types the C kernels run; other quantized types take the fallback."""
-
-INT8_TYPES = KERNEL_TYPES
 """The ggml types whose products take the int8 path when it is asked for (others keep the
 float path). Measured on
 Zen 4 (2026-11-25, one thread, batch 1, SmolLM2's shapes, weights streamed from memory):
@@ -35,6 +39,9 @@ Q4_1 1.1-2.1x faster than the float path with the VNNI or the AVX2 kernels; Q8_0
 same speed from memory (both read ~9 GB/s there), 1.3-2x faster from cache. Q4_0, Q4_K
 and Q6_K share the kernels but were not timed; batches of 64 rows were not timed either
 (docs/performance.md)."""
+
+KERNEL_TYPES = INT8_TYPES | FLOAT_KERNEL_TYPES
+"""The ggml types the C kernels run; other quantized types take the fallback."""
 
 INT8_TOLERANCE = 1e-2
 """How far the int8 path's outputs may be from the float32 product with the dequantized

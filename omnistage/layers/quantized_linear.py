@@ -42,6 +42,8 @@ from omnistage.kernels import work_sharing
 from omnistage.layers.ggml_types import BLOCK_SIZES, GGMLType
 from omnistage.layers.quant_paths import (
     ACTIVATIONS,
+    FLOAT_KERNEL_BLOCK,
+    FLOAT_KERNEL_TYPES,
     KERNEL_FUNCTIONS,
     KernelCall,
     activation_path,
@@ -64,6 +66,11 @@ EPILOGUE_OPS = {"none": 0, "silu": 1, "mul": 2, "add": 3}
 def row_bytes(ggml_type: GGMLType, in_features: int) -> int:
     """Bytes of one row of `in_features` values stored as `ggml_type`."""
     block_elems, block_bytes = BLOCK_SIZES[ggml_type]
+    if ggml_type in FLOAT_KERNEL_TYPES and in_features % FLOAT_KERNEL_BLOCK:
+        raise ValueError(
+            f"in_features: {in_features} is not a multiple of {FLOAT_KERNEL_BLOCK}, "
+            f"which the kernels need for a {ggml_type.name} matrix"
+        )
     if in_features % block_elems:
         raise ValueError(
             f"in_features: {in_features} is not a multiple of {ggml_type.name}'s "

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnistage.layers.quant_paths import KERNEL_TYPES
+from omnistage.layers.quant_paths import FLOAT_KERNEL_BLOCK, FLOAT_KERNEL_TYPES, KERNEL_TYPES
 from omnistage.layers.quantized_linear import QuantizedEmbedding, QuantizedLinear
 from omnistage.models.gguf_index import read_gguf_index
 from omnistage.models.gguf_names import (
@@ -65,6 +65,8 @@ def read_quantized_weights(gguf_path: Path, hf_config: Any) -> dict[str, Quantiz
         name = hf_tensor_name(t.name)
         if name is None or t.ggml_type not in KERNEL_TYPES or len(t.shape) != 2:
             continue
+        if t.ggml_type in FLOAT_KERNEL_TYPES and t.shape[0] % FLOAT_KERNEL_BLOCK:
+            continue  # the kernels take float rows in blocks of 32
         blocks = t.data
         n_head = rope_heads(t.name, *heads)
         if index.architecture in ROPE_PERMUTED_ARCHITECTURES and n_head is not None:
