@@ -1,7 +1,8 @@
 """`QuantizedLinear` and `QuantizedEmbedding`: weights kept in GGUF's quantized blocks.
 
 A GGUF file stores a matrix [N, K] as N rows of K / block_elems ggml blocks
-(Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, ...). These modules hold those bytes unchanged,
+(Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, ...; F32, F16 and BF16 rows, which the kernels read
+as blocks of 32 values without a scale). These modules hold those bytes unchanged,
 as a uint8 tensor [N, row_bytes], so resident weight memory is the file's size
 and a batch-1 decode step reads the packed bytes instead of float32 (SmolLM2-
 135M: 85 MB per token instead of 540 MB).

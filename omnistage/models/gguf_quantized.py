@@ -2,10 +2,11 @@
 
 `LLM(model="x.gguf")` (and the built-in GGUF models) with `dtype="auto"` runs
 the linear layers and the token embedding on the file's Q4_0 / Q4_1 / Q8_0 /
-Q4_K / Q6_K blocks (`layers.quantized_linear`), so resident weight memory is
-about the file's size and a decode step reads the packed bytes. Everything
-else (norms, biases, tensors the file stores as floats, quantized types the
-kernels do not run) loads as floats from the converted checkpoint as before.
+Q4_K / Q6_K blocks, and on its F32 / F16 / BF16 matrices as they are stored
+(`layers.quantized_linear`), so resident weight memory is about the file's size
+and a decode step reads the file's bytes. Everything else (norms, biases, float
+matrices whose rows are not a multiple of 32, quantized types the kernels do not
+run) loads as floats from the converted checkpoint as before.
 An explicit dtype dequantizes everything (exact-equality tests run there).
 
 `read_quantized_weights` reads the blocks (llama q/k rows put back in HF
