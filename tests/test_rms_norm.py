@@ -89,9 +89,9 @@ def test_qk_norm_kernel_matches_torch_and_is_batch_invariant(rows):
         assert torch.equal(alone, got[r : r + 1])
 
 
-def test_qk_norm_refuses_what_the_kernel_does_not_take():
-    """float64 rows or weights and non-contiguous rows: nothing done, False (the caller
-    normalises with torch)."""
+def test_qk_norm_refuses_what_the_kernel_does_not_take(monkeypatch):
+    """float64 rows or weights, non-contiguous rows and a machine without the kernels:
+    nothing done, False (the caller normalises with torch)."""
     norms64 = _qk_norms(torch.float64)
     width = (HEADS + 2 * KV_HEADS) * HEAD_DIM
     qkv64 = torch.randn(3, width, dtype=torch.float64)
@@ -102,3 +102,8 @@ def test_qk_norm_refuses_what_the_kernel_does_not_take():
     assert not qk_norm_in_place(strided, *norms, HEADS, KV_HEADS)
     assert torch.equal(strided, before)
     assert not qk_norm_in_place(qkv64.float(), *norms64, HEADS, KV_HEADS)
+    rows = torch.randn(3, width)
+    before = rows.clone()
+    monkeypatch.setattr(kernels, "load", lambda: None)
+    assert not qk_norm_in_place(rows, *norms, HEADS, KV_HEADS)
+    assert torch.equal(rows, before)
