@@ -16,7 +16,7 @@ from gguf import quants
 
 from omnistage import LLM, SamplingParams, kernels
 from omnistage.kernels import work_sharing
-from omnistage.layers.decode_program import DISABLE_ENV, DecodeProgramBuilder
+from omnistage.layers.decode_program import _OP_QK_NORM, DISABLE_ENV, DecodeProgramBuilder
 from omnistage.layers.ggml_types import GGMLType
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.quant_paths import ACTIVATIONS_ENV
@@ -42,9 +42,10 @@ def _gguf(tmp_path_factory, arch: str):
     return path, cache
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def gguf_file(request, tmp_path_factory):
-    """A tiny quantized llama or Qwen2 (bias on q, k, v), converted under its own cache."""
+    """A tiny quantized llama, Qwen2 (bias on q, k, v) or Qwen3 (RMSNorm on each q and k
+    head, head_dim 32 of hidden 64 / 4 heads), converted under its own cache."""
     path, cache = _gguf(tmp_path_factory, request.param)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMNISTAGE_CACHE_DIR", str(cache))
@@ -82,6 +83,32 @@ def test_program_equals_the_layers_bit_for_bit(gguf_file, activations, monkeypat
     layered = LLM(str(gguf_file), async_scheduling=False)
     assert _run(layered) == programmed
     assert _model(layered)._program is None
+
+
+@needs_kernels
+def test_qwen3_programs_normalise_q_and_k_between_the_qkv_product_and_rotary(gguf_file):
+    """Qwen3 decode steps run as a program (not refused for its q/k norm): one q/k norm op
+    per layer, reading the rows the qkv product wrote, right before rotary; other
+    architectures have none."""
+    llm = LLM(str(gguf_file), async_scheduling=False)
+    _run(llm)
+    model = _model(llm)
+    program = model._program
+    assert program is not None and program.steps_run >= 11
+    kinds = [op.kind for op in program._ops]
+    if "qwen3" not in gguf_file.name:
+        assert _OP_QK_NORM not in kinds
+        return
+    attn = model.layers[0].self_attn
+    norms = [i for i, kind in enumerate(kinds) if kind == _OP_QK_NORM]
+    assert len(norms) == len(model.layers)
+    for i in norms:
+        op, qkv = program._ops[i], program._ops[i - 1]
+        assert (qkv.kind, qkv.dst, qkv.width) == (2, op.src, op.width)  # the qkv product
+        assert (program._ops[i + 1].kind, program._ops[i + 1].src) == (3, op.src)  # rotary
+        assert (op.heads, op.kv_heads, op.head_dim) == (4, 2, 32)
+    assert program._ops[norms[0]].weight == attn.q_norm.weight.data_ptr()
+    assert program._ops[norms[0]].k_weight == attn.k_norm.weight.data_ptr()
 
 
 def _switch_to_int8(llm: LLM) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from omnistage import kernels
 
-KINDS = {1: "rms_norm", 2: "matmul", 3: "rope_kv", 4: "attention"}
+KINDS = {1: "rms_norm", 2: "matmul", 3: "rope_kv", 4: "attention", 5: "qk_norm"}
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ called through ctypes. Where no compiler is found or the build fails, the
 loaders return None (logged once) and callers use their pure-torch path.
 
 Two libraries:
-- `load()`: attention, rotary and RMSNorm kernels, the decode program that runs a
+- `load()`: attention, rotary and RMSNorm (also per q/k head) kernels, the decode program that runs a
   step's layers in one call (`decode_program.c`) and a small dense decoder's step over
   short per-row sequences (`dense_step.c`, the code predictor's), `cc -O3 -march=native -fopenmp` and
   -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
@@ -131,6 +131,15 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     norm = lib.rms_norm_f32
     norm.restype = None
     norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+    qk_norm = lib.qk_norm_f32
+    qk_norm.restype = None
+    # qkv, rows, row stride, heads, kv_heads, head_dim, q weight, k weight, eps, threads
+    qk_norm.argtypes = (
+        [ctypes.c_void_p]
+        + [ctypes.c_int64] * 5
+        + [ctypes.c_void_p] * 2
+        + [ctypes.c_float, ctypes.c_int]
+    )
     program = lib.decode_program_run
     program.restype = None
     # ops, n_ops, buffers, rows, positions, slots, block_table, seq_lens, max_blocks, threads

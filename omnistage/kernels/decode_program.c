@@ -35,28 +35,30 @@
 #define CPU_RELAX() __asm__ __volatile__("" ::: "memory")
 #endif
 
-enum { OP_RMS_NORM = 1, OP_MATMUL = 2, OP_ROPE_KV = 3, OP_ATTENTION = 4 };
+enum { OP_RMS_NORM = 1, OP_MATMUL = 2, OP_ROPE_KV = 3, OP_ATTENTION = 4, OP_QK_NORM = 5 };
 
 typedef void (*matmul_fn)(const float *x, const uint8_t *w, const float *bias, const float *other,
                           float *y, int64_t M, int64_t N, int64_t K, int type, int op, int isa,
                           int64_t *next_unit);
 
 /* One op. Buffers are rows of floats: a matmul reads rows of `depth` and writes rows of
- * `width` (its `other` too); a norm reads and writes rows of `width`; rotary and attention
- * read rows of qkv ((heads + 2 * kv_heads) * head_dim: q heads, k heads, v heads) and
- * attention writes rows of heads * head_dim. Mirrored by layers/decode_program.py. */
+ * `width` (its `other` too); a norm reads and writes rows of `width`; q/k norm (in place),
+ * rotary and attention read rows of qkv ((heads + 2 * kv_heads) * head_dim: q heads, k
+ * heads, v heads; q/k norm: `width` floats apart) and attention writes rows of
+ * heads * head_dim. Mirrored by layers/decode_program.py. */
 struct program_op {
     int64_t kind;
     int64_t src, dst, other; /* buffer ids; `other` -1: none */
     int64_t width, depth;
     int64_t type, epilogue, isa; /* matmul: ggml type, epilogue op, instruction set */
-    const void *weight;          /* matmul: blocks; norm: weight */
+    const void *weight;          /* matmul: blocks; norm: weight; q/k norm: q's weight */
     const float *bias;           /* matmul: bias or NULL */
     void *kernel;                /* matmul: a matmul_fn */
-    double eps_or_scale;         /* norm: eps; attention: scale */
+    double eps_or_scale;         /* norm, q/k norm: eps; attention: scale */
     float *kv_cache;             /* [2][kv_heads][num_blocks * block_size][head_dim] */
     int64_t heads, kv_heads, head_dim, num_blocks, block_size;
     const float *cos_table, *sin_table;
+    const float *k_weight; /* q/k norm: k's weight */
 };
 
 struct job {
@@ -114,6 +116,11 @@ static void run_op(const struct job *j, int64_t i)
         for (int64_t r; (r = take(counter)) < rows;)
             rms_norm_row_f32(b[op->src] + r * op->width, op->weight, b[op->dst] + r * op->width,
                              op->width, (float)op->eps_or_scale);
+        break;
+    case OP_QK_NORM:
+        for (int64_t r; (r = take(counter)) < rows;)
+            qk_norm_row_f32(b[op->src] + r * op->width, op->heads, op->kv_heads, op->head_dim,
+                            op->weight, op->k_weight, (float)op->eps_or_scale);
         break;
     case OP_MATMUL:
         ((matmul_fn)op->kernel)(b[op->src], op->weight, op->bias,

@@ -9,6 +9,11 @@
 /* rms_norm.c: o = weight * x / sqrt(mean(x^2) + eps) over `dim` values. */
 void rms_norm_row_f32(const float *x, const float *weight, float *o, int64_t dim, float eps);
 
+/* rms_norm.c: the q heads then the k heads at the start of one qkv row, each normalised
+ * in place by `rms_norm_row_f32` with its own weight. */
+void qk_norm_row_f32(float *row, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                     const float *q_weight, const float *k_weight, float eps);
+
 /* rope_cache.c: rotate one token's q and k heads in place, copy its k, v to `slot`. */
 void rope_write_kv_token_f32(float *x, int64_t heads, int64_t kv_heads, int64_t head_dim,
                              int64_t position, const float *cos_table, const float *sin_table,

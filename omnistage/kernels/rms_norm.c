@@ -6,6 +6,11 @@
  * row's result is the same alone or in any batch. Rows are split between threads
  * only when there are enough of them to pay for waking the team. One row is
  * `rms_norm_row_f32`, which the decode program (decode_program.c) calls too.
+ *
+ * Qwen3-style attention normalises each q and k head of the qkv projection's rows
+ * (`qk_norm_f32`, in place): every head is one `rms_norm_row_f32` over `head_dim` values,
+ * so a head's arithmetic is the one function everywhere; one row is `qk_norm_row_f32`,
+ * which the decode program calls too.
  */
 #include "kernel_rows.h"
 
@@ -29,4 +34,28 @@ void rms_norm_f32(const float *x, const float *weight, float *out, int64_t rows,
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++)
         rms_norm_row_f32(x + r * dim, weight, out + r * dim, dim, eps);
+}
+
+/* Each of the `heads` q heads (weight `q_weight`) and then the `kv_heads` k heads
+ * (`k_weight`) at the start of one qkv row, `head_dim` values each, normalised in place;
+ * the v heads after them are left alone. */
+__attribute__((noinline)) void qk_norm_row_f32(float *row, int64_t heads, int64_t kv_heads,
+                                                int64_t head_dim, const float *q_weight,
+                                                const float *k_weight, float eps)
+{
+    for (int64_t h = 0; h < heads + kv_heads; h++) {
+        float *x = row + h * head_dim;
+        rms_norm_row_f32(x, h < heads ? q_weight : k_weight, x, head_dim, eps);
+    }
+}
+
+/* `qk_norm_row_f32` of `rows` qkv rows `row_stride` floats apart. */
+void qk_norm_f32(float *qkv, int64_t rows, int64_t row_stride, int64_t heads, int64_t kv_heads,
+                 int64_t head_dim, const float *q_weight, const float *k_weight, float eps,
+                 int num_threads)
+{
+    const int threads = rows >= 64 ? num_threads : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < rows; r++)
+        qk_norm_row_f32(qkv + r * row_stride, heads, kv_heads, head_dim, q_weight, k_weight, eps);
 }

@@ -3,7 +3,7 @@
 At batch 1 a small model's decode step is a few hundred kernel calls, each costing
 ~7 us of Python and ctypes overhead (SmolLM2-135M Q4_1: ~6 ms of a 16 ms step,
 docs/performance.md). A model describes its layers once to a `DecodeProgramBuilder`
-(`rms_norm`, `linear`, `rope_and_write_kv`, `attention`: the ops its Python forward
+(`rms_norm`, `linear`, `qk_norm`, `rope_and_write_kv`, `attention`: the ops its Python forward
 runs, on the same modules); `build()` gives a `DecodeProgram`, which runs a step of
 decodes (one new token per sequence) through `kernels/decode_program.c` in one call.
 
@@ -12,7 +12,8 @@ depends on the thread that computes it, so a step run as a program is bit-identi
 to the module-by-module forward: every equivalence test keeps holding, and the
 program is just the faster way through the same arithmetic.
 
-What a program takes: float32 rows; `RMSNorm` with a float32 weight; `QuantizedLinear`
+What a program takes: float32 rows; `RMSNorm` with a float32 weight (also per q/k head,
+Qwen3's); `QuantizedLinear`
 with a C kernel (`kernel_call()`); attention on the CPU platform's paged KV cache
 (neox rotary from a cos/sin table, decode attention within the kernel's limits). A
 builder raises `NotProgrammable` for anything else, and the model keeps its forward.
@@ -38,7 +39,7 @@ from omnistage.layers.norm import RMSNorm
 from omnistage.layers.quant_paths import path_generation
 from omnistage.layers.quantized_linear import EPILOGUE_OPS, QuantizedLinear
 
-_OP_RMS_NORM, _OP_MATMUL, _OP_ROPE_KV, _OP_ATTENTION = 1, 2, 3, 4
+_OP_RMS_NORM, _OP_MATMUL, _OP_ROPE_KV, _OP_ATTENTION, _OP_QK_NORM = 1, 2, 3, 4, 5
 
 DISABLE_ENV = "OMNISTAGE_DISABLE_DECODE_PROGRAM"
 """Set (to anything): models run every step layer by layer (read when a program is built;
@@ -74,6 +75,7 @@ class ProgramOp(ctypes.Structure):
         ("block_size", ctypes.c_int64),
         ("cos_table", ctypes.c_void_p),
         ("sin_table", ctypes.c_void_p),
+        ("k_weight", ctypes.c_void_p),
     ]
 
 
@@ -170,6 +172,26 @@ class DecodeProgramBuilder:
         reads = (x.id,) if other is None else (x.id, other.id)
         self._ops.append((fields, reads, out.id))
         return out
+
+    def qk_norm(self, qkv: Value, shape: AttentionShape, q_norm: Any, k_norm: Any) -> None:
+        """RMSNorm of each q head (by `q_norm`) and k head (by `k_norm`) inside `qkv`, in
+        place (`norm.qk_norm_in_place`'s per-row function)."""
+        norms = (q_norm, k_norm)
+        if any(type(n) is not RMSNorm or n.weight.shape != (shape.head_dim,) for n in norms):
+            raise NotProgrammable(f"q/k norm: {type(q_norm).__name__}, {type(k_norm).__name__}")
+        if q_norm.eps != k_norm.eps or qkv.width != shape.qkv_width:
+            raise NotProgrammable("q/k norm: different eps for q and k, or not over qkv rows")
+        fields = dict(
+            kind=_OP_QK_NORM,
+            width=qkv.width,
+            heads=shape.heads,
+            kv_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            weight=self._float_tensor(q_norm.weight, "q norm weight"),
+            k_weight=self._float_tensor(k_norm.weight, "k norm weight"),
+            eps_or_scale=q_norm.eps,
+        )
+        self._ops.append((fields, (qkv.id,), None))
 
     def _cache_fields(self, shape: AttentionShape, kv_cache: torch.Tensor | None) -> dict[str, Any]:
         if kv_cache is None:

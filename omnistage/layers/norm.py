@@ -1,5 +1,6 @@
 """RMS normalisation, computed in at least float32 as transformers computes it; float32
-rows on CPU in one C call (`kernels/rms_norm.c`) where the kernels are built."""
+rows on CPU in one C call (`kernels/rms_norm.c`) where the kernels are built, and so is
+`qk_norm_in_place`, Qwen3's per-head RMSNorm of q and k inside the qkv projection's rows."""
 
 from __future__ import annotations
 
@@ -43,3 +44,48 @@ class RMSNorm(nn.Module):
         x = x.to(self.compute_dtype)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+def qk_norm_in_place(
+    qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm, heads: int, kv_heads: int
+) -> bool:
+    """Normalise each of the `heads` q heads (by `q_norm`) and `kv_heads` k heads (by
+    `k_norm`) at the start of every row of `qkv` [T, width] in place, in one C call
+    (`qk_norm_f32`: one `rms_norm_row_f32` per head, so a row's result is the same alone or
+    in any batch). Returns False, having done nothing, where that call does not apply
+    (not float32 rows and weights on CPU, no kernels here): the caller then normalises
+    with the modules themselves."""
+    head_dim = q_norm.weight.shape[0]
+    if not (
+        type(q_norm) is RMSNorm
+        and type(k_norm) is RMSNorm
+        and q_norm.eps == k_norm.eps
+        and qkv.dtype == torch.float32
+        and qkv.device.type == "cpu"
+        and qkv.dim() == 2
+        and qkv.is_contiguous()
+        and qkv.shape[1] >= (heads + kv_heads) * head_dim
+        and all(
+            n.weight.dtype == torch.float32
+            and n.weight.device.type == "cpu"
+            and n.weight.shape == (head_dim,)
+            for n in (q_norm, k_norm)
+        )
+    ):
+        return False
+    lib = kernels.load()
+    if lib is None:
+        return False
+    lib.qk_norm_f32(
+        qkv.data_ptr(),
+        qkv.shape[0],
+        qkv.shape[1],
+        heads,
+        kv_heads,
+        head_dim,
+        q_norm.weight.data_ptr(),
+        k_norm.weight.data_ptr(),
+        q_norm.eps,
+        torch.get_num_threads(),
+    )
+    return True

@@ -25,7 +25,7 @@ from omnistage.layers.decode_program import (
 )
 from omnistage.layers.forward_context import get_forward_context
 from omnistage.layers.linear import Embedding, Linear, load_shard
-from omnistage.layers.norm import RMSNorm
+from omnistage.layers.norm import RMSNorm, qk_norm_in_place
 from omnistage.layers.rotary import DefaultRope, RotaryEmbedding
 from omnistage.models.base import CausalLM
 
@@ -64,10 +64,16 @@ class DecoderAttention(nn.Module):
         qkv = self.qkv_proj(x)
         meta = get_forward_context()
         rotary = self.rotary
-        # The C kernel reads 1-D positions; 3-D (mrope) positions rotate in `rotary`.
+        # The C kernels read 1-D positions and a plain cos/sin table; 3-D (mrope) positions
+        # and other rotaries (Ming-flash's partial one) rotate in `rotary`, q/k norm first.
+        c_path = positions.ndim == 1 and isinstance(rotary, RotaryEmbedding)
+        normed = self.q_norm is None or (
+            c_path
+            and qk_norm_in_place(qkv, self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads)
+        )
         fused = (
-            self.q_norm is None
-            and positions.ndim == 1
+            c_path
+            and normed
             and rope_and_write_kv(
                 qkv, positions, rotary.cos, rotary.sin, self.kv_cache, meta, self.num_heads
             )
@@ -77,7 +83,7 @@ class DecoderAttention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if not fused:
-            if self.q_norm is not None:
+            if not normed:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = rotary(positions, q, k)
             write_kv(self.kv_cache, k, v, meta.slot_mapping)
@@ -86,10 +92,12 @@ class DecoderAttention(nn.Module):
 
     def add_to_program(self, b: DecodeProgramBuilder, x: Value, residual: Value) -> Value:
         """`forward` of a decode step as ops of a decode program."""
-        if self.q_norm is not None:
-            raise NotProgrammable("attention: RMSNorm on q and k")
+        if not isinstance(self.rotary, RotaryEmbedding):
+            raise NotProgrammable(f"attention: rotary {type(self.rotary).__name__}")
         shape = AttentionShape(self.num_heads, self.num_kv_heads, self.head_dim)
         qkv = b.linear(x, self.qkv_proj)
+        if self.q_norm is not None:
+            b.qk_norm(qkv, shape, self.q_norm, self.k_norm)
         b.rope_and_write_kv(qkv, shape, self.rotary.cos, self.rotary.sin, self.kv_cache)
         out = b.attention(qkv, shape, self.kv_cache, self.scale)
         return b.linear(out, self.o_proj, "add", residual)
