@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from omnistage.layers.cpu_attention import CpuKernelAttention
-from omnistage.platforms.cpu_float_kernels import linears_on_float_kernels, wants_float_kernels
 from omnistage.platforms.cpu_linear import pack_linears
 from omnistage.platforms.interface import Platform
 from omnistage.worker.model_runner import ModelRunner
@@ -24,7 +23,5 @@ class CpuPlatform(Platform):
         self.device = torch.device("cpu")
 
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        if wants_float_kernels(model):
-            linears_on_float_kernels(model)
         pack_linears(model)
         return model

@@ -35,9 +35,6 @@ _TEXT_SIDE = "model.text_embedding."
 class Qwen3TTSTalker(CodePredictingTalker, Qwen3ForCausalLM):
     architectures = ("OmnistageQwen3TTSTalker",)
     code_predictor_params = SamplingParams(temperature=0.9, top_k=50, top_p=1.0)
-    float_linears_on_kernels = True
-    """Its steps are decodes of a few rows each (a frame per request): float32 weights run
-    on the C kernels and the decode program (`platforms/cpu_float_kernels.py`)."""
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, dtype, max_positions)
