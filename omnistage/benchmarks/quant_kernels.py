@@ -117,7 +117,8 @@ def run_shape(
     quantized = {}
     for name in args.types:
         ggml_type = GGMLQuantizationType[name]
-        blocks = torch.from_numpy(quants.quantize(weight, ggml_type))
+        stored = np.ascontiguousarray(quants.quantize(weight, ggml_type))
+        blocks = torch.from_numpy(stored.view(np.uint8))  # F32/F16 come back as floats
         copies = copies_for(blocks.numel(), args.rotate_mb)
         for activations in args.activations:
             for isa in args.isas:
