@@ -115,7 +115,11 @@ def test_the_decode_program_runs_float_files_bit_for_bit(float_gguf, monkeypatch
 
 @needs_kernels
 def test_sync_async_speculative_and_alone_agree(float_gguf):
-    path, _ = float_gguf
+    """On F16 (the three types share every kernel but the unpacking of a block, whose batch
+    invariance `test_quantized_linear.py` checks per type; each run here starts a worker)."""
+    path, ggml_type = float_gguf
+    if ggml_type != Q.F16:
+        pytest.skip("one float type is enough here")
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     base = [t for t, _ in _run(LLM(str(path), async_scheduling=False), params)]
     assert [t for t, _ in _run(LLM(str(path), async_scheduling=True), params)] == base
