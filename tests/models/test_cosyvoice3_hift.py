@@ -158,12 +158,12 @@ def test_caller_input_is_checked(vocoder, reference):
     with pytest.raises(ValueError, match="7 frames: finalize=False needs at least 8"):
         vocoder.inference(mel[:, :, :7], finalize=False)
     assert vocoder.inference(mel[:, :, :8], finalize=False).shape == (1, 0)
-    # 1 s of noise kept: 50 frames fit, 51 do not (53 streamed frames need 50 of source).
+    # 1 s of noise kept: 50 frames fit it (53 streamed frames need 50 of source); longer
+    # calls draw more (test_a_longer_excitation_draws_the_same_noise_again)
     long = torch.zeros(1, 80, 53)
     assert vocoder.inference(long[:, :, :50], finalize=True).shape == (1, 24000)
     assert vocoder.inference(long, finalize=False).shape == (1, 45 * 480)
-    with pytest.raises(ValueError, match="24480 samples"):
-        vocoder.inference(long[:, :, :51], finalize=True)
+    assert vocoder.m_source.max_samples == reference["kept_samples"]
 
 
 def test_config_reads_the_released_section_and_names_bad_fields():
@@ -189,3 +189,36 @@ def test_config_reads_the_released_section_and_names_bad_fields():
         HiFTConfig(sampling_rate=22050)
     with pytest.raises(ValueError, match="HiFTConfig.max_seconds"):
         HiFTConfig(max_seconds=301)
+
+
+def _built_keeping(reference: dict, seconds: float) -> CosyVoice3HiFT:
+    config = HiFTConfig.from_dict({**reference["config"], "max_seconds": seconds})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(reference["construction_seed"])
+        model = CosyVoice3HiFT(config)
+    model.load_state_dict(reference["state_dict"])
+    return model.eval()
+
+
+def test_a_longer_excitation_draws_the_same_noise_again(reference):
+    """Past the rows drawn at construction, the source draws a longer prefix of the same
+    noise (what a source built with more seconds keeps), up to the reference's 300 s."""
+    kept = reference["kept_samples"]
+    rate = reference["config"]["sampling_rate"]
+    vocoder, longer = (_built_keeping(reference, n * kept / rate) for n in (1, 3))
+    source = vocoder.m_source
+    rng = torch.get_rng_state()
+    source.reserve_samples(kept + 1)
+    assert torch.equal(torch.get_rng_state(), rng)  # the global RNG is left alone
+    assert source.max_samples == 2 * kept  # at least doubled
+    source.reserve_samples(3 * kept)
+    assert source.max_samples == 4 * kept
+    assert torch.equal(source.sine_noise[:, : 3 * kept], longer.m_source.sine_noise)
+    assert torch.equal(source.sine_noise[0, :8], reference["noise"]["sine_head"])
+    # 51 frames (24480 samples) past 1 s kept: the same waveform as a vocoder keeping 3 s
+    mel = torch.randn(1, 80, 51, generator=torch.Generator().manual_seed(0))
+    fresh = _built_keeping(reference, kept / rate)
+    assert torch.equal(fresh.inference(mel, True), longer.inference(mel, True))
+    assert fresh.m_source.max_samples == 2 * kept
+    with pytest.raises(ValueError, match="covers 7200000 samples"):
+        source.reserve_samples(300 * 24000 + 1)

@@ -128,8 +128,8 @@ class CosyVoice3HiFT(nn.Module):
         `finalize=False`: the last `stream_holdback_frames` frames are look-ahead context;
         the samples returned equal (to float rounding, ~1e-6) the first ones of any call on
         a longer mel that starts with this one. Runs under `torch.inference_mode`.
-        ValueError for a wrong shape, too few frames, or more than `max_seconds` of
-        excitation.
+        ValueError for a wrong shape, too few frames, or more excitation than the
+        reference's 300 s of fixed noise.
         """
         self._check_mel(mel, finalize)
         if self.f0_predictor.classifier.weight.dtype != torch.float64:
@@ -154,7 +154,7 @@ class CosyVoice3HiFT(nn.Module):
             raise ValueError(f"mel: expected a float tensor, got {mel.dtype}")
         frames = mel.shape[2]
         c.output_samples(frames, finalize)
-        self.m_source.check_samples(c.source_samples(frames, finalize))
+        self.m_source.reserve_samples(c.source_samples(frames, finalize))
 
     def _decode(self, x: torch.Tensor, source: torch.Tensor, finalize: bool) -> torch.Tensor:
         """CausalHiFTGenerator.decode: mel `[1, C, N (+ look-ahead)]`, excitation `[1, 1, L]`."""

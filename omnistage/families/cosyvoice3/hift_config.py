@@ -73,8 +73,9 @@ class HiFTConfig:
     f0_cond_channels: int = 512
     """The F0 predictor's channels (`f0_predictor.cond_channels`)."""
     max_seconds: float = 60.0
-    """Longest excitation kept fixed noise for (the RNG still advances by the reference's 300 s);
-    8.6 MB of float32 per 10 s. Not a reference argument."""
+    """Seconds of fixed noise drawn at construction (the RNG still advances by the
+    reference's 300 s; 8.6 MB of float32 per 10 s); a longer call draws more, the same
+    numbers, up to those 300 s. Not a reference argument."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -177,7 +178,7 @@ class HiFTConfig:
 
     @property
     def max_samples(self) -> int:
-        """Samples of fixed noise kept, i.e. the longest excitation (`max_seconds`)."""
+        """Samples of fixed noise drawn at construction (`max_seconds`)."""
         return int(self.max_seconds * self.sampling_rate)
 
     @property

@@ -13,8 +13,11 @@ growing prefixes see the same noise at the same sample:
 
 We consume the global CPU RNG in exactly that sequence (in pieces: piecewise CPU
 `uniform_` yields the same numbers as one call) but keep only the first `max_samples` rows
-of `sine_waves`, and nothing of `uv`. Sample `s` of a call always reads noise row `s`, so a
-request needing more rows than are kept is refused (ValueError), never wrapped.
+of `sine_waves`, and nothing of `uv`. Sample `s` of a call always reads noise row `s`; a
+call needing more rows than are kept has them drawn again from the RNG state the
+construction drew them from (a generator of its own: the same numbers, a longer prefix of
+the reference's draw), up to the reference's 300 s; past that it is refused (ValueError),
+never wrapped.
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ class CausalHarmonicSource(nn.Module):
         rand_ini = torch.rand(1, REFERENCE_HARMONICS, device="cpu")
         rand_ini[:, 0] = 0
         self.register_buffer("rand_ini", rand_ini, persistent=False)
+        self._noise_rng_state = torch.get_rng_state()
+        """Where the sine noise's draw starts (`reserve_samples` draws a longer prefix)."""
         noise = draw_uniform_prefix(REFERENCE_HARMONICS, max_samples)
         self.register_buffer("sine_noise", noise, persistent=False)
         self.l_linear = nn.Linear(REFERENCE_HARMONICS, 1)
@@ -118,18 +123,30 @@ class CausalHarmonicSource(nn.Module):
         """Samples of excitation this source can make (rows of fixed noise kept)."""
         return self.sine_noise.shape[1]
 
-    def check_samples(self, samples: int) -> None:
-        """Raise ValueError when `samples` exceed the fixed noise kept."""
-        if samples > self.max_samples:
+    def reserve_samples(self, samples: int) -> None:
+        """Keep at least `samples` rows of fixed noise: more are drawn again from where the
+        construction's draw started (the same numbers, leaving the global RNG alone), at least
+        doubling what is kept; ValueError past the reference's 300 s."""
+        if samples <= self.max_samples:
+            return
+        if samples > REFERENCE_NOISE_SAMPLES:
             raise ValueError(
                 f"{samples} samples ({samples / self.sampling_rate:.2f} s) of excitation "
-                f"requested; this vocoder keeps fixed noise for {self.max_samples} samples "
-                f"({self.max_samples / self.sampling_rate:.2f} s, HiFTConfig.max_seconds)"
+                f"requested; the vocoder's fixed noise, as the reference's, covers "
+                f"{REFERENCE_NOISE_SAMPLES} samples ({REFERENCE_NOISE_SAMPLES / 24000:.0f} s "
+                "at 24 kHz)"
             )
+        rows = min(REFERENCE_NOISE_SAMPLES, max(samples, 2 * self.max_samples))
+        generator = torch.Generator(device="cpu")
+        generator.set_state(self._noise_rng_state)
+        noise = torch.empty(1, rows, REFERENCE_HARMONICS, device="cpu")
+        for start in range(0, rows, _PIECE_ROWS):
+            noise[:, start : start + _PIECE_ROWS].uniform_(generator=generator)
+        self.sine_noise = noise.to(self.rand_ini.device)
 
     def forward(self, f0: torch.Tensor) -> torch.Tensor:
         samples = f0.shape[1]
-        self.check_samples(samples)
+        self.reserve_samples(samples)
         harmonics = torch.arange(1, REFERENCE_HARMONICS + 1, dtype=f0.dtype, device=f0.device)
         sines = self._sines(f0 * harmonics) * self.sine_amp
         uv = (f0 > self.voiced_threshold).to(torch.float32)
