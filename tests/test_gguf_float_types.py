@@ -104,9 +104,10 @@ def test_the_decode_program_runs_float_files_bit_for_bit(float_gguf, monkeypatch
     llm = LLM(str(path), async_scheduling=False)
     programmed = _run(llm)
     assert _model(llm)._program is not None and _model(llm)._program.steps_run >= 11
-    assert {m.activations for m in _model(llm).modules() if isinstance(m, QuantizedLinear)} == {
-        "float32"
-    }
+    layers = [m for m in _model(llm).modules() if isinstance(m, QuantizedLinear)]
+    assert {m.activations for m in layers} == {"float32"}
+    layers[0].activations = "int8"  # asked for by hand too: float matrices have no int8 path
+    assert layers[0].activations == "float32"
     monkeypatch.setenv(DISABLE_ENV, "1")
     layered = LLM(str(path), async_scheduling=False)
     assert _run(layered) == programmed

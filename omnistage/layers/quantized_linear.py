@@ -45,6 +45,7 @@ from omnistage.layers.quant_paths import (
     ACTIVATIONS,
     FLOAT_KERNEL_BLOCK,
     FLOAT_KERNEL_TYPES,
+    INT8_TYPES,
     KERNEL_FUNCTIONS,
     KernelCall,
     activation_path,
@@ -152,7 +153,7 @@ class QuantizedLinear(_QuantizedMatrix):
     `silu(x)`, `mul(x, other)`, `add(x, other)` (`silu(x W^T + b)`, `(x W^T + b) *
     other`, `(x W^T + b) + other`), computed in the kernel's epilogue.
     `activations` ("int8" or "float32"; None: see `_activations`) picks the kernel path;
-    it may be reassigned.
+    it may be reassigned (F32, F16 and BF16 matrices stay on "float32").
     """
 
     def __init__(
@@ -201,6 +202,8 @@ class QuantizedLinear(_QuantizedMatrix):
     def activations(self, value: str) -> None:
         if value not in KERNEL_FUNCTIONS:
             raise ValueError(f"activations: expected one of {list(ACTIVATIONS)}, got {value!r}")
+        if self.ggml_type not in INT8_TYPES:
+            value = "float32"  # float matrices (F32, F16, BF16) have no int8 path
         self._activations = value
         self._kernel_names = KERNEL_FUNCTIONS[value]
         bump_path_generation()
