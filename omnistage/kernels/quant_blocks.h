@@ -42,7 +42,9 @@ enum { OP_NONE = 0, OP_SILU = 1, OP_MUL = 2, OP_ADD = 3 };
 
 /* Rows of W ahead of the current ones whose bytes are prefetched: a decode step
  * reads W from memory, and rows are too short for the hardware prefetcher to
- * ramp up on. */
+ * ramp up on. The prefetches go to L2 (`_MM_HINT_T1`): into L1 (T0) each waited in one
+ * of L1's few miss buffers, which capped a thread at ~8-12 GB/s from memory; to L2 one
+ * thread reads F16 / F32 / Q8_0 rows at ~17-20 GB/s (Zen 4, 2026-11-27, docs/performance.md). */
 #ifndef PREFETCH_ROWS
 #define PREFETCH_ROWS 16
 #endif

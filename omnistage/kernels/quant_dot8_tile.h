@@ -32,7 +32,7 @@ DOT8_TARGET INLINE void DOT8_TILE(struct act8 a, int64_t m0, int64_t K, const ui
             sx[m] = _mm_set1_ps(a.s[(m0 + m) * nb + j]);
         }
         for (int r = 0; r < 4; r++)
-            _mm_prefetch((const char *)rp[r] + PREFETCH_ROWS * row_bytes + j * step, _MM_HINT_T0);
+            _mm_prefetch((const char *)rp[r] + PREFETCH_ROWS * row_bytes + j * step, _MM_HINT_T1);
         if (SIMPLE8(type)) { /* the 4 rows' scales (and mins) converted in one instruction */
             const __m256 heads = heads4_simple(rp, j, type);
             __m256 hd[DOT8_MR]; /* lane 2r: fl(d_r * d_x) */

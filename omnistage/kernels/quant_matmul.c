@@ -205,9 +205,9 @@ AVX512 INLINE void fused512(const float *x, int64_t K, const uint8_t *w, int64_t
             xh[m] = _mm512_loadu_ps(x + m * K + 32 * j + 16);
         }
 #define QM_ROW(r, ptr)                                                             \
-    _mm_prefetch((const char *)(ptr) + ahead, _MM_HINT_T0);                        \
+    _mm_prefetch((const char *)(ptr) + ahead, _MM_HINT_T1);                        \
     if (type == T_F32) /* 128 bytes a sub-block: two cache lines */                \
-        _mm_prefetch((const char *)(ptr) + ahead + 64, _MM_HINT_T0);               \
+        _mm_prefetch((const char *)(ptr) + ahead + 64, _MM_HINT_T1);               \
     w32_512(ptr, j, &lo, &hi, type);                                               \
     for (int m = 0; m < MR; m++)                                                   \
         acc[m][r] = _mm512_fmadd_ps(xh[m], hi, _mm512_fmadd_ps(xl[m], lo, acc[m][r]));
@@ -256,8 +256,8 @@ AVX2 INLINE void fused256(const float *x, int64_t K, const uint8_t *w, int64_t r
             __m256 v[4];
             const char *ahead = (const char *)rp[r] + PREFETCH_ROWS * row_bytes +
                                 j * block_bytes(type) * 32 / block_elems(type);
-            _mm_prefetch(ahead, _MM_HINT_T0);
-            if (type == T_F32) _mm_prefetch(ahead + 64, _MM_HINT_T0);
+            _mm_prefetch(ahead, _MM_HINT_T1);
+            if (type == T_F32) _mm_prefetch(ahead + 64, _MM_HINT_T1);
             w32_256(rp[r], j, v, type);
             for (int m = 0; m < MR; m++)
                 for (int i = 0; i < 4; i++)
