@@ -77,16 +77,16 @@ Cité, ..." (llama.cpp answers the same way on that file: "L'Étoile, la Marseil
 where the float path answers "The capital of France is Paris." as the float32 model does."""
 
 
-def activation_path(override: str | None, ggml_type: GGMLType) -> str:
+def activation_path(override: str | None) -> str:
     """`override`, else the path `OMNISTAGE_QUANT_ACTIVATIONS` names, else
-    `DEFAULT_ACTIVATIONS`; int8 only for `INT8_TYPES`."""
+    `DEFAULT_ACTIVATIONS` (a layer takes int8 only for `INT8_TYPES`: its `activations`)."""
     name = override if override is not None else os.environ.get(ACTIVATIONS_ENV)
     if name is None:
         name = DEFAULT_ACTIVATIONS
     if name not in ACTIVATIONS:
         source = "activations" if override is not None else ACTIVATIONS_ENV
         raise ValueError(f"{source}: expected one of {list(ACTIVATIONS)}, got {name!r}")
-    return name if ggml_type in INT8_TYPES else "float32"
+    return name
 
 
 KERNEL_FUNCTIONS = {

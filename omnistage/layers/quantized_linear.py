@@ -167,7 +167,7 @@ class QuantizedLinear(_QuantizedMatrix):
         activations: str | None = None,
     ) -> None:
         super().__init__(blocks, ggml_type, out_features, in_features, isa)
-        self.activations = activation_path(activations, self.ggml_type)
+        self.activations = activation_path(activations)
         self.in_features = in_features
         self.out_features = out_features
         if bias is not None and bias.shape != (out_features,):
