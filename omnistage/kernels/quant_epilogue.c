@@ -11,10 +11,11 @@
  * vector ones (where -ffp-contract would fuse them anyway) compute the same floats. */
 INLINE float exp_vec(float x)
 {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float t = x * 1.44269504f;
-    const int n = (int)(t + (t >= 0.0f ? 0.5f : -0.5f));
-    const float r = fmaf((float)n, 2.12194440e-4f, fmaf(-(float)n, 0.693359375f, x));
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    const float fn = rintf(x * 1.44269504f);
+    const int n = (int)fn;
+    const float r = fmaf(fn, 2.12194440e-4f, fmaf(-fn, 0.693359375f, x));
     float p = 1.9875691500e-4f;
     p = fmaf(p, r, 1.3981999507e-3f);
     p = fmaf(p, r, 8.3334519073e-3f);
@@ -22,10 +23,8 @@ INLINE float exp_vec(float x)
     p = fmaf(p, r, 1.6666665459e-1f);
     p = fmaf(p, r, 5.0000001201e-1f);
     p = fmaf(p * r, r, r) + 1.0f;
-    const uint32_t bits = (uint32_t)(n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
+    const union { uint32_t u; float f; } scale = {(uint32_t)(n + 127) << 23};
+    return p * scale.f;
 }
 
 INLINE void epilogue(float *y, int64_t M, int64_t N, int64_t n0, int64_t nt, const float *bias,
