@@ -20,6 +20,8 @@ KERNEL_SHAPES = [
     dict(heads=4, kv_heads=2, head_dim=16),  # the tiny test models
     dict(heads=6, kv_heads=2, head_dim=32, block_size=32),  # 16-token chunks of a block
     dict(heads=4, kv_heads=1, head_dim=24, block_size=8),  # no vector fast path
+    dict(heads=14, kv_heads=2, head_dim=128),  # values in tiles of 4 + 3 heads, 2 x 64 wide
+    dict(heads=16, kv_heads=1, head_dim=80),  # 16 heads a KV head; a 64- and a 16-wide tile
 ]
 
 
