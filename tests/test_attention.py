@@ -34,13 +34,11 @@ def make_case(batch=7, heads=8, kv_heads=2, head_dim=32, block_size=16, num_bloc
     for b in range(batch):  # scattered, distinct blocks per sequence
         n = int((seq_lens[b] + block_size - 1) // block_size)
         table[b, :n] = torch.randperm(num_blocks - 1, generator=g)[:n] + 1
-    mask = torch.arange(max_blocks * block_size).unsqueeze(0) < seq_lens.unsqueeze(1)
     meta = A.AttentionMetadata(
         num_tokens=batch,
         slot_mapping=torch.zeros(batch, dtype=torch.long),
         decode_token_idx=None,
         decode_block_table=table,
-        decode_mask=mask,
         decode_seq_lens=seq_lens,
         prefills=[],
         all_decode=True,
@@ -220,7 +218,6 @@ def test_c_kernel_row_alone_equals_row_in_a_batch(monkeypatch, shape):
                 slot_mapping=torch.zeros(1, dtype=torch.long),
                 decode_token_idx=None,
                 decode_block_table=table,
-                decode_mask=meta.decode_mask[b : b + 1],
                 decode_seq_lens=lens,
                 prefills=[],
                 all_decode=True,

