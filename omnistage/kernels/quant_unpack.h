@@ -8,6 +8,12 @@
 #if QM_X86
 
 
+/* 0, 1, ..., 15: what a nibble stands for before its block's scale and offset. */
+AVX512 INLINE __m512 nibble_values_512(void)
+{
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+
 /* The 32 weights of sub-block j (32-element block j, or 1/8 of 256-element block j/8)
  * of a row, as two vectors of 16 floats. */
 AVX512 INLINE void w32_512(const uint8_t *row, int64_t j, __m512 *lo, __m512 *hi, const int type)
@@ -27,11 +33,23 @@ AVX512 INLINE void w32_512(const uint8_t *row, int64_t j, __m512 *lo, __m512 *hi
     } else if (type == T_Q4_0 || type == T_Q4_1) {
         const uint8_t *b = row + j * (type == T_Q4_0 ? 18 : 20);
         const __m128i q = _mm_loadu_si128((const __m128i *)(b + (type == T_Q4_0 ? 2 : 4)));
-        const float d = _cvtsh_ss(rd16(b)), m = type == T_Q4_0 ? -8.0f * d : _cvtsh_ss(rd16(b + 2));
-        const __m512 vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
-        *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q, low4))), vd, vm);
-        *hi = _mm512_fmadd_ps(
-            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), low4))), vd, vm);
+        __m512 vd, vm;
+        if (type == T_Q4_1) { /* d and m side by side: one 32-bit broadcast, one conversion */
+            uint32_t dm;
+            memcpy(&dm, b, 4);
+            const __m512 both = _mm512_cvtph_ps(_mm256_set1_epi32((int)dm)); /* d, m, d, m, ... */
+            vd = _mm512_moveldup_ps(both);
+            vm = _mm512_movehdup_ps(both);
+        } else {
+            const float d = _cvtsh_ss(rd16(b));
+            vd = _mm512_set1_ps(d);
+            vm = _mm512_set1_ps(-8.0f * d);
+        }
+        /* The 16 weights a nibble can stand for, fma(q, d, m) as the conversion would give
+         * them, then looked up per weight (`vpermps` reads an index's low 4 bits only). */
+        const __m512 table = _mm512_fmadd_ps(nibble_values_512(), vd, vm);
+        *lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q), table);
+        *hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(q, 4)), table);
     } else if (type == T_Q8_0) {
         const uint8_t *b = row + j * 34;
         const __m512 vd = _mm512_set1_ps(_cvtsh_ss(rd16(b)));
@@ -50,8 +68,9 @@ AVX512 INLINE void w32_512(const uint8_t *row, int64_t j, __m512 *lo, __m512 *hi
             q0 = _mm_srli_epi16(q0, 4);
             q1 = _mm_srli_epi16(q1, 4);
         }
-        *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q0, low4))), vd, vm);
-        *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q1, low4))), vd, vm);
+        const __m512 table = _mm512_fmadd_ps(nibble_values_512(), vd, vm); /* as Q4_0 / Q4_1 */
+        *lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q0), table);
+        *hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(q1), table);
     } else { /* T_Q6_K */
         const uint8_t *b = row + (j >> 3) * 210;
         const int s = (int)(j & 7), half = s >> 2, quarter = s & 3;
