@@ -40,7 +40,6 @@ import torch
 from transformers import Qwen2Config
 
 from omnistage.families.llama.model import DecoderAttention, Qwen2ForCausalLM
-from omnistage.layers.attention import attend, write_kv
 from omnistage.layers.forward_context import get_forward_context
 from omnistage.models.base import DeepstackRows
 
@@ -58,26 +57,21 @@ class BagelUnderstandingConfig(Qwen2Config):
 
 class InjectedKVAttention(DecoderAttention):
     """Qwen2 attention whose keys and values at some rows of the step are given
-    (`injected`: rows, keys, values), not computed."""
+    (`injected`: rows, keys, values), not computed; on the torch path for every row, so a
+    text row's keys do not depend on whether image rows share its step."""
 
+    c_kernels = False
     injected: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor
-    ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
-        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        if self.injected is not None:
-            rows, keys, values = self.injected
-            k, v = k.clone(), v.clone()
-            k[rows], v[rows] = keys.to(k.dtype), values.to(v.dtype)
-        meta = get_forward_context()
-        write_kv(self.kv_cache, k, v, meta.slot_mapping)
-        out = attend(q, k, v, self.kv_cache, meta, self.scale)
-        return self.o_proj.add(out.reshape(-1, self.q_size), residual)
+    def keys_and_values(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.injected is None:
+            return k, v
+        rows, keys, values = self.injected
+        k, v = k.clone(), v.clone()
+        k[rows], v[rows] = keys.to(k.dtype), values.to(v.dtype)
+        return k, v
 
 
 class BagelUnderstanding(Qwen2ForCausalLM):

@@ -33,6 +33,11 @@ logger = logging.getLogger("omnistage")
 
 
 class DecoderAttention(nn.Module):
+    c_kernels = True
+    """Whether q/k norm, rotary and the KV write may run as C kernels (1-D positions, a
+    plain rotary). A subclass that changes keys or values before they are written
+    (`keys_and_values`) turns it off, so every row of it takes the same torch path."""
+
     def __init__(
         self,
         config: Any,
@@ -66,7 +71,7 @@ class DecoderAttention(nn.Module):
         rotary = self.rotary
         # The C kernels read 1-D positions and a plain cos/sin table; 3-D (mrope) positions
         # and other rotaries (Ming-flash's partial one) rotate in `rotary`, q/k norm first.
-        c_path = positions.ndim == 1 and isinstance(rotary, RotaryEmbedding)
+        c_path = self.c_kernels and positions.ndim == 1 and isinstance(rotary, RotaryEmbedding)
         normed = self.q_norm is None or (
             c_path
             and qk_norm_in_place(qkv, self.q_norm, self.k_norm, self.num_heads, self.num_kv_heads)
@@ -86,14 +91,24 @@ class DecoderAttention(nn.Module):
             if not normed:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = rotary(positions, q, k)
+            k, v = self.keys_and_values(k, v)
             write_kv(self.kv_cache, k, v, meta.slot_mapping)
         out = attend(q, k, v, self.kv_cache, meta, self.scale)
         return self.o_proj.add(out.reshape(-1, self.q_size), residual)
+
+    def keys_and_values(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's keys (rotated) and values as they are written and attended: as
+        computed here; a subclass with `c_kernels = False` may replace rows."""
+        return k, v
 
     def add_to_program(self, b: DecodeProgramBuilder, x: Value, residual: Value) -> Value:
         """`forward` of a decode step as ops of a decode program."""
         if not isinstance(self.rotary, RotaryEmbedding):
             raise NotProgrammable(f"attention: rotary {type(self.rotary).__name__}")
+        if not self.c_kernels:
+            raise NotProgrammable(f"attention: {type(self).__name__} keeps the torch path")
         shape = AttentionShape(self.num_heads, self.num_kv_heads, self.head_dim)
         qkv = b.linear(x, self.qkv_proj)
         if self.q_norm is not None:
