@@ -156,6 +156,16 @@ class ChildProcess:
             popen.kill()
 
 
+OPENMP_SPINCOUNT = "50000"
+"""How long an idle OpenMP thread of a child spins before it sleeps (`GOMP_SPINCOUNT`, for
+torch's libgomp and the kernels' alike; read when the library loads), unless the user
+set it or `OMP_WAIT_POLICY`. libgomp's default, 300000 spins, kept torch's threads on
+the cores between ops, where the kernels' own pool (kernels/decode_program.c) needed
+them: a 100-token prefill of the Q4_1 built-in model took 282 ms, 182 ms with this
+(docs/performance.md); offline float32 throughput (oneDNN's OpenMP GEMMs) unchanged
+within noise (219 against 215 tok/s)."""
+
+
 def start_child(target: Callable[..., Any] | str, *args: Any, name: str) -> ChildProcess:
     """Run `target(*args, channel)` in a new `python -m omnistage.child` process.
 
@@ -169,6 +179,8 @@ def start_child(target: Callable[..., Any] | str, *args: Any, name: str) -> Chil
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH", "")) if p
     )
+    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
+        env["GOMP_SPINCOUNT"] = OPENMP_SPINCOUNT
     command = [sys.executable, "-m", "omnistage.child", str(child_end.fileno()), str(note_write)]
     try:
         popen = subprocess.Popen(

@@ -83,3 +83,10 @@ def ready_then_stats(channel: Connection) -> None:
     channel.recv_bytes()
     channel.send_bytes(_ENCODER.encode(Stats(values={"x": 1})))
     channel.recv_bytes()
+
+
+def report_openmp_env(channel: Connection) -> None:
+    """Send the OpenMP spin settings this child started with."""
+    import os
+
+    channel.send((os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY")))

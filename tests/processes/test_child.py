@@ -100,3 +100,24 @@ def test_a_dropped_child_is_ended(form):
     while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(pid)
+
+
+@pytest.mark.parametrize(
+    ("user", "expected"),
+    [
+        ({}, ("50000", None)),
+        ({"GOMP_SPINCOUNT": "7"}, ("7", None)),
+        ({"OMP_WAIT_POLICY": "active"}, (None, "active")),
+    ],
+)
+def test_children_spin_briefly_in_openmp_unless_the_user_said(monkeypatch, user, expected):
+    """A child's OpenMP threads sleep after ~50000 spins (libgomp's 300000 held the cores
+    the kernels' pool needed); a user's GOMP_SPINCOUNT or OMP_WAIT_POLICY is left alone."""
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in user.items():
+        monkeypatch.setenv(name, value)
+    child = start_child(child_targets.report_openmp_env, name="openmp child")
+    assert child.channel.recv() == expected
+    assert child.join(30) == 0
+    child.close()
