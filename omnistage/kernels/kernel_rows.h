@@ -6,6 +6,17 @@
 
 #include <stdint.h>
 
+/* Row-wise kernels (norms, rotary + KV write) go parallel only from this many floats:
+ * smaller ones take ~0.1 ms or less on one thread, less than waking an OpenMP team on
+ * cores the kernels' own pool is using between products (docs/performance.md). */
+#define PARALLEL_ROW_FLOATS (1 << 18)
+
+/* `num_threads` if `floats` is worth a team, else 1. */
+static inline int row_threads(int64_t floats, int num_threads)
+{
+    return floats >= PARALLEL_ROW_FLOATS ? num_threads : 1;
+}
+
 /* rms_norm.c: o = weight * x / sqrt(mean(x^2) + eps) over `dim` values. */
 void rms_norm_row_f32(const float *x, const float *weight, float *o, int64_t dim, float eps);
 

@@ -30,7 +30,7 @@ __attribute__((noinline)) void rms_norm_row_f32(const float *xr, const float *we
 void rms_norm_f32(const float *x, const float *weight, float *out, int64_t rows, int64_t dim,
                   float eps, int num_threads)
 {
-    const int threads = rows >= 64 ? num_threads : 1;
+    const int threads = row_threads(rows * dim, num_threads);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++)
         rms_norm_row_f32(x + r * dim, weight, out + r * dim, dim, eps);
@@ -54,7 +54,7 @@ void qk_norm_f32(float *qkv, int64_t rows, int64_t row_stride, int64_t heads, in
                  int64_t head_dim, const float *q_weight, const float *k_weight, float eps,
                  int num_threads)
 {
-    const int threads = rows >= 64 ? num_threads : 1;
+    const int threads = row_threads(rows * row_stride, num_threads);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t r = 0; r < rows; r++)
         qk_norm_row_f32(qkv + r * row_stride, heads, kv_heads, head_dim, q_weight, k_weight, eps);

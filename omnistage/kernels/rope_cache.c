@@ -44,7 +44,7 @@ void rope_write_kv_f32(
     float *kv_cache, int64_t num_slots, const int64_t *slots, int num_threads)
 {
     const int64_t row = (heads + 2 * kv_heads) * head_dim;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(static) num_threads(row_threads(tokens * row, num_threads))
     for (int64_t t = 0; t < tokens; t++)
         rope_write_kv_token_f32(qkv + t * row, heads, kv_heads, head_dim, positions[t], cos_table,
                                 sin_table, kv_cache, num_slots, slots[t]);
