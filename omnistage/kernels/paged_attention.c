@@ -10,12 +10,12 @@
  * into L1, the block's 128 prefetches held L1's few miss buffers: 14 % slower).
  * With AVX-512 and head_dim, block_size multiples of 16, a block's scores are
  * 16 products reduced together (one transpose-add tree instead of 16
- * horizontal sums), its softmax runs 16 lanes at a time (a polynomial exp, as
- * the SiLU epilogue's) and the weighted values in register tiles of up to 4
+ * horizontal sums) and the weighted values in register tiles of up to 4
  * query heads by 64 values (each value row loaded once per tile, the
- * accumulators never stored in between); elsewhere plain loops the compiler
- * vectorizes (built with reassociation allowed; no infinities are used, so
- * finite-math is safe).
+ * accumulators never stored in between); elsewhere, and for every block's
+ * softmax (exp_vec.h's exp, not libm's), plain loops the compiler vectorizes
+ * (built with reassociation allowed; no infinities are used, so finite-math is
+ * safe).
  *
  * Work sharing: callers on several threads pass the same counter (zero at the
  * start); each takes the next few units from it until none is left, so the
@@ -30,6 +30,7 @@
  * team: nothing spins after the call (a spinning team would take the core
  * the engine process needs under asynchronous scheduling).
  */
+#include "exp_vec.h"
 #include "kernel_rows.h"
 
 #include <float.h>
@@ -140,51 +141,6 @@ static inline void weighted_values16(float acc[][MAX_DIM], float p[][MAX_BLOCK],
             c0 += wide ? 64 : 16;
         }
 }
-/* exp(x) of 16 lanes, x <= 0 here (scores less their maximum): 2^n p(r), |r| <= ln2/2, with
- * Cephes' expf polynomial (about 1 ulp; quant_epilogue.c's SiLU uses the same), x clamped
- * at -87 so that 2^n stays a normal float. */
-static inline __m512 exp16(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    const __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_fmadd_ps(fn, _mm512_set1_ps(2.12194440e-4f),
-                                     _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), x));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
-/* One block of the online softmax for one query head, 16 scores at a time: the running
- * maximum `m` and sum `l` move on, `sg[0:n]` become exp(score - new maximum) (written 16 at
- * a time: sg has room up to the block size, a multiple of 16); returns the factor the
- * accumulated values are rescaled by. */
-static inline float softmax_block16(float *sg, int64_t n, float *m, float *l)
-{
-    __m512 vmax = _mm512_set1_ps(*m);
-    for (int64_t t0 = 0; t0 < n; t0 += 16) {
-        const __mmask16 live = n - t0 >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t0)) - 1);
-        vmax = _mm512_mask_max_ps(vmax, live, vmax, _mm512_loadu_ps(sg + t0));
-    }
-    const float bmax = _mm512_reduce_max_ps(vmax);
-    const float corr = expf(*m - bmax);
-    __m512 vsum = _mm512_setzero_ps();
-    for (int64_t t0 = 0; t0 < n; t0 += 16) {
-        const __mmask16 live = n - t0 >= 16 ? 0xFFFF : (__mmask16)((1u << (n - t0)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + t0), _mm512_set1_ps(bmax)));
-        _mm512_storeu_ps(sg + t0, e);
-        vsum = _mm512_mask_add_ps(vsum, live, vsum, e);
-    }
-    *l = *l * corr + _mm512_reduce_add_ps(vsum);
-    *m = bmax;
-    return corr;
-}
 #define HAVE_SCORES16 1
 #else
 #define HAVE_SCORES16 0
@@ -259,26 +215,24 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
                             s[g][t] = dot(qg + g * head_dim, kb + t * head_dim, head_dim) * scale;
                 }
                 float corr[MAX_GROUP];
-#if HAVE_SCORES16
-                if (fast_scores) {
-                    for (int64_t g = 0; g < heads_per_unit; g++)
-                        corr[g] = softmax_block16(s[g], n, &m[g], &l[g]);
-                    weighted_values16(acc, s, corr, vb, n, heads_per_unit, head_dim);
-                    continue;
-                }
-#endif
                 for (int64_t g = 0; g < heads_per_unit; g++) {
                     float bmax = m[g];
                     for (int64_t t = 0; t < n; t++) bmax = s[g][t] > bmax ? s[g][t] : bmax;
                     corr[g] = expf(m[g] - bmax);
                     float sum = 0.0f;
-                    for (int64_t t = 0; t < n; t++) {
-                        s[g][t] = expf(s[g][t] - bmax);
+                    for (int64_t t = 0; t < n; t++) { /* vectorizes: exp_vec, not libm's */
+                        s[g][t] = exp_vec(s[g][t] - bmax);
                         sum += s[g][t];
                     }
                     l[g] = l[g] * corr[g] + sum;
                     m[g] = bmax;
                 }
+#if HAVE_SCORES16
+                if (fast_scores) {
+                    weighted_values16(acc, s, corr, vb, n, heads_per_unit, head_dim);
+                    continue;
+                }
+#endif
                 for (int64_t g = 0; g < heads_per_unit; g++) {
                     float *ag = acc[g];
                     for (int64_t d = 0; d < head_dim; d++) ag[d] *= corr[g];
