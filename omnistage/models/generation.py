@@ -56,6 +56,12 @@ class GenerationItem:
     """Whether no rows of the request come after these (a whole payload, or a stream's
     last chunk): models that treat a stream's end apart (a vocoder's final flush) read it."""
 
+    state: dict[str, Any] | None = None
+    """A stream's state between its chunks, the same dict with each of them (None for
+    an item that is not a stream's chunk): the stage owns it and drops it with the
+    stream; a model that decodes a chunk from what it kept of the ones before (instead
+    of re-decoding the left context) keeps that here, in chunk order."""
+
     meta: dict[str, Any] = field(default_factory=dict)
     """The request's metadata carried along the pipeline (flattened prompt fields: speaker,
     language, task, …; `EdgeProcessor.to_meta`); a model that hands fields on to the next

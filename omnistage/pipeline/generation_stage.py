@@ -88,6 +88,8 @@ class _Stream:
     """For models that take speakers: the request's voice (None: the model's default)."""
     meta: dict[str, Any] = field(default_factory=dict)
     """The metadata the request's first payload carried (`EdgeProcessor.to_meta`)."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """What the model keeps between the request's chunks (`GenerationItem.state`)."""
 
 
 class GenerationStageCore(StageCore):
@@ -171,6 +173,7 @@ class GenerationStageCore(StageCore):
                 speaker=stream.speaker,
                 last=msg.last,
                 meta=dict(stream.meta),
+                state=stream.state,
             )
             self.model.check_item(item)  # a ValueError fails this request (`handle`)
             feeds = self.outgoing_for(entry.submit)

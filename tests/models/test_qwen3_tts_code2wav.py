@@ -1,7 +1,9 @@
 """Qwen3-TTS's speech-tokenizer decoder (our port) as a generation-stage model: parity with
 the official `qwen-tts` decode (a fixture the reference venv wrote, see
 `tests/fixtures/qwen3_tts/make_codec_fixture.py`), streamed chunks that add up to the
-whole decode, the decode cut at the end frame, bad codes and a missing tokenizer named."""
+whole decode (with re-decoded left context, and through a stream's kept state: each
+chunk decoded once, in order, a failed call leaving the stream as it was), the decode cut
+at the end frame, bad codes and a missing tokenizer named."""
 
 from __future__ import annotations
 
@@ -88,6 +90,73 @@ def test_streamed_chunks_concatenate_to_the_whole_decode(vocoder, chunks):
     streamed = torch.cat(pieces)
     assert streamed.shape == whole.shape
     torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-6)
+
+
+def _stream_items(frames: torch.Tensor, chunks: list[int], prefix: int, left_context: int):
+    """A stream's items as the generation stage makes them: the first with `prefix` rows
+    of the producer's context, the later ones with `left_context` rows before them; one
+    state dict for all."""
+    state, items, start = {}, [], prefix
+    for n, size in enumerate(chunks):
+        context = prefix if n == 0 else min(start, left_context)
+        rows = frames[start - context : start + size].clone()
+        last = n == len(chunks) - 1
+        items.append(GenerationItem(rows, context_len=context, state=state, last=last))
+        start += size
+    return items
+
+
+@pytest.mark.parametrize("chunks", [[4, 16, 16, 4], [1, 1, 1, 37], [13, 27], [40]])
+@pytest.mark.parametrize("prefix", [0, 5])
+def test_a_stream_decodes_each_chunk_once_and_adds_up_to_the_whole(vocoder, chunks, prefix):
+    # Through the stream's kept state, not re-decoded context: equal to the whole decode up
+    # to float64 rounding, however the chunks are cut (with no left context at all).
+    frames = codes(prefix + 40, seed=2)
+    (whole,) = vocoder.generate([GenerationItem(frames, context_len=prefix)])
+    items = _stream_items(frames, chunks, prefix, left_context=0)
+    pieces = [vocoder.generate([item])[0] for item in items]
+    assert [p.shape[0] for p in pieces] == [c * vocoder.upsample for c in chunks]
+    torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=1e-12)
+    # Later chunks' left-context rows are not decoded again: other (valid) codes there
+    # change nothing.
+    items = _stream_items(frames, chunks, prefix, left_context=8)
+    for item in items[1:]:
+        item.rows[: item.context_len] = (item.rows[: item.context_len] + 1) % TINY_CODEBOOK_SIZE
+    again = [vocoder.generate([item])[0] for item in items]
+    assert all(torch.equal(a, b) for a, b in zip(again, pieces, strict=True))
+
+
+def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
+    frames = codes(30, seed=5)
+    one_by_one = [vocoder.generate([i])[0] for i in _stream_items(frames, [6, 12, 12], 0, 8)]
+    first, second, third = _stream_items(frames, [6, 12, 12], 0, 8)
+    other = _stream_items(codes(30, seed=6), [6, 24], 0, 8)
+    together = vocoder.generate([first, other[0], second, other[1]])
+    together += vocoder.generate([third])
+    pieces = [together[0], together[2], together[4]]
+    assert all(torch.equal(a, b) for a, b in zip(pieces, one_by_one, strict=True))
+
+
+def test_a_failed_call_leaves_the_stream_as_it_was(vocoder, monkeypatch):
+    frames = codes(24, seed=7)
+    expected = [vocoder.generate([i])[0] for i in _stream_items(frames, [8, 8, 8], 0, 8)]
+    first, second, third = _stream_items(frames, [8, 8, 8], 0, 8)
+    vocoder.generate([first])
+    decode = vocoder._decode
+    calls = []
+
+    def failing_second(frames, stream):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return decode(frames, stream)
+
+    monkeypatch.setattr(vocoder, "_decode", failing_second)
+    with pytest.raises(RuntimeError):
+        vocoder.generate([second, third])  # the second chunk decoded, then the third failed
+    monkeypatch.setattr(vocoder, "_decode", decode)
+    retried = vocoder.generate([second]) + vocoder.generate([third])  # as the stage retries
+    assert all(torch.equal(a, b) for a, b in zip(retried, expected[1:], strict=True))
 
 
 def test_right_context_rows_are_not_decoded(vocoder):

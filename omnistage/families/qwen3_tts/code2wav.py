@@ -10,12 +10,18 @@ ValueError naming the frame and codebook, never decoded (`check_item` makes it f
 own request in the stage).
 
 The decoder (`codec_decoder.Qwen3TTSCodecDecoder`) is causal and `n` frames decode to
-exactly `n * upsample` samples (no trim), so a chunk decoded after `context_len` frames
-of left context returns its samples from `context * upsample` on, and the streamed
-chunks concatenate to the whole decode. Values at a seam match the whole decode as
-closely as the left context lets them: what a frame hears fades with distance (the
-attention window, `sliding_window` frames per layer — 8 layers of 72 in the real model
-— then the convolutions); the reference's own `chunked_decode` uses 25 frames.
+exactly `n * upsample` samples (no trim). A stream's chunks (items with a `state`)
+decode through a `DecoderStream` kept in that state: the first chunk with its left
+context (the producer's context codes), the later ones their own frames only, after
+what the stream kept of the frames before (each convolution's last inputs, each
+attention layer's keys and values). So the streamed chunks concatenate to the whole
+decode up to float rounding, however they are cut, and a chunk costs its own frames
+only: the edge's `left_context` rows are not decoded again (vLLM-Omni decodes 72
+frames of context for every 25-frame chunk of this model). Streams are advanced only
+when a whole `generate` call went well (a failed batch is retried item by item), and a
+request's chunks decode in order, also two of them in one call. An item without a
+state (a whole payload from a stage's submit) decodes its context rows and drops
+their samples, as the reference's `chunked_decode` does with its 25 frames of context.
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ from typing import Any
 import torch
 
 from omnistage.families.qwen3_tts.codec_decoder import CodecDecoderConfig, Qwen3TTSCodecDecoder
+from omnistage.families.qwen3_tts.codec_stream import DecoderStream
 from omnistage.models.code_frames import CodeFrameVocoder
 from omnistage.models.generation import GenerationItem, load_part_module
 
 FOLDER = "speech_tokenizer"
 PREFIX = "decoder."
 WEIGHTS = "model.safetensors"
+STREAM_KEY = "decoder_stream"
+"""Where a stream's `DecoderStream` lives in `GenerationItem.state`."""
 
 
 def read_speech_tokenizer_config(path: Path) -> dict[str, Any]:
@@ -101,6 +110,7 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         outputs = []
+        advanced: dict[int, tuple[dict, DecoderStream]] = {}  # committed when all went well
         for item in items:
             if item.rows[: item.own_end].numel() == 0:  # e.g. the empty last chunk of a stream
                 outputs.append(torch.zeros(0, dtype=torch.float32))
@@ -110,7 +120,22 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
             if frames.shape[0] <= context:  # the end frame is in the context or comes first
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
-            device = next(self.module.parameters()).device
-            wav = self.module(frames.T.unsqueeze(0).long().to(device))[0, 0]
-            outputs.append(wav[context * self.upsample :].float())
+            state, kept = item.state, None
+            if state is not None:  # this call's chunks of the stream come first
+                kept = advanced[id(state)][1] if id(state) in advanced else state.get(STREAM_KEY)
+            if kept is None:  # whole, or a stream's first chunk: context rows decoded too
+                stream = None if state is None or item.last else DecoderStream()
+                wav = self._decode(frames, stream)[context * self.upsample :]
+            else:  # a later chunk: its own rows after what the stream kept
+                stream = kept.advanced()
+                wav = self._decode(frames[context:], stream)
+            if stream is not None:
+                advanced[id(state)] = (state, stream)
+            outputs.append(wav.float())
+        for state, stream in advanced.values():
+            state[STREAM_KEY] = stream
         return outputs
+
+    def _decode(self, frames: torch.Tensor, stream: DecoderStream | None) -> torch.Tensor:
+        device = next(self.module.parameters()).device
+        return self.module(frames.T.unsqueeze(0).long().to(device), stream)[0, 0]

@@ -3,7 +3,8 @@ activation (`codec_decoder` builds the network from them; names are the referenc
 
 Every convolution is causal and the transposed ones are cut to `stride * length`, so
 `n` frames in make exactly `n * stride` samples out and an output sample depends on the
-inputs at or before it only.
+inputs at or before it only. Given a `DecoderStream` (`codec_stream`), a convolution
+continues the inputs it kept from the stream's last chunk instead of its zero padding.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from omnistage.families.qwen3_tts.codec_stream import DecoderStream, last
 
 
 class CausalConvNet(nn.Module):
@@ -27,11 +30,18 @@ class CausalConvNet(nn.Module):
         self.kernel_size = (kernel_size - 1) * dilation + 1
         self.padding = self.kernel_size - self.stride
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, stream: DecoderStream | None = None) -> torch.Tensor:
         length = x.shape[-1]
         n_frames = math.ceil((length - self.kernel_size + self.padding) / self.stride + 1)
         extra = (n_frames - 1) * self.stride + self.kernel_size - self.padding - length
-        return self.conv(F.pad(x, (self.padding, extra)))
+        if stream is None or not self.padding:
+            return self.conv(F.pad(x, (self.padding, extra)))
+        kept = stream.tail(self)  # the stream's last `padding` inputs (zeros at its start)
+        padded = torch.cat(
+            [x.new_zeros(*x.shape[:-1], self.padding) if kept is None else kept, x], -1
+        )
+        stream.keep(self, last(padded, self.padding))
+        return self.conv(F.pad(padded, (0, extra)))
 
 
 class CausalTransConvNet(nn.Module):
@@ -41,10 +51,18 @@ class CausalTransConvNet(nn.Module):
         super().__init__()
         self.conv = nn.ConvTranspose1d(in_ch, out_ch, kernel_size, stride=stride)
         self.right_pad = kernel_size - stride
+        self.stride = stride
+        self.kept_frames = math.ceil(self.right_pad / stride)
+        """Input frames before a chunk whose overlap reaches into its samples."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.conv(x)
-        return x[..., : x.shape[-1] - self.right_pad] if self.right_pad > 0 else x
+    def forward(self, x: torch.Tensor, stream: DecoderStream | None = None) -> torch.Tensor:
+        length = x.shape[-1] * self.stride
+        kept = None if stream is None else stream.tail(self)
+        full = x if kept is None else torch.cat([kept, x], -1)
+        if stream is not None and self.kept_frames:
+            stream.keep(self, last(full, self.kept_frames))
+        start = 0 if kept is None else kept.shape[-1] * self.stride  # kept frames' own samples
+        return self.conv(full)[..., start : start + length]
 
 
 class SnakeBeta(nn.Module):

@@ -12,7 +12,8 @@ network (but the quantizer, `codec_quantizer`, and the causal convolutions and S
 
 Every convolution is causal and the transposed ones are cut to `stride * length`, so
 `n` frames decode to exactly `n * total_upsample` samples and output sample `s`
-depends on frames `<= s // total_upsample` only.
+depends on frames `<= s // total_upsample` only. A stream's chunks decode one after
+another through a `DecoderStream` (`codec_stream`) without re-decoding earlier frames.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from omnistage.families.qwen3_tts.codec_quantizer import (
     EuclideanCodebook,
     SplitResidualVectorQuantizer,
 )
+from omnistage.families.qwen3_tts.codec_stream import DecoderStream, last, window_mask
 
 _ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -117,8 +119,8 @@ class ConvNeXtBlock(nn.Module):
         self.pwconv2 = nn.Linear(4 * dim, dim)
         self.gamma = nn.Parameter(1e-6 * torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm(self.dwconv(x).transpose(1, 2))
+    def forward(self, x: torch.Tensor, stream: DecoderStream | None = None) -> torch.Tensor:
+        h = self.norm(self.dwconv(x, stream).transpose(1, 2))
         h = self.gamma * self.pwconv2(F.gelu(self.pwconv1(h)))
         return x + h.transpose(1, 2)
 
@@ -131,8 +133,8 @@ class ResidualUnit(nn.Module):
         self.act2 = SnakeBeta(dim)
         self.conv2 = CausalConvNet(dim, dim, kernel_size=1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.conv2(self.act2(self.conv1(self.act1(x))))
+    def forward(self, x: torch.Tensor, stream: DecoderStream | None = None) -> torch.Tensor:
+        return x + self.conv2(self.act2(self.conv1(self.act1(x), stream)))
 
 
 class DecoderBlock(nn.Module):
@@ -149,9 +151,9 @@ class DecoderBlock(nn.Module):
             [SnakeBeta(in_dim), CausalTransConvNet(in_dim, out_dim, 2 * rate, rate), *units]
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, stream: DecoderStream | None = None) -> torch.Tensor:
         for layer in self.block:
-            x = layer(x)
+            x = layer(x) if isinstance(layer, SnakeBeta) else layer(x, stream)
         return x
 
 
@@ -210,17 +212,30 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        self.sliding_window = config.sliding_window
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        stream: DecoderStream | None = None,
     ) -> torch.Tensor:
-        """`x` `[B, T, hidden]`; `cos`/`sin` `[T, head_dim]`; `mask` `[T, T]` (True: attend)."""
+        """`x` `[B, T, hidden]`; `cos`/`sin` `[T, head_dim]`; `mask` `[T, P + T]` (True:
+        attend) over the `P` keys a `stream` kept, then the chunk's own."""
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, length, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, length, -1, self.head_dim).transpose(1, 2)
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
+        if stream is not None:
+            kept = stream.tail(self)
+            if kept is not None:
+                k, v = torch.cat([kept[0], k], 2), torch.cat([kept[1], v], 2)
+            window = self.sliding_window - 1
+            stream.keep(self, (last(k, window, 2), last(v, window, 2)))
         groups = self.num_heads // self.num_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
@@ -238,9 +253,15 @@ class TransformerLayer(nn.Module):
         self.mlp_layer_scale = LayerScale(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor,
+        stream: DecoderStream | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, mask, stream)
+        x = x + self.self_attn_layer_scale(attended)
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -263,9 +284,12 @@ class DecoderTransformer(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._kept_tables: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def _rope(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of positions 0..length-1, computed in float32 (as the reference)."""
-        positions = torch.arange(length, device=self.inv_freq.device, dtype=torch.float32)
+    def _rope(
+        self, length: int, dtype: torch.dtype, start: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of positions start..start+length-1, in float32 (as the reference)."""
+        device = self.inv_freq.device
+        positions = torch.arange(start, start + length, device=device, dtype=torch.float32)
         freqs = torch.outer(positions, self.inv_freq.float())
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -288,12 +312,17 @@ class DecoderTransformer(nn.Module):
                 self._kept_tables[key] = tables
         return tables
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """`[B, T, latent_dim]` -> `[B, T, latent_dim]`."""
+    def forward(self, x: torch.Tensor, stream: DecoderStream | None = None) -> torch.Tensor:
+        """`[B, T, latent_dim]` -> `[B, T, latent_dim]` (a `stream`'s next T frames)."""
         x = self.input_proj(x)
-        cos, sin, mask = self._tables(x.shape[1], x.dtype, x.device)
+        if stream is None:
+            cos, sin, mask = self._tables(x.shape[1], x.dtype, x.device)
+        else:  # positions go on from the stream's; its kept keys come first
+            cos, sin = self._rope(x.shape[1], x.dtype, stream.frames)
+            past = min(stream.frames, self.sliding_window - 1)
+            mask = window_mask(past, x.shape[1], self.sliding_window, x.device)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+            x = layer(x, cos, sin, mask, stream)
         return self.output_proj(self.norm(x))
 
 
@@ -337,17 +366,21 @@ class Qwen3TTSCodecDecoder(nn.Module):
             if isinstance(module, EuclideanCodebook):
                 module.refresh()
 
-    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+    def forward(self, codes: torch.Tensor, stream: DecoderStream | None = None) -> torch.Tensor:
+        """The samples of `codes`; with a `stream`, the samples of the frames that follow
+        the ones it has decoded (it keeps what the next chunk needs)."""
         if codes.ndim != 3 or codes.shape[1] != self.config.num_quantizers:
             raise ValueError(
                 f"codes: expected [batch, {self.config.num_quantizers}, frames], "
                 f"got {list(codes.shape)}"
             )
-        hidden = self.pre_conv(self.quantizer.decode(codes))
-        hidden = self.pre_transformer(hidden.transpose(1, 2)).transpose(1, 2)
+        hidden = self.pre_conv(self.quantizer.decode(codes), stream)
+        hidden = self.pre_transformer(hidden.transpose(1, 2), stream).transpose(1, 2)
         for stage in self.upsample:
             for layer in stage:
-                hidden = layer(hidden)
+                hidden = layer(hidden, stream)
         for layer in self.decoder:
-            hidden = layer(hidden)
+            hidden = layer(hidden) if isinstance(layer, SnakeBeta) else layer(hidden, stream)
+        if stream is not None:
+            stream.frames += codes.shape[-1]
         return hidden.clamp(min=-1, max=1)
