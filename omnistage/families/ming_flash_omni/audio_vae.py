@@ -10,15 +10,15 @@ semantic (Whisper) module, which the decode path of a checkpoint without
          -> irfft(n_fft = 4 hop) x Hann window, overlap-add, "same" padding trimmed,
             divided by the summed squared window.
 
-A whole payload is decoded at once (the reference's `use_cache=False` path). A stream
-chunk (the `-tts` deploys' `transfer: stream` edge: every earlier patch as left context,
-one patch of right context) is decoded with its context and only its own patches'
-samples are returned: the Qwen2 is causal, the upsampler reads one latent frame ahead and
-the ISTFT of a frame's samples one upsampled frame ahead, all inside the next patch, so
-the samples are the whole decode's (as the reference's streamed decode, a one-frame
-look-ahead upsampler with a KV cache and overlap buffers, computes the same samples:
-the fixture checks both). Recomputing the context keeps each chunk a pure function of
-its rows (no state across chunks); it costs quadratic time in the utterance's length.
+A whole payload is decoded at once (the reference's `use_cache=False` path). A stream's
+chunks (the `-tts` deploys' `transfer: stream` edge, one patch of right context) decode
+one after another through the stream's `VAEStream` (`audio_vae_stream.py`, kept in the
+stream's `GenerationItem.state`): the Qwen2 is causal, the upsampler reads one latent
+frame ahead and the ISTFT of a frame's samples two upsampled frames ahead, all inside the
+next patch, so each chunk's samples are the whole decode's up to float rounding (as the
+reference's streamed decode, a one-frame look-ahead upsampler with a KV cache and overlap
+buffers, computes them), and each latent frame is decoded once (before, every chunk
+decoded the whole utterance so far again: quadratic time in its length).
 Weights: `talker.audio.decoder.*` of the checkpoint (the reference's names under `audio.`).
 """
 
@@ -31,9 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.families.ming_flash_omni.audio_vae_stream import VAEStream, decode_chunk
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
 
 PREFIX = "talker.audio.decoder."
+STREAM_KEY = "vae_stream"
+"""Where a stream's `VAEStream` lives in `GenerationItem.state`."""
 TINY_VAE = dict(
     latent_dim=8,
     patch_size=4,
@@ -77,6 +80,23 @@ class ISTFTHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, L, dim] -> [B, L * hop] samples."""
+        y, envelope = self._overlap_add(x)
+        pad = (self.n_fft - self.hop) // 2
+        return y[:, pad:-pad] / envelope[pad:-pad]
+
+    def samples(self, x: torch.Tensor, first: int, start: int, stop: int) -> torch.Tensor:
+        """The samples of frames `start..stop-1` from the hidden frames `x` [B, n, dim] of
+        frames `first..first+n-1`: as `forward` over every frame gives them where `x`
+        holds the frames whose windows reach them (`HEAD_OVERLAP` on each side, or the
+        utterance's start or end)."""
+        y, envelope = self._overlap_add(x)
+        pad = (self.n_fft - self.hop) // 2
+        a, b = (start - first) * self.hop + pad, (stop - first) * self.hop + pad
+        return y[:, a:b] / envelope[a:b]
+
+    def _overlap_add(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The windowed frames' overlap-add [B, (L - 1) * hop + n_fft] and the summed
+        squared window, untrimmed."""
         mag, phase = self.out(x).transpose(1, 2).chunk(2, dim=1)
         spec = torch.clip(torch.exp(mag), max=1e2) * (torch.cos(phase) + 1j * torch.sin(phase))
         window = self.window.to(x.dtype)
@@ -86,8 +106,7 @@ class ISTFTHead(nn.Module):
         fold = dict(output_size=(1, size), kernel_size=(1, self.n_fft), stride=(1, self.hop))
         y = F.fold(frames, **fold)[:, 0, 0, :]
         envelope = F.fold(window.square().expand(1, n, -1).transpose(1, 2), **fold)[0, 0, 0]
-        pad = (self.n_fft - self.hop) // 2
-        return y[:, pad:-pad] / envelope[pad:-pad]
+        return y, envelope
 
 
 class AudioVAEDecoder(nn.Module):
@@ -149,12 +168,34 @@ class MingFlashAudioVAE(GenerationModel):
 
     @torch.no_grad()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
-        """Each item alone (the Qwen2 is causal over the whole utterance: no padding); of a
-        stream chunk, the samples of its own rows (see the module docstring)."""
-        out = []
+        """Each item alone (the Qwen2 is causal over the whole utterance: no padding); a
+        stream's chunks through its `VAEStream` (see the module docstring), advanced
+        only when the whole call went well, in order also within one call."""
+        out, advanced = [], {}
         for item in items:
             frames = item.rows.reshape(1, -1, self.latent_dim).to(self.dtype)
-            wav = self.decoder(frames)[0].float()
-            per_row = wav.shape[0] // item.rows.shape[0]
-            out.append(wav[item.context_len * per_row : item.own_end * per_row])
+            per_row = frames.shape[1] // item.rows.shape[0]
+            state = item.state
+            stream = None
+            if state is not None:
+                stream = advanced[id(state)][1] if id(state) in advanced else state.get(STREAM_KEY)
+            if state is None or (stream is None and item.last):  # a whole payload
+                wav = self.decoder(frames)[0]
+                per_row = wav.shape[0] // item.rows.shape[0]
+                out.append(wav[item.context_len * per_row : item.own_end * per_row].float())
+                continue
+            skip = 0 if stream is not None else item.context_len * per_row
+            own = (item.own_end - item.context_len) * per_row
+            if own == 0:  # e.g. an empty last chunk
+                out.append(torch.zeros(0))
+                continue
+            if stream is not None:  # the context rows were decoded with their own chunks
+                frames = frames[:, item.context_len * per_row :]
+            wav, after = decode_chunk(
+                self.decoder, stream or VAEStream(), frames, skip, own, item.last
+            )
+            advanced[id(state)] = (state, after)
+            out.append(wav[0].float())
+        for state, stream in advanced.values():
+            state[STREAM_KEY] = stream
         return out
