@@ -126,6 +126,18 @@ def test_a_stream_decodes_each_chunk_once_and_adds_up_to_the_whole(vocoder, chun
     assert all(torch.equal(a, b) for a, b in zip(again, pieces, strict=True))
 
 
+def test_after_the_end_frame_a_stream_speaks_no_more(vocoder):
+    # Its later chunks (no end frame in their rows: no left context) are not speech.
+    speech, after = codes(21, seed=8), codes(10, seed=9)
+    end = torch.full((1, TINY_NUM_QUANTIZERS), 0)
+    end[0, 0] = TINY_CODEBOOK_SIZE + 3
+    (whole,) = vocoder.generate([GenerationItem(speech)])
+    frames = torch.cat([speech, end, after])
+    pieces = [vocoder.generate([i])[0] for i in _stream_items(frames, [4, 18, 10], 0, 0)]
+    assert pieces[2].numel() == 0
+    torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=1e-12)
+
+
 def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
     frames = codes(30, seed=5)
     one_by_one = [vocoder.generate([i])[0] for i in _stream_items(frames, [6, 12, 12], 0, 8)]

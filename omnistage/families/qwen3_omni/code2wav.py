@@ -12,7 +12,12 @@ drops the last `trim` samples of every chunk instead). The values at a seam
 match the whole decode as closely as the left context lets them: what a frame
 hears fades with distance (the attention window — 72 frames in the real model —
 then the convolutions); on the tiny test model 24 frames of context leave ~1e-3,
-32 frames ~4e-7.
+32 frames ~4e-7. That is for items without a stream state; a stream's chunks (items
+with a `state`) decode through a `Code2WavStream` (`code2wav_stream.py`): each frame
+once, after what the stream kept of the ones before, each chunk giving the samples its
+frames complete (the same count as above), equal to the whole decode's up to float
+rounding however the chunks are cut; the edge's left context is then not decoded
+again (vLLM-Omni decodes 25 frames of it with every chunk).
 
 The talker's last frame is its end frame (first code `codec_eos`, past the
 codebook): like transformers' `generate`, which cuts each sequence at its first
@@ -30,10 +35,17 @@ from typing import Any
 
 import torch
 
+from omnistage.families.qwen3_omni.code2wav_stream import (
+    Code2WavStream,
+    decode_chunk,
+    streamable,
+)
 from omnistage.models.code_frames import CodeFrameVocoder
 from omnistage.models.generation import GenerationItem, load_part_module
 
 PREFIX = "code2wav."
+STREAM_KEY = "code2wav_stream"
+"""Where a stream's `Code2WavStream` lives in `GenerationItem.state`."""
 SAMPLE_RATE = 24000  # of the released model; not stored in its config
 
 
@@ -55,6 +67,8 @@ class Qwen3OmniCode2Wav(CodeFrameVocoder):
         self.upsample = int(self.module.total_upsample)
         self.trim = self.upsample - self._decoded_length(1)
         self.sample_rate = SAMPLE_RATE
+        self.streams = streamable(self.module)
+        """Whether a stream's chunks decode through a `Code2WavStream` (each frame once)."""
 
     def _decoded_length(self, frames: int) -> int:
         codes = torch.zeros(1, self.num_quantizers, frames, dtype=torch.long)
@@ -71,18 +85,41 @@ class Qwen3OmniCode2Wav(CodeFrameVocoder):
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         outputs = []
+        advanced: dict[int, tuple[dict, Code2WavStream]] = {}  # committed when all went well
         for item in items:
             context = item.context_len
-            if item.rows[: item.own_end].numel() == 0:  # e.g. the empty last chunk of a stream
-                outputs.append(torch.zeros(0, dtype=torch.float32))
+            state, kept = item.state, None
+            if state is not None and self.streams:  # this call's chunks of the stream first
+                kept = advanced[id(state)][1] if id(state) in advanced else state.get(STREAM_KEY)
+            if item.rows[: item.own_end].numel() == 0 or (kept is not None and kept.ended):
+                outputs.append(torch.zeros(0, dtype=torch.float32))  # nothing (more) to speak
                 continue
             frames = self.speech_frames(item)
             if frames.shape[0] <= context:  # the end frame is in the context or comes first
+                if state is not None and self.streams:  # the stream has ended
+                    ended = kept.advanced() if kept is not None else Code2WavStream()
+                    ended.ended = True
+                    advanced[id(state)] = (state, ended)
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
-            wav = self.module(frames.T.unsqueeze(0).long())[0, 0]
+            if kept is None and (state is None or item.last or not self.streams):
+                wav = self.module(frames.T.unsqueeze(0).long())[0, 0]
+            elif kept is None:  # a stream's first chunk: its context rows decoded too
+                wav, after = decode_chunk(self.module, Code2WavStream(), frames.T[None].long())
+                after.ended = frames.shape[0] < item.own_end
+                advanced[id(state)] = (state, after)
+                wav = wav[0, 0]
+            else:  # the samples its own frames complete, after the stream's
+                codes = frames[context:].T[None].long()
+                wav, after = decode_chunk(self.module, kept, codes)
+                after.ended = frames.shape[0] < item.own_end  # cut at the end frame
+                advanced[id(state)] = (state, after)
+                outputs.append(wav[0, 0].float())
+                continue
             # Samples from (start * upsample - trim): the seam the previous chunk could not
             # produce yet, then this chunk's own samples (all but the trim at its end).
             first = context * self.upsample - (self.trim if context else 0)
             outputs.append(wav[first:].float())
+        for state, stream in advanced.values():
+            state[STREAM_KEY] = stream
         return outputs

@@ -112,17 +112,21 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
         outputs = []
         advanced: dict[int, tuple[dict, DecoderStream]] = {}  # committed when all went well
         for item in items:
-            if item.rows[: item.own_end].numel() == 0:  # e.g. the empty last chunk of a stream
-                outputs.append(torch.zeros(0, dtype=torch.float32))
+            state, kept = item.state, None
+            if state is not None:  # this call's chunks of the stream come first
+                kept = advanced[id(state)][1] if id(state) in advanced else state.get(STREAM_KEY)
+            if item.rows[: item.own_end].numel() == 0 or (kept is not None and kept.ended):
+                outputs.append(torch.zeros(0, dtype=torch.float32))  # nothing (more) to speak
                 continue
             frames = self.speech_frames(item)
             context = item.context_len
             if frames.shape[0] <= context:  # the end frame is in the context or comes first
+                if state is not None:  # the stream has ended
+                    ended = kept.advanced() if kept is not None else DecoderStream()
+                    ended.ended = True
+                    advanced[id(state)] = (state, ended)
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
-            state, kept = item.state, None
-            if state is not None:  # this call's chunks of the stream come first
-                kept = advanced[id(state)][1] if id(state) in advanced else state.get(STREAM_KEY)
             if kept is None:  # whole, or a stream's first chunk: context rows decoded too
                 stream = None if state is None or item.last else DecoderStream()
                 wav = self._decode(frames, stream)[context * self.upsample :]
@@ -130,6 +134,7 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
                 stream = kept.advanced()
                 wav = self._decode(frames[context:], stream)
             if stream is not None:
+                stream.ended = frames.shape[0] < item.own_end  # cut at the end frame
                 advanced[id(state)] = (state, stream)
             outputs.append(wav.float())
         for state, stream in advanced.values():

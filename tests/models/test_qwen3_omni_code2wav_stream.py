@@ -1,0 +1,104 @@
+"""Qwen3-Omni's code2wav over a stream's chunks (`code2wav_stream.py`): each frame decoded
+once, after the stream's kept state (no left context decoded again), every chunk giving
+the samples its frames complete, so the chunks add up to the whole decode however they
+are cut, also when the talker's end frame lands in a chunk; two chunks of a stream in one
+call decode in order; a failed call leaves the stream as it was."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage.families.qwen3_omni import code2wav as code2wav_module
+from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
+from omnistage.families.qwen3_omni.tiny_config import CODEBOOK_SIZE, CODEC_IDS, NUM_CODE_GROUPS
+from omnistage.models.generation import GenerationItem, load_generation_model
+
+
+@pytest.fixture(scope="module")
+def vocoder(tmp_path_factory):
+    ckpt = make_tiny_qwen3_omni(tmp_path_factory.mktemp("q3o-stream"), dtype=torch.float64)
+    model = load_generation_model(ckpt, torch.float64, part="code2wav")
+    assert model.streams  # the released layout streams
+    return model
+
+
+def codes(frames: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CODEBOOK_SIZE, (frames, NUM_CODE_GROUPS), generator=g)
+
+
+def stream_items(frames: torch.Tensor, chunks: list[int], left_context: int = 0):
+    state, items, start = {}, [], 0
+    for n, size in enumerate(chunks):
+        context = min(start, left_context)
+        rows = frames[start - context : start + size].clone()
+        last = n == len(chunks) - 1
+        items.append(GenerationItem(rows, context_len=context, state=state, last=last))
+        start += size
+    return items
+
+
+@pytest.mark.parametrize("chunks", [[2, 8, 8, 8, 8, 6], [1] * 40, [39, 1], [3, 7, 1, 29]])
+def test_stream_chunks_add_up_to_the_whole_decode(vocoder, chunks):
+    frames = codes(40, seed=1)
+    (whole,) = vocoder.generate([GenerationItem(frames)])
+    pieces = [vocoder.generate([item])[0] for item in stream_items(frames, chunks)]
+    streamed = torch.cat(pieces)
+    assert streamed.shape == whole.shape
+    torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-12)
+    # The same count of samples per chunk as with re-decoded left context (the seam first).
+    with_context = stream_items(frames, chunks, left_context=32)
+    for item in with_context:
+        item.state = None
+    counts = [vocoder.generate([item])[0].shape[0] for item in with_context]
+    assert [p.shape[0] for p in pieces] == counts
+    # Later chunks' left-context rows are not decoded again.
+    items = stream_items(frames, chunks, left_context=8)
+    for item in items[1:]:
+        item.rows[: item.context_len] = (item.rows[: item.context_len] + 1) % CODEBOOK_SIZE
+    again = [vocoder.generate([item])[0] for item in items]
+    assert all(torch.equal(a, b) for a, b in zip(again, pieces, strict=True))
+
+
+def test_the_end_frame_in_a_chunk_ends_the_stream_s_audio(vocoder):
+    speech = codes(21, seed=2)
+    end = codes(1, seed=99)
+    end[0, 0] = CODEC_IDS["codec_eos_token_id"]
+    frames = torch.cat([speech, end, codes(10, seed=3)])
+    (whole,) = vocoder.generate([GenerationItem(speech)])
+    pieces = [vocoder.generate([item])[0] for item in stream_items(frames, [4, 18, 10])]
+    assert pieces[2].numel() == 0  # after the end frame: nothing
+    torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=1e-12)
+
+
+def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
+    frames = codes(30, seed=4)
+    alone = [vocoder.generate([item])[0] for item in stream_items(frames, [6, 12, 12])]
+    first, second, third = stream_items(frames, [6, 12, 12])
+    a, b = stream_items(codes(20, seed=5), [6, 14])
+    together = vocoder.generate([first, a, second, b]) + vocoder.generate([third])
+    picked = [together[0], together[2], together[4]]
+    assert all(torch.equal(x, y) for x, y in zip(picked, alone, strict=True))
+
+
+def test_a_failed_call_leaves_the_stream_as_it_was(vocoder, monkeypatch):
+    frames = codes(24, seed=6)
+    expected = [vocoder.generate([item])[0] for item in stream_items(frames, [8, 8, 8])]
+    first, second, third = stream_items(frames, [8, 8, 8])
+    vocoder.generate([first])
+    decode, calls = code2wav_module.decode_chunk, []
+
+    def failing_second(*args):
+        calls.append(1)
+        out = decode(*args)  # the transformer's cache has grown by then
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return out
+
+    monkeypatch.setattr(code2wav_module, "decode_chunk", failing_second)
+    with pytest.raises(RuntimeError):
+        vocoder.generate([second, third])
+    monkeypatch.setattr(code2wav_module, "decode_chunk", decode)
+    retried = vocoder.generate([second]) + vocoder.generate([third])  # as the stage retries
+    assert all(torch.equal(x, y) for x, y in zip(retried, expected[1:], strict=True))
