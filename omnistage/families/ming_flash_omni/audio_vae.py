@@ -33,6 +33,7 @@ from torch import nn
 
 from omnistage.families.ming_flash_omni.audio_vae_stream import VAEStream, decode_chunk
 from omnistage.models.generation import GenerationItem, GenerationModel, load_part_module
+from omnistage.models.stream_states import StreamStates
 
 PREFIX = "talker.audio.decoder."
 STREAM_KEY = "vae_stream"
@@ -171,15 +172,12 @@ class MingFlashAudioVAE(GenerationModel):
         """Each item alone (the Qwen2 is causal over the whole utterance: no padding); a
         stream's chunks through its `VAEStream` (see the module docstring), advanced
         only when the whole call went well, in order also within one call."""
-        out, advanced = [], {}
+        out, streams = [], StreamStates(STREAM_KEY)
         for item in items:
             frames = item.rows.reshape(1, -1, self.latent_dim).to(self.dtype)
             per_row = frames.shape[1] // item.rows.shape[0]
-            state = item.state
-            stream = None
-            if state is not None:
-                stream = advanced[id(state)][1] if id(state) in advanced else state.get(STREAM_KEY)
-            if state is None or (stream is None and item.last):  # a whole payload
+            stream = streams.kept(item)
+            if item.state is None or (stream is None and item.last):  # a whole payload
                 wav = self.decoder(frames)[0]
                 per_row = wav.shape[0] // item.rows.shape[0]
                 out.append(wav[item.context_len * per_row : item.own_end * per_row].float())
@@ -194,8 +192,7 @@ class MingFlashAudioVAE(GenerationModel):
             wav, after = decode_chunk(
                 self.decoder, stream or VAEStream(), frames, skip, own, item.last
             )
-            advanced[id(state)] = (state, after)
+            streams.advance(item, after)
             out.append(wav[0].float())
-        for state, stream in advanced.values():
-            state[STREAM_KEY] = stream
+        streams.commit()
         return out

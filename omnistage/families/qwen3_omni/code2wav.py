@@ -42,6 +42,7 @@ from omnistage.families.qwen3_omni.code2wav_stream import (
 )
 from omnistage.models.code_frames import CodeFrameVocoder
 from omnistage.models.generation import GenerationItem, load_part_module
+from omnistage.models.stream_states import StreamStates
 
 PREFIX = "code2wav."
 STREAM_KEY = "code2wav_stream"
@@ -85,12 +86,10 @@ class Qwen3OmniCode2Wav(CodeFrameVocoder):
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         outputs = []
-        advanced: dict[int, tuple[dict, Code2WavStream]] = {}  # committed when all went well
+        streams = StreamStates(STREAM_KEY)
         for item in items:
             context = item.context_len
-            state, kept = item.state, None
-            if state is not None and self.streams:  # this call's chunks of the stream first
-                kept = advanced[id(state)][1] if id(state) in advanced else state.get(STREAM_KEY)
+            state, kept = item.state, streams.kept(item) if self.streams else None
             if item.rows[: item.own_end].numel() == 0 or (kept is not None and kept.ended):
                 outputs.append(torch.zeros(0, dtype=torch.float32))  # nothing (more) to speak
                 continue
@@ -99,7 +98,7 @@ class Qwen3OmniCode2Wav(CodeFrameVocoder):
                 if state is not None and self.streams:  # the stream has ended
                     ended = kept.advanced() if kept is not None else Code2WavStream()
                     ended.ended = True
-                    advanced[id(state)] = (state, ended)
+                    streams.advance(item, ended)
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
             if kept is None and (state is None or item.last or not self.streams):
@@ -107,19 +106,18 @@ class Qwen3OmniCode2Wav(CodeFrameVocoder):
             elif kept is None:  # a stream's first chunk: its context rows decoded too
                 wav, after = decode_chunk(self.module, Code2WavStream(), frames.T[None].long())
                 after.ended = frames.shape[0] < item.own_end
-                advanced[id(state)] = (state, after)
+                streams.advance(item, after)
                 wav = wav[0, 0]
             else:  # the samples its own frames complete, after the stream's
                 codes = frames[context:].T[None].long()
                 wav, after = decode_chunk(self.module, kept, codes)
                 after.ended = frames.shape[0] < item.own_end  # cut at the end frame
-                advanced[id(state)] = (state, after)
+                streams.advance(item, after)
                 outputs.append(wav[0, 0].float())
                 continue
             # Samples from (start * upsample - trim): the seam the previous chunk could not
             # produce yet, then this chunk's own samples (all but the trim at its end).
             first = context * self.upsample - (self.trim if context else 0)
             outputs.append(wav[first:].float())
-        for state, stream in advanced.values():
-            state[STREAM_KEY] = stream
+        streams.commit()
         return outputs

@@ -36,6 +36,7 @@ from omnistage.families.qwen3_tts.codec_decoder import CodecDecoderConfig, Qwen3
 from omnistage.families.qwen3_tts.codec_stream import DecoderStream
 from omnistage.models.code_frames import CodeFrameVocoder
 from omnistage.models.generation import GenerationItem, load_part_module
+from omnistage.models.stream_states import StreamStates
 
 FOLDER = "speech_tokenizer"
 PREFIX = "decoder."
@@ -110,11 +111,9 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
     @torch.inference_mode()
     def generate(self, items: list[GenerationItem]) -> list[torch.Tensor]:
         outputs = []
-        advanced: dict[int, tuple[dict, DecoderStream]] = {}  # committed when all went well
+        streams = StreamStates(STREAM_KEY)
         for item in items:
-            state, kept = item.state, None
-            if state is not None:  # this call's chunks of the stream come first
-                kept = advanced[id(state)][1] if id(state) in advanced else state.get(STREAM_KEY)
+            state, kept = item.state, streams.kept(item)
             if item.rows[: item.own_end].numel() == 0 or (kept is not None and kept.ended):
                 outputs.append(torch.zeros(0, dtype=torch.float32))  # nothing (more) to speak
                 continue
@@ -124,7 +123,7 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
                 if state is not None:  # the stream has ended
                     ended = kept.advanced() if kept is not None else DecoderStream()
                     ended.ended = True
-                    advanced[id(state)] = (state, ended)
+                    streams.advance(item, ended)
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
             if kept is None:  # whole, or a stream's first chunk: context rows decoded too
@@ -135,10 +134,9 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
                 wav = self._decode(frames[context:], stream)
             if stream is not None:
                 stream.ended = frames.shape[0] < item.own_end  # cut at the end frame
-                advanced[id(state)] = (state, stream)
+                streams.advance(item, stream)
             outputs.append(wav.float())
-        for state, stream in advanced.values():
-            state[STREAM_KEY] = stream
+        streams.commit()
         return outputs
 
     def _decode(self, frames: torch.Tensor, stream: DecoderStream | None) -> torch.Tensor:
