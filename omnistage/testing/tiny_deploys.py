@@ -28,11 +28,15 @@ def tiny_speech_deploy(
     stream: bool = True,
 ):
     """The packaged deploy `name` (demo-omni, demo-qwen3-tts) serving the checkpoint at
-    `path`; with `stream=False` every edge carries a whole payload instead of chunks."""
+    `path`; with `stream=False` every stream edge carries a whole payload instead of chunks
+    (other edges, e.g. a prompt edge, stay as they are)."""
     spec = load_deploy(packaged_deploy_path(name)).with_model(str(path))
     spec = spec.with_engine_args({"dtype": dtype, "async_scheduling": async_scheduling})
     if not stream:
-        edges = tuple(dataclasses.replace(e, transfer="payload") for e in spec.edges)
+        edges = tuple(
+            dataclasses.replace(e, transfer="payload") if e.transfer == "stream" else e
+            for e in spec.edges
+        )
         spec = dataclasses.replace(spec, edges=edges)
     return spec
 

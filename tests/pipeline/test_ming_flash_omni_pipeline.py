@@ -4,9 +4,11 @@ demo-ming-flash-omni deploy) on the tiny float64 checkpoint.
 - Sync and async scheduling give the same thinker ids, talker stop ids and audio bytes,
   with seeded sampling in the thinker and the talker (flow head at temperature 1), and the
   audio VAE receives byte-identical payloads: `latents.output` (one float row of
-  patch x latent frames per talker step) and `meta.finished`, set in the one payload of
-  each request.
-- The audio is the offline decoder's (`MingFlashAudioVAE`) on the received latents.
+  patch x latent frames per talker step) and `meta.finished`, set in the last chunk of
+  each request's stream.
+- The audio is the offline decoder's (`MingFlashAudioVAE`) on the received latents, and
+  the streamed edge's audio is the whole-payload edge's (to float64 rounding: the stream
+  decodes each patch once, after its kept state).
 - Each request alone gives what it gives in a batch: ids exactly, audio to float64
   rounding (a batch runs other GEMM shapes).
 """
@@ -67,21 +69,32 @@ def sync_run(ckpt):
 
 def test_the_talker_speaks_and_the_vae_decodes_its_latents(ckpt, sync_run):
     ids, received = sync_run
-    assert sorted(received) == [(i, EDGE, 0) for i in range(len(PROMPTS))]  # one payload each
     vae = MingFlashAudioVAE.from_checkpoint(ckpt, auto_config(ckpt), torch.float64)
     for i, (thinker_ids, talker_ids, audio) in enumerate(ids):
         assert 0 < len(thinker_ids) <= 8
         assert 5 <= len(talker_ids) <= 16  # never stops before its fifth patch
         assert talker_ids[:-1] == [0] * (len(talker_ids) - 1)
-        payload = unpack_payload(received[i, EDGE, 0])
-        assert payload["meta.finished"] is True
-        latents = payload["latents.output"]
+        chunks = [unpack_payload(received[k]) for k in sorted(k for k in received if k[0] == i)]
+        assert len(chunks) > 1  # streamed: the first patch goes out before the talker ends
+        assert [bool(c.get("meta.finished")) for c in chunks] == [False] * (len(chunks) - 1) + [
+            True
+        ]
+        latents = torch.cat([c["latents.output"] for c in chunks])
         assert (
             latents.shape == (len(talker_ids), WIDTH) and latents.dtype == torch.float64
         )  # the stage's
         (expected,) = vae.generate([GenerationItem(rows=latents)])
         assert audio.shape == (len(talker_ids) * 4 * 4 * 16,)
-        np.testing.assert_array_equal(audio, expected.numpy())
+        np.testing.assert_allclose(audio, expected.numpy(), rtol=0, atol=1e-7)
+
+
+def test_the_streamed_edge_speaks_the_whole_payload_s_audio(ckpt, sync_run):
+    spec = tiny_speech_deploy("demo-ming-flash-omni", ckpt, async_scheduling=False, stream=False)
+    whole, received = _run(spec, PROMPTS)
+    assert sorted(received) == [(i, EDGE, 0) for i in range(len(PROMPTS))]  # one payload each
+    for (t, k, audio), (t2, k2, whole_audio) in zip(sync_run[0], whole, strict=True):
+        assert (t, k) == (t2, k2) and audio.shape == whole_audio.shape
+        np.testing.assert_allclose(audio, whole_audio, rtol=0, atol=1e-7)
 
 
 def test_sync_and_async_give_identical_ids_audio_and_payloads(ckpt, sync_run):
