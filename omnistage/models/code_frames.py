@@ -44,6 +44,11 @@ def speech_frames(
     return frames
 
 
+SPEECH_END_KEY = "speech_end"
+"""In a stream's `GenerationItem.state`: the index of its end frame in the request's input,
+once `check_item` has seen it."""
+
+
 class CodeFrameVocoder(GenerationModel):
     """A generation model decoding a talker's code frames: it sets `num_quantizers`,
     `codebook_size` and `codec_eos_token_id` (None: the end is the first frame whose
@@ -59,5 +64,14 @@ class CodeFrameVocoder(GenerationModel):
         return speech_frames(item, self.num_quantizers, self.codebook_size, end)
 
     def check_item(self, item: GenerationItem) -> None:
+        """Check the codes before the end frame; a stream's chunks (checked in order as
+        they arrive) remember where its end frame was, so rows after it are never checked
+        (nor spoken), also once the end frame is out of a later chunk's left context."""
+        state = item.state
+        end = None if state is None else state.get(SPEECH_END_KEY)
+        if end is not None and end <= item.offset + item.context_len:
+            return  # every own row comes after the end frame: not speech
         if item.rows[: item.own_end].numel():
-            self.speech_frames(item)
+            frames = self.speech_frames(item)
+            if state is not None and frames.shape[0] < item.own_end:
+                state[SPEECH_END_KEY] = item.offset + frames.shape[0]

@@ -101,7 +101,10 @@ def _stream_items(frames: torch.Tensor, chunks: list[int], prefix: int, left_con
         context = prefix if n == 0 else min(start, left_context)
         rows = frames[start - context : start + size].clone()
         last = n == len(chunks) - 1
-        items.append(GenerationItem(rows, context_len=context, state=state, last=last))
+        offset = start - context  # as the stage numbers rows
+        items.append(
+            GenerationItem(rows, context_len=context, offset=offset, state=state, last=last)
+        )
         start += size
     return items
 
@@ -127,15 +130,23 @@ def test_a_stream_decodes_each_chunk_once_and_adds_up_to_the_whole(vocoder, chun
 
 
 def test_after_the_end_frame_a_stream_speaks_no_more(vocoder):
-    # Its later chunks (no end frame in their rows: no left context) are not speech.
-    speech, after = codes(21, seed=8), codes(10, seed=9)
+    # Its later chunks (no end frame in their rows: no left context) are not speech, and
+    # are not checked either: placeholders there fail nothing (the stage checks each
+    # chunk as it arrives, in order, then decodes).
+    speech, after = codes(21, seed=8), torch.full((14, TINY_NUM_QUANTIZERS), -1)
     end = torch.full((1, TINY_NUM_QUANTIZERS), 0)
     end[0, 0] = TINY_CODEBOOK_SIZE + 3
     (whole,) = vocoder.generate([GenerationItem(speech)])
     frames = torch.cat([speech, end, after])
-    pieces = [vocoder.generate([i])[0] for i in _stream_items(frames, [4, 18, 10], 0, 0)]
-    assert pieces[2].numel() == 0
+    items = _stream_items(frames, [4, 18, 10, 4], 0, 0)
+    for item in items:
+        vocoder.check_item(item)
+    pieces = [vocoder.generate([i])[0] for i in items]
+    assert pieces[2].numel() == 0 and pieces[3].numel() == 0
     torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=1e-12)
+    # Without the end frame seen first, a placeholder is named.
+    with pytest.raises(ValueError, match="placeholder"):
+        vocoder.check_item(_stream_items(frames, [4, 18, 10, 4], 0, 0)[2])
 
 
 def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
