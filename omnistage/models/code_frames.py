@@ -65,13 +65,17 @@ class CodeFrameVocoder(GenerationModel):
 
     def check_item(self, item: GenerationItem) -> None:
         """Check the codes before the end frame; a stream's chunks (checked in order as
-        they arrive) remember where its end frame was, so rows after it are never checked
-        (nor spoken), also once the end frame is out of a later chunk's left context."""
-        state = item.state
-        end = None if state is None else state.get(SPEECH_END_KEY)
-        if end is not None and end <= item.offset + item.context_len:
-            return  # every own row comes after the end frame: not speech
-        if item.rows[: item.own_end].numel():
-            frames = self.speech_frames(item)
-            if state is not None and frames.shape[0] < item.own_end:
-                state[SPEECH_END_KEY] = item.offset + frames.shape[0]
+        they arrive, before any is decoded) remember where its end frame was, so rows
+        after it are never checked (`after_speech`), also once the end frame is out of a
+        later chunk's left context."""
+        if self.after_speech(item) or not item.rows[: item.own_end].numel():
+            return
+        frames = self.speech_frames(item)
+        if item.state is not None and frames.shape[0] < item.own_end:
+            item.state[SPEECH_END_KEY] = item.offset + frames.shape[0]
+
+    def after_speech(self, item: GenerationItem) -> bool:
+        """Whether every own row of a stream's chunk comes after the end frame an earlier
+        `check_item` saw: nothing to check or to speak."""
+        end = None if item.state is None else item.state.get(SPEECH_END_KEY)
+        return end is not None and end <= item.offset + item.context_len

@@ -34,7 +34,10 @@ def stream_items(frames: torch.Tensor, chunks: list[int], left_context: int = 0)
         context = min(start, left_context)
         rows = frames[start - context : start + size].clone()
         last = n == len(chunks) - 1
-        items.append(GenerationItem(rows, context_len=context, state=state, last=last))
+        offset = start - context  # as the stage numbers rows
+        items.append(
+            GenerationItem(rows, context_len=context, offset=offset, state=state, last=last)
+        )
         start += size
     return items
 
@@ -67,7 +70,10 @@ def test_the_end_frame_in_a_chunk_ends_the_stream_s_audio(vocoder):
     end[0, 0] = CODEC_IDS["codec_eos_token_id"]
     frames = torch.cat([speech, end, codes(10, seed=3)])
     (whole,) = vocoder.generate([GenerationItem(speech)])
-    pieces = [vocoder.generate([item])[0] for item in stream_items(frames, [4, 18, 10])]
+    items = stream_items(frames, [4, 18, 10])
+    for item in items:  # as the stage checks each chunk on arrival, before decoding it
+        vocoder.check_item(item)
+    pieces = [vocoder.generate([item])[0] for item in items]
     assert pieces[2].numel() == 0  # after the end frame: nothing
     torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=1e-12)
 

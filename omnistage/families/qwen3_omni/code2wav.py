@@ -89,29 +89,23 @@ class Qwen3OmniCode2Wav(CodeFrameVocoder):
         streams = StreamStates(STREAM_KEY)
         for item in items:
             context = item.context_len
-            state, kept = item.state, streams.kept(item) if self.streams else None
-            if item.rows[: item.own_end].numel() == 0 or (kept is not None and kept.ended):
+            if item.rows[: item.own_end].numel() == 0 or self.after_speech(item):
                 outputs.append(torch.zeros(0, dtype=torch.float32))  # nothing (more) to speak
                 continue
             frames = self.speech_frames(item)
             if frames.shape[0] <= context:  # the end frame is in the context or comes first
-                if state is not None and self.streams:  # the stream has ended
-                    ended = kept.advanced() if kept is not None else Code2WavStream()
-                    ended.ended = True
-                    streams.advance(item, ended)
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
+            state, kept = item.state, streams.kept(item) if self.streams else None
             if kept is None and (state is None or item.last or not self.streams):
                 wav = self.module(frames.T.unsqueeze(0).long())[0, 0]
             elif kept is None:  # a stream's first chunk: its context rows decoded too
                 wav, after = decode_chunk(self.module, Code2WavStream(), frames.T[None].long())
-                after.ended = frames.shape[0] < item.own_end
                 streams.advance(item, after)
                 wav = wav[0, 0]
             else:  # the samples its own frames complete, after the stream's
                 codes = frames[context:].T[None].long()
                 wav, after = decode_chunk(self.module, kept, codes)
-                after.ended = frames.shape[0] < item.own_end  # cut at the end frame
                 streams.advance(item, after)
                 outputs.append(wav[0, 0].float())
                 continue

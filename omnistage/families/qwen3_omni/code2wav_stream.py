@@ -41,8 +41,6 @@ class Code2WavStream:
     """Per module (by `id`): the inputs it kept."""
     done: dict[int, int] = field(default_factory=dict)
     """Per transposed convolution: input frames it has seen."""
-    ended: bool = False
-    """Whether the talker's end frame came: later frames are not speech."""
 
     def advanced(self) -> Code2WavStream:
         return Code2WavStream(self.frames, self.cache, dict(self.tails), dict(self.done))

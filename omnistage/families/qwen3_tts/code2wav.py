@@ -113,19 +113,15 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
         outputs = []
         streams = StreamStates(STREAM_KEY)
         for item in items:
-            state, kept = item.state, streams.kept(item)
-            if item.rows[: item.own_end].numel() == 0 or (kept is not None and kept.ended):
+            if item.rows[: item.own_end].numel() == 0 or self.after_speech(item):
                 outputs.append(torch.zeros(0, dtype=torch.float32))  # nothing (more) to speak
                 continue
             frames = self.speech_frames(item)
             context = item.context_len
             if frames.shape[0] <= context:  # the end frame is in the context or comes first
-                if state is not None:  # the stream has ended
-                    ended = kept.advanced() if kept is not None else DecoderStream()
-                    ended.ended = True
-                    streams.advance(item, ended)
                 outputs.append(torch.zeros(0, dtype=torch.float32))
                 continue
+            state, kept = item.state, streams.kept(item)
             if kept is None:  # whole, or a stream's first chunk: context rows decoded too
                 stream = None if state is None or item.last else DecoderStream()
                 wav = self._decode(frames, stream)[context * self.upsample :]
@@ -133,7 +129,6 @@ class Qwen3TTSCode2Wav(CodeFrameVocoder):
                 stream = kept.advanced()
                 wav = self._decode(frames[context:], stream)
             if stream is not None:
-                stream.ended = frames.shape[0] < item.own_end  # cut at the end frame
                 streams.advance(item, stream)
             outputs.append(wav.float())
         streams.commit()

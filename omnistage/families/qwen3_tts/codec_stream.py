@@ -30,8 +30,6 @@ class DecoderStream:
         self.tails: dict[int, Any] = {}
         """Per module (by `id`): the inputs (a convolution's samples, a transposed
         convolution's frames) or keys and values (an attention layer) it keeps."""
-        self.ended = False
-        """Whether the talker's end frame came: later frames are not speech."""
 
     def advanced(self) -> DecoderStream:
         """A copy to decode the next chunk into (the tensors are shared, never written)."""
