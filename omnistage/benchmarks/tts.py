@@ -13,7 +13,8 @@ default 1, 4, 16) and mode, all requests of a measurement are submitted at once
 through `AsyncOmni` (a process per stage):
 
 - `stream` (the packaged deploy): codes stream talker -> code2wav in chunks (first 4
-  frames, then 16, with 32 frames of left context), so audio starts early;
+  frames, then 16, 32, 64, 64, ...: each frame decoded once, continuing the stream's
+  decoder state), so audio starts early;
 - `payload`: code2wav gets the whole utterance when the talker has finished.
 
 Reported: time to first audio (TTFA: submit -> first audio; median), real-time factor
@@ -189,10 +190,20 @@ def _workload(args: argparse.Namespace) -> str:
         f"best of {args.repeat} (lowest median TTFA): {DEMO} (tiny random-weight Qwen3-TTS "
         f"CustomVoice, float32), talker {args.frames} frames ({args.frames / FRAME_RATE:.1f} "
         "s of audio at the real model's 1920 samples per frame; the tiny decoder writes 48, "
-        f"and RTF counts those), greedy, ignore_eos, {setup} (talker->code2wav 4 then 16 "
-        "frames with 32 frames of left context); reference: qwen-tts 0.1.1 generate + "
-        "decode, one request at a time and one batch of 16"
+        f"and RTF counts those), greedy, ignore_eos, {setup} (talker->code2wav "
+        f"{_stream_chunks(DEMO)}); reference: qwen-tts 0.1.1 generate + decode, one request "
+        "at a time and one batch of 16"
     )
+
+
+def _stream_chunks(model: str) -> str:
+    """How the packaged deploy's stream edge cuts an utterance, in words."""
+    edge = speech_deploy(model, "stream").edges[-1]
+    sizes = f"{edge.first_chunk_size} then {edge.chunk_size} frames"
+    if edge.chunk_growth > 1:
+        cap = "" if edge.max_chunk_size is None else f" up to {edge.max_chunk_size}"
+        sizes += f", growing {edge.chunk_growth}x per chunk{cap}"
+    return f"chunks of {sizes}, each frame decoded once"
 
 
 def _levels(args: argparse.Namespace) -> list[int]:
