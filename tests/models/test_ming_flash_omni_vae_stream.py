@@ -11,6 +11,7 @@ import torch
 from omnistage.families.ming_flash_omni import audio_vae
 from omnistage.families.ming_flash_omni.audio_vae import TINY_VAE, MingFlashAudioVAE
 from omnistage.models.generation import GenerationItem
+from tests.models.stream_items import stream_items as shared_stream_items
 
 FRAMES_PER_ROW = 2
 WIDTH = FRAMES_PER_ROW * TINY_VAE["latent_dim"]
@@ -31,21 +32,7 @@ def rows(n: int, seed: int) -> torch.Tensor:
 
 def stream_items(latents: torch.Tensor, chunks: list[int], left_context: int = 0):
     """A stream's items as the generation stage makes them (one patch of right context)."""
-    state, items, start = {}, [], 0
-    for n, size in enumerate(chunks):
-        last = n == len(chunks) - 1
-        ahead = 0 if last else 1
-        context = min(start, left_context)
-        item = GenerationItem(
-            latents[start - context : start + size + ahead].clone(),
-            context_len=context,
-            lookahead_len=ahead,
-            state=state,
-            last=last,
-        )
-        items.append(item)
-        start += size
-    return items
+    return shared_stream_items(latents, chunks, left_context=left_context, lookahead=1)
 
 
 @pytest.mark.parametrize("chunks", [[1, 4, 4, 4, 4, 4, 4, 4, 1], [1] * 30, [29, 1], [7, 23]])

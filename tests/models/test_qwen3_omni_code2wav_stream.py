@@ -13,6 +13,7 @@ from omnistage.families.qwen3_omni import code2wav as code2wav_module
 from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
 from omnistage.families.qwen3_omni.tiny_config import CODEBOOK_SIZE, CODEC_IDS, NUM_CODE_GROUPS
 from omnistage.models.generation import GenerationItem, load_generation_model
+from tests.models.stream_items import stream_items
 
 
 @pytest.fixture(scope="module")
@@ -26,20 +27,6 @@ def vocoder(tmp_path_factory):
 def codes(frames: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, CODEBOOK_SIZE, (frames, NUM_CODE_GROUPS), generator=g)
-
-
-def stream_items(frames: torch.Tensor, chunks: list[int], left_context: int = 0):
-    state, items, start = {}, [], 0
-    for n, size in enumerate(chunks):
-        context = min(start, left_context)
-        rows = frames[start - context : start + size].clone()
-        last = n == len(chunks) - 1
-        offset = start - context  # as the stage numbers rows
-        items.append(
-            GenerationItem(rows, context_len=context, offset=offset, state=state, last=last)
-        )
-        start += size
-    return items
 
 
 @pytest.mark.parametrize("chunks", [[2, 8, 8, 8, 8, 6], [1] * 40, [39, 1], [3, 7, 1, 29]])

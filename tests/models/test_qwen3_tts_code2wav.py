@@ -22,6 +22,7 @@ from omnistage.families.qwen3_tts.tiny_codec import (
     write_tiny_speech_tokenizer,
 )
 from omnistage.models.generation import GenerationItem
+from tests.models.stream_items import stream_items
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "qwen3_tts" / "codec_decode.pt"
 
@@ -92,23 +93,6 @@ def test_streamed_chunks_concatenate_to_the_whole_decode(vocoder, chunks):
     torch.testing.assert_close(streamed, whole, rtol=0, atol=1e-6)
 
 
-def _stream_items(frames: torch.Tensor, chunks: list[int], prefix: int, left_context: int):
-    """A stream's items as the generation stage makes them: the first with `prefix` rows
-    of the producer's context, the later ones with `left_context` rows before them; one
-    state dict for all."""
-    state, items, start = {}, [], prefix
-    for n, size in enumerate(chunks):
-        context = prefix if n == 0 else min(start, left_context)
-        rows = frames[start - context : start + size].clone()
-        last = n == len(chunks) - 1
-        offset = start - context  # as the stage numbers rows
-        items.append(
-            GenerationItem(rows, context_len=context, offset=offset, state=state, last=last)
-        )
-        start += size
-    return items
-
-
 @pytest.mark.parametrize("chunks", [[4, 16, 16, 4], [1, 1, 1, 37], [13, 27], [40]])
 @pytest.mark.parametrize("prefix", [0, 5])
 def test_a_stream_decodes_each_chunk_once_and_adds_up_to_the_whole(vocoder, chunks, prefix):
@@ -116,13 +100,13 @@ def test_a_stream_decodes_each_chunk_once_and_adds_up_to_the_whole(vocoder, chun
     # to float64 rounding, however the chunks are cut (with no left context at all).
     frames = codes(prefix + 40, seed=2)
     (whole,) = vocoder.generate([GenerationItem(frames, context_len=prefix)])
-    items = _stream_items(frames, chunks, prefix, left_context=0)
+    items = stream_items(frames, chunks, prefix=prefix, left_context=0)
     pieces = [vocoder.generate([item])[0] for item in items]
     assert [p.shape[0] for p in pieces] == [c * vocoder.upsample for c in chunks]
     torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=1e-12)
     # Later chunks' left-context rows are not decoded again: other (valid) codes there
     # change nothing.
-    items = _stream_items(frames, chunks, prefix, left_context=8)
+    items = stream_items(frames, chunks, prefix=prefix, left_context=8)
     for item in items[1:]:
         item.rows[: item.context_len] = (item.rows[: item.context_len] + 1) % TINY_CODEBOOK_SIZE
     again = [vocoder.generate([item])[0] for item in items]
@@ -138,7 +122,7 @@ def test_after_the_end_frame_a_stream_speaks_no_more(vocoder):
     end[0, 0] = TINY_CODEBOOK_SIZE + 3
     (whole,) = vocoder.generate([GenerationItem(speech)])
     frames = torch.cat([speech, end, after])
-    items = _stream_items(frames, [4, 18, 10, 4], 0, 0)
+    items = stream_items(frames, [4, 18, 10, 4])
     for item in items:
         vocoder.check_item(item)
     pieces = [vocoder.generate([i])[0] for i in items]
@@ -146,14 +130,16 @@ def test_after_the_end_frame_a_stream_speaks_no_more(vocoder):
     torch.testing.assert_close(torch.cat(pieces), whole, rtol=0, atol=1e-12)
     # Without the end frame seen first, a placeholder is named.
     with pytest.raises(ValueError, match="placeholder"):
-        vocoder.check_item(_stream_items(frames, [4, 18, 10, 4], 0, 0)[2])
+        vocoder.check_item(stream_items(frames, [4, 18, 10, 4])[2])
 
 
 def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
     frames = codes(30, seed=5)
-    one_by_one = [vocoder.generate([i])[0] for i in _stream_items(frames, [6, 12, 12], 0, 8)]
-    first, second, third = _stream_items(frames, [6, 12, 12], 0, 8)
-    other = _stream_items(codes(30, seed=6), [6, 24], 0, 8)
+    one_by_one = [
+        vocoder.generate([i])[0] for i in stream_items(frames, [6, 12, 12], left_context=8)
+    ]
+    first, second, third = stream_items(frames, [6, 12, 12], left_context=8)
+    other = stream_items(codes(30, seed=6), [6, 24], left_context=8)
     together = vocoder.generate([first, other[0], second, other[1]])
     together += vocoder.generate([third])
     pieces = [together[0], together[2], together[4]]
@@ -162,8 +148,8 @@ def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
 
 def test_a_failed_call_leaves_the_stream_as_it_was(vocoder, monkeypatch):
     frames = codes(24, seed=7)
-    expected = [vocoder.generate([i])[0] for i in _stream_items(frames, [8, 8, 8], 0, 8)]
-    first, second, third = _stream_items(frames, [8, 8, 8], 0, 8)
+    expected = [vocoder.generate([i])[0] for i in stream_items(frames, [8, 8, 8], left_context=8)]
+    first, second, third = stream_items(frames, [8, 8, 8], left_context=8)
     vocoder.generate([first])
     decode = vocoder._decode
     calls = []
