@@ -154,10 +154,10 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     pool_matmul.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 4
     dense = lib.dense_step_f32
     dense.restype = ctypes.c_int
-    # layers, shape, input, rows, t, start, cache, cos, sin, final norm, projection (w, b),
-    # head, logits, threads
+    # layers, shape, input, ids, table, table rows, rows, t, start, cache, cos, sin, final
+    # norm, projection (w, b), head, logits, threads
     dense.argtypes = (
-        [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 8 + [ctypes.c_int]
+        [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + [ctypes.c_int]
     )
     lib.paged_decode_limits_ok.restype = ctypes.c_int
     lib.paged_decode_limits_ok.argtypes = [ctypes.c_int64] * 3

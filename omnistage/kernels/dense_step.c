@@ -187,16 +187,31 @@ static int64_t scratch_floats(const struct dense_shape *s, int64_t m)
 /* Positions start..start+t-1 of every row: `in` [rows][t][in_width] (projected to the
  * hidden width by proj_w [hidden][in_width] + proj_b when proj_w is not NULL, else
  * in_width == hidden) -> logits [rows][vocab] of each row's last position.
- * Returns 0, or -1 when scratch memory could not be had (nothing computed then). */
+ * `in` NULL: the rows are those of the embedding `table` [table_rows][in_width] at `ids`
+ * [rows][t] (the code a row just drew, looked up here instead of by a torch call).
+ * Returns 0, -1 when scratch memory could not be had, -2 when an id is outside the table
+ * (nothing computed then). */
 int dense_step_f32(const struct dense_layer *layers, const struct dense_shape *s, const float *in,
-                   int64_t rows, int64_t t, int64_t start, float *cache, const float *cos_t,
+                   const int64_t *ids, const float *table, int64_t table_rows, int64_t rows,
+                   int64_t t, int64_t start, float *cache, const float *cos_t,
                    const float *sin_t, const float *final_norm, const float *proj_w,
                    const float *proj_b, const float *head_w, float *logits, int threads)
 {
     const int64_t m = rows * t;
-    float *x = malloc((size_t)scratch_floats(s, m) * sizeof(float));
+    if (!in)
+        for (int64_t r = 0; r < m; r++)
+            if (ids[r] < 0 || ids[r] >= table_rows) return -2;
+    float *x = malloc((size_t)(scratch_floats(s, m) + (in ? 0 : m * s->in_width)) *
+                      sizeof(float));
     if (!x) return -1;
     float *scratch = x + m * s->hidden; /* x: the residual stream [m][hidden] */
+    if (!in) { /* the looked-up rows, after the residual stream and the scratch */
+        float *rows_in = x + scratch_floats(s, m);
+        for (int64_t r = 0; r < m; r++)
+            memcpy(rows_in + r * s->in_width, table + ids[r] * s->in_width,
+                   (size_t)s->in_width * sizeof(float));
+        in = rows_in;
+    }
     if (proj_w)
         product(in, m, s->in_width, proj_w, proj_b, s->hidden, x, 0, threads);
     else

@@ -170,18 +170,59 @@ class DenseStep:
         [rows, vocab] of each row's last position through `head` [vocab, hidden]; their k
         and v are written to `cache`."""
         rows, t, width = x.shape
-        s = self._shape
-        fits = width == s.in_width and start + t <= s.max_len
-        if not fits or tuple(head.shape) != (s.vocab, s.hidden):
+        if width != self._shape.in_width:
             raise ValueError(f"dense step: x {tuple(x.shape)} at {start} does not fit")
-        if not (_usable(x) and _usable(head) and cache.shape[0] == rows):
+        if not _usable(x):
             raise ValueError("dense step: x, head and cache must be contiguous float32 CPU rows")
+        return self._step(rows, t, start, cache, head, x.data_ptr(), None, None, 0)
+
+    def run_codes(
+        self,
+        codes: torch.Tensor,
+        table: torch.Tensor,
+        start: int,
+        cache: torch.Tensor,
+        head: torch.Tensor,
+    ) -> torch.Tensor:
+        """`run` of one position per row whose input is the row of `table` [V, in_width] at
+        the row's code (`codes` [rows] int64): the embedding lookup in the same call, the
+        same values as `run(table[codes][:, None], ...)`. An IndexError for a code outside
+        the table."""
+        if codes.dtype != torch.int64 or codes.ndim != 1 or not codes.is_contiguous():
+            raise ValueError("dense step: codes must be a contiguous int64 [rows] tensor")
+        if table.ndim != 2 or table.shape[1] != self._shape.in_width or not _usable(table):
+            raise ValueError(f"dense step: table {tuple(table.shape)} is not [V, in_width] float32")
+        rows = codes.shape[0]
+        return self._step(
+            rows, 1, start, cache, head, None, codes.data_ptr(), table.data_ptr(), table.shape[0]
+        )
+
+    def _step(
+        self,
+        rows: int,
+        t: int,
+        start: int,
+        cache: torch.Tensor,
+        head: torch.Tensor,
+        x: int | None,
+        ids: int | None,
+        table: int | None,
+        table_rows: int,
+    ) -> torch.Tensor:
+        s = self._shape
+        if start + t > s.max_len or tuple(head.shape) != (s.vocab, s.hidden):
+            raise ValueError(f"dense step: a step of {t} positions at {start} does not fit")
+        if not (_usable(head) and cache.shape[0] == rows):
+            raise ValueError("dense step: head and cache must be contiguous float32 CPU rows")
         logits = torch.empty(rows, s.vocab)
         w = self._weights
         failed = self._lib.dense_step_f32(
             ctypes.addressof(self._layers),
             ctypes.addressof(self._shape),
-            x.data_ptr(),
+            x,
+            ids,
+            table,
+            table_rows,
             rows,
             t,
             start,
@@ -194,6 +235,8 @@ class DenseStep:
             logits.data_ptr(),
             torch.get_num_threads(),
         )
+        if failed == -2:
+            raise IndexError(f"dense step: a code outside the table's {table_rows} rows")
         if failed:
             raise MemoryError("dense step: no scratch memory")
         return logits

@@ -108,6 +108,30 @@ def test_a_step_that_does_not_fit_is_refused():
         step.run(torch.zeros(2, 1, 32, dtype=torch.float64), 0, cache, head)
 
 
+def test_a_step_from_codes_looks_them_up_as_the_embedding_does():
+    # The code predictor's later steps pass the drawn codes and their table: the same
+    # logits and cache, bit for bit, as the looked-up rows passed in.
+    predictor = _predictor(torch.float32, 48, False)
+    step = predictor.dense_step()
+    table = predictor.model.codec_embedding[3].weight
+    codes = torch.tensor([5, 0, 63, 17])
+    first = torch.randn(4, 2, 48, generator=torch.Generator().manual_seed(1))
+    caches = [step.new_cache(4) for _ in range(2)]
+    for cache in caches:
+        step.run(first, 0, cache, predictor.lm_head[0].weight)
+    head = predictor.lm_head[4].weight
+    by_rows = step.run(table[codes][:, None].contiguous(), 2, caches[0], head)
+    by_codes = step.run_codes(codes, table, 2, caches[1], head)
+    assert torch.equal(by_codes, by_rows)
+    assert torch.equal(caches[1][:, :, :, :, :3], caches[0][:, :, :, :, :3])
+    with pytest.raises(IndexError, match="outside the table's 64 rows"):
+        step.run_codes(torch.tensor([1, 64, 2, 3]), table, 3, caches[1], head)
+    with pytest.raises(IndexError, match="outside"):
+        step.run_codes(torch.tensor([1, -1, 2, 3]), table, 3, caches[1], head)
+    with pytest.raises(ValueError, match="int64"):
+        step.run_codes(codes.int(), table, 3, caches[1], head)
+
+
 def test_the_platform_leaves_the_c_step_its_weights(monkeypatch):
     from omnistage.platforms.cpu_linear import PackedLinear, onednn_available, pack_linears
 

@@ -268,15 +268,14 @@ class CodePredictor(nn.Module):
         """`generate` with each decoder step one C call (`dense_step`), the input rows'
         projection included."""
         cache = step.new_cache(x.shape[0])
-        start, codes = 0, []
-        for j in range(self.num_codes):
-            x = x.contiguous()
-            logits = step.run(x, start, cache, self.lm_head[j].weight)
-            start += x.shape[1]
-            code = sample(j, logits)
-            codes.append(code)
-            if j + 1 < self.num_codes:
-                x = self.model.codec_embedding[j](code)[:, None]
+        logits = step.run(x.contiguous(), 0, cache, self.lm_head[0].weight)
+        codes = [sample(0, logits)]
+        for j in range(1, self.num_codes):  # the code just drawn, looked up inside the step
+            drawn = codes[-1].long().contiguous()
+            table = self.model.codec_embedding[j - 1].weight
+            start = x.shape[1] + j - 1
+            logits = step.run_codes(drawn, table, start, cache, self.lm_head[j].weight)
+            codes.append(sample(j, logits))
         return torch.stack(codes, dim=1)
 
 
