@@ -180,3 +180,43 @@ def test_bfloat16_packs_only_where_the_cpu_can(tiny_llama, monkeypatch, flags, p
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     out = llm.generate({"prompt_token_ids": [11, 22, 33]}, params, use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_small_float32_linears_stay_plain_and_large_ones_are_packed():
+    """oneDNN's call costs more than a small product: float32 linears under
+    `PACK_MIN_WEIGHTS` weights keep `F.linear` (and its plain silu / mul / add), larger
+    ones are packed; both give the product to float32 rounding."""
+    from torch import nn
+
+    from omnistage.layers.linear import Linear
+    from omnistage.platforms import cpu_linear
+
+    if not cpu_linear.onednn_available():
+        pytest.skip("no oneDNN in this torch")
+    side = math.isqrt(cpu_linear.PACK_MIN_WEIGHTS - 1) + 1  # side**2: the fewest packed
+    model = nn.ModuleDict(
+        {
+            "small": Linear(side - 1, side - 1, dtype=torch.float32),
+            "large": Linear(side, side, dtype=torch.float32),
+        }
+    )
+    g = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.copy_(torch.randn(p.shape, generator=g) / side**0.5)
+    x = {n: torch.randn(3, m.in_features, generator=g) for n, m in model.items()}
+    other = {n: torch.randn(3, m.out_features, generator=g) for n, m in model.items()}
+    expected = {n: [fn(m, x[n], other[n]) for fn in _LINEAR_FORMS] for n, m in model.items()}
+    assert cpu_linear.pack_linears(model) == 1
+    assert type(model["small"]) is Linear
+    assert isinstance(model["large"], cpu_linear.PackedLinear)
+    for n, m in model.items():
+        for fn, want in zip(_LINEAR_FORMS, expected[n], strict=True):
+            torch.testing.assert_close(fn(m, x[n], other[n]), want, rtol=1e-5, atol=1e-5)
+
+
+_LINEAR_FORMS = (
+    lambda m, x, o: m(x),
+    lambda m, x, o: m.silu(x),
+    lambda m, x, o: m.mul(x, o),
+    lambda m, x, o: m.add(x, o),
+)

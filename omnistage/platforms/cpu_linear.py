@@ -2,9 +2,10 @@
 
 MKL's sgemm (behind `F.linear`) repacks the weight matrix on every call; at
 decode batch sizes that costs as much as the multiply. Packing each weight
-once at load time makes every linear of the model 1.3-2x faster on CPU
+once at load time makes a real model's linears 1.3-2x faster on CPU
 (the LM head most), and oneDNN post-ops fuse the SiLU, the gate product and
-the residual adds into the GEMMs. Packing is only done for dtypes oneDNN
+the residual adds into the GEMMs. A small float32 one stays plain: oneDNN's
+call costs more than its product (`PACK_MIN_WEIGHTS`). Packing is only done for dtypes oneDNN
 supports; float64 keeps plain `F.linear` (exact equivalence tests run there).
 """
 
@@ -24,6 +25,12 @@ logger = logging.getLogger("omnistage")
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+PACK_MIN_WEIGHTS = 1 << 17
+"""A float32 `Linear` with fewer weights stays plain `F.linear`: oneDNN's call costs
+~15-20 us whatever the size, which is most of a small product (measured, one thread, Zen 4,
+float32: 48x144 at 16 rows 23 us packed against 6 us plain, 128x512 53 against 39,
+256x256 35 against 30, but 256x1024 95 against 117 and 576x576 116 against 142; at 256 rows
+the small ones are even, docs/performance.md). A tiny model's every linear is under it."""
 BF16_PACKING_CPU_FLAGS = ("avx512bw", "avx_ne_convert", "amx_bf16")
 """oneDNN reorders bf16 weights only on CPUs with one of these (else it raises in
 `_reorder_linear_weight`): Zen 4 and recent Intel have them, Zen 2 (AVX2 only) does not."""
@@ -82,7 +89,8 @@ class PackedLinear(Linear):
 
 def pack_linears(model: nn.Module) -> int:
     """Replace every `nn.Linear` of `model` by a `PackedLinear` (but inside a module whose
-    `keeps_plain_linears` is true); returns how many were packed."""
+    `keeps_plain_linears` is true, and float32 ones under `PACK_MIN_WEIGHTS` weights);
+    returns how many were packed."""
     if not onednn_available():
         return 0
     dtypes = packable_dtypes()
@@ -108,6 +116,7 @@ def pack_linears(model: nn.Module) -> int:
         if isinstance(child, nn.Linear)
         and not isinstance(child, PackedLinear)
         and child.weight.dtype in dtypes
+        and (child.weight.dtype != torch.float32 or child.weight.numel() >= PACK_MIN_WEIGHTS)
     ]
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child))

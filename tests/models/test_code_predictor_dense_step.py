@@ -133,8 +133,10 @@ def test_a_step_from_codes_looks_them_up_as_the_embedding_does():
 
 
 def test_the_platform_leaves_the_c_step_its_weights(monkeypatch):
+    from omnistage.platforms import cpu_linear
     from omnistage.platforms.cpu_linear import PackedLinear, onednn_available, pack_linears
 
+    monkeypatch.setattr(cpu_linear, "PACK_MIN_WEIGHTS", 0)  # pack these tiny ones too
     predictor = _predictor(torch.float32, 48, False)
     hidden, embeds = _inputs(2, 48)
     codes, _ = _run(predictor, hidden, embeds)
