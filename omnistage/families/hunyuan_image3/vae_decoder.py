@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from omnistage.families.hunyuan_image3.frame_conv import FrameConv3d
 from omnistage.families.hunyuan_image3.weights import load_part
 
 
@@ -30,7 +31,7 @@ def _norm(channels: int, dtype: torch.dtype) -> nn.GroupNorm:
 
 
 def _conv(n_in: int, n_out: int, kernel: int, dtype: torch.dtype) -> nn.Conv3d:
-    return nn.Conv3d(n_in, n_out, kernel, padding=kernel // 2, dtype=dtype)
+    return FrameConv3d(n_in, n_out, kernel, dtype)
 
 
 class ResnetBlock(nn.Module):
