@@ -1,8 +1,13 @@
-"""A stream's `GenerationItem`s as the generation stage cuts them, for the streamed
-vocoders' tests (Qwen3-TTS and Qwen3-Omni code2wav, Ming-flash-omni's audio VAE)."""
+"""A stream's `GenerationItem`s as the generation stage cuts them, and the check that a
+failed call leaves a stream as it was, for the streamed vocoders' tests (Qwen3-TTS and
+Qwen3-Omni code2wav, Ming-flash-omni's audio VAE)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 import torch
 
 from omnistage.models.generation import GenerationItem
@@ -38,3 +43,37 @@ def stream_items(
         )
         start += size
     return items
+
+
+def assert_a_failed_call_leaves_the_stream(
+    model: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    owner: Any,
+    name: str,
+    items: Callable[[], list[GenerationItem]],
+    after_running: bool = True,
+) -> None:
+    """`items()` cuts a fresh stream into three chunks. After the first, a call with the
+    second and third whose second decode (`owner.name`) fails (`after_running`: once it
+    ran, its caches grown) leaves the stream as the first left it: retried item by item,
+    as the stage does, the chunks give the audio of the stream decoded alone."""
+    expected = [model.generate([item])[0] for item in items()]
+    first, second, third = items()
+    model.generate([first])
+    decode, calls = getattr(owner, name), []
+
+    def failing_second(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2 and not after_running:
+            raise RuntimeError("out of memory")
+        out = decode(*args, **kwargs)
+        if len(calls) == 2:
+            raise RuntimeError("out of memory")
+        return out
+
+    monkeypatch.setattr(owner, name, failing_second)
+    with pytest.raises(RuntimeError):
+        model.generate([second, third])
+    monkeypatch.setattr(owner, name, decode)
+    retried = model.generate([second]) + model.generate([third])
+    assert all(torch.equal(x, y) for x, y in zip(retried, expected[1:], strict=True))

@@ -13,7 +13,7 @@ from omnistage.families.qwen3_omni import code2wav as code2wav_module
 from omnistage.families.qwen3_omni.tiny import make_tiny_qwen3_omni
 from omnistage.families.qwen3_omni.tiny_config import CODEBOOK_SIZE, CODEC_IDS, NUM_CODE_GROUPS
 from omnistage.models.generation import GenerationItem, load_generation_model
-from tests.models.stream_items import stream_items
+from tests.models.stream_items import assert_a_failed_call_leaves_the_stream, stream_items
 
 
 @pytest.fixture(scope="module")
@@ -76,22 +76,12 @@ def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
 
 
 def test_a_failed_call_leaves_the_stream_as_it_was(vocoder, monkeypatch):
+    # The transformer's cache has grown when the second decode fails.
     frames = codes(24, seed=6)
-    expected = [vocoder.generate([item])[0] for item in stream_items(frames, [8, 8, 8])]
-    first, second, third = stream_items(frames, [8, 8, 8])
-    vocoder.generate([first])
-    decode, calls = code2wav_module.decode_chunk, []
-
-    def failing_second(*args):
-        calls.append(1)
-        out = decode(*args)  # the transformer's cache has grown by then
-        if len(calls) == 2:
-            raise RuntimeError("out of memory")
-        return out
-
-    monkeypatch.setattr(code2wav_module, "decode_chunk", failing_second)
-    with pytest.raises(RuntimeError):
-        vocoder.generate([second, third])
-    monkeypatch.setattr(code2wav_module, "decode_chunk", decode)
-    retried = vocoder.generate([second]) + vocoder.generate([third])  # as the stage retries
-    assert all(torch.equal(x, y) for x, y in zip(retried, expected[1:], strict=True))
+    assert_a_failed_call_leaves_the_stream(
+        vocoder,
+        monkeypatch,
+        code2wav_module,
+        "decode_chunk",
+        lambda: stream_items(frames, [8, 8, 8]),
+    )

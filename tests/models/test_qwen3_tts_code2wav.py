@@ -22,7 +22,7 @@ from omnistage.families.qwen3_tts.tiny_codec import (
     write_tiny_speech_tokenizer,
 )
 from omnistage.models.generation import GenerationItem
-from tests.models.stream_items import stream_items
+from tests.models.stream_items import assert_a_failed_call_leaves_the_stream, stream_items
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "qwen3_tts" / "codec_decode.pt"
 
@@ -147,25 +147,16 @@ def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
 
 
 def test_a_failed_call_leaves_the_stream_as_it_was(vocoder, monkeypatch):
+    # The second chunk decoded, then the third failed.
     frames = codes(24, seed=7)
-    expected = [vocoder.generate([i])[0] for i in stream_items(frames, [8, 8, 8], left_context=8)]
-    first, second, third = stream_items(frames, [8, 8, 8], left_context=8)
-    vocoder.generate([first])
-    decode = vocoder._decode
-    calls = []
-
-    def failing_second(frames, stream):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("out of memory")
-        return decode(frames, stream)
-
-    monkeypatch.setattr(vocoder, "_decode", failing_second)
-    with pytest.raises(RuntimeError):
-        vocoder.generate([second, third])  # the second chunk decoded, then the third failed
-    monkeypatch.setattr(vocoder, "_decode", decode)
-    retried = vocoder.generate([second]) + vocoder.generate([third])  # as the stage retries
-    assert all(torch.equal(a, b) for a, b in zip(retried, expected[1:], strict=True))
+    assert_a_failed_call_leaves_the_stream(
+        vocoder,
+        monkeypatch,
+        vocoder,
+        "_decode",
+        lambda: stream_items(frames, [8, 8, 8], left_context=8),
+        after_running=False,
+    )
 
 
 def test_right_context_rows_are_not_decoded(vocoder):

@@ -19,7 +19,8 @@ from torch import nn
 
 
 class FrameConv3d(nn.Conv3d):
-    """`nn.Conv3d(n_in, n_out, kernel, padding=kernel // 2)`, evaluated per frame."""
+    """`nn.Conv3d(n_in, n_out, kernel, padding=kernel // 2)`, evaluated per frame (an odd
+    `kernel`, as the VAE's 1 and 3: its middle tap always lands on the frame itself)."""
 
     def __init__(self, n_in: int, n_out: int, kernel: int, dtype: torch.dtype) -> None:
         super().__init__(n_in, n_out, kernel, padding=kernel // 2, dtype=dtype)
@@ -32,14 +33,13 @@ class FrameConv3d(nn.Conv3d):
         inputs = x.unbind(2)
         out = []
         for t in range(frames):
-            total = None
+            total: torch.Tensor | None = None
             for k in range(taps):
                 s = t + k - pad_t
                 if 0 <= s < frames:
                     y = F.conv2d(inputs[s], weights[k], None, padding=spatial)
                     total = y if total is None else total.add_(y)
-            if total is None:  # no tap on a frame: only the bias (never with odd kernels)
-                total = x.new_zeros(x.shape[0], self.out_channels, *x.shape[3:])
+            assert total is not None  # the middle tap (odd kernels only)
             if self.bias is not None:
                 total = total.add_(self.bias[:, None, None])
             out.append(total)
