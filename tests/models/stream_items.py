@@ -1,5 +1,6 @@
-"""A stream's `GenerationItem`s as the generation stage cuts them, and the check that a
-failed call leaves a stream as it was, for the streamed vocoders' tests (Qwen3-TTS and
+"""A stream's `GenerationItem`s as the generation stage cuts them, and two checks of a
+model's stream state (a stream's chunks in one call with another's decode in order; a
+failed call leaves a stream as it was), for the streamed vocoders' tests (Qwen3-TTS and
 Qwen3-Omni code2wav, Ming-flash-omni's audio VAE)."""
 
 from __future__ import annotations
@@ -43,6 +44,21 @@ def stream_items(
         )
         start += size
     return items
+
+
+def assert_two_chunks_in_one_call_decode_in_order(
+    model: Any,
+    items: Callable[[], list[GenerationItem]],
+    other: list[GenerationItem],
+) -> None:
+    """`items()` cuts a fresh stream into three chunks, `other` another stream into two:
+    the first two chunks of each, interleaved in one call, then the third, give each chunk
+    the audio it has decoded one call at a time."""
+    alone = [model.generate([item])[0] for item in items()]
+    first, second, third = items()
+    together = model.generate([first, other[0], second, other[1]]) + model.generate([third])
+    picked = [together[0], together[2], together[4]]
+    assert all(torch.equal(x, y) for x, y in zip(picked, alone, strict=True))
 
 
 def assert_a_failed_call_leaves_the_stream(

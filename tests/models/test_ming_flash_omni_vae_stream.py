@@ -11,7 +11,10 @@ import torch
 from omnistage.families.ming_flash_omni import audio_vae
 from omnistage.families.ming_flash_omni.audio_vae import TINY_VAE, MingFlashAudioVAE
 from omnistage.models.generation import GenerationItem
-from tests.models.stream_items import assert_a_failed_call_leaves_the_stream
+from tests.models.stream_items import (
+    assert_a_failed_call_leaves_the_stream,
+    assert_two_chunks_in_one_call_decode_in_order,
+)
 from tests.models.stream_items import stream_items as shared_stream_items
 
 FRAMES_PER_ROW = 2
@@ -55,13 +58,8 @@ def test_stream_chunks_add_up_to_the_whole_decode(vae, chunks):
 
 def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vae):
     latents, other = rows(12, seed=2), rows(9, seed=3)
-    alone = [vae.generate([item])[0] for item in stream_items(latents, [2, 5, 5])]
-    first, second, third = stream_items(latents, [2, 5, 5])
-    a, b = stream_items(other, [4, 5])
-    together = vae.generate([first, a, second, b]) + vae.generate([third])
-    assert all(
-        torch.equal(x, y)
-        for x, y in zip([together[0], together[2], together[4]], alone, strict=True)
+    assert_two_chunks_in_one_call_decode_in_order(
+        vae, lambda: stream_items(latents, [2, 5, 5]), stream_items(other, [4, 5])
     )
 
 

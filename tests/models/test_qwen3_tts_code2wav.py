@@ -22,7 +22,11 @@ from omnistage.families.qwen3_tts.tiny_codec import (
     write_tiny_speech_tokenizer,
 )
 from omnistage.models.generation import GenerationItem
-from tests.models.stream_items import assert_a_failed_call_leaves_the_stream, stream_items
+from tests.models.stream_items import (
+    assert_a_failed_call_leaves_the_stream,
+    assert_two_chunks_in_one_call_decode_in_order,
+    stream_items,
+)
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "qwen3_tts" / "codec_decode.pt"
 
@@ -135,15 +139,10 @@ def test_after_the_end_frame_a_stream_speaks_no_more(vocoder):
 
 def test_two_chunks_of_a_stream_in_one_call_decode_in_order(vocoder):
     frames = codes(30, seed=5)
-    one_by_one = [
-        vocoder.generate([i])[0] for i in stream_items(frames, [6, 12, 12], left_context=8)
-    ]
-    first, second, third = stream_items(frames, [6, 12, 12], left_context=8)
     other = stream_items(codes(30, seed=6), [6, 24], left_context=8)
-    together = vocoder.generate([first, other[0], second, other[1]])
-    together += vocoder.generate([third])
-    pieces = [together[0], together[2], together[4]]
-    assert all(torch.equal(a, b) for a, b in zip(pieces, one_by_one, strict=True))
+    assert_two_chunks_in_one_call_decode_in_order(
+        vocoder, lambda: stream_items(frames, [6, 12, 12], left_context=8), other
+    )
 
 
 def test_a_failed_call_leaves_the_stream_as_it_was(vocoder, monkeypatch):
