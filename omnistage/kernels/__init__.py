@@ -7,7 +7,8 @@ called through ctypes. Where no compiler is found or the build fails, the
 loaders return None (logged once) and callers use their pure-torch path.
 
 Two libraries:
-- `load()`: attention, rotary and RMSNorm (also per q/k head) kernels, the decode program that runs a
+- `load()`: attention, rotary and RMSNorm (also per q/k head) kernels (float32 and
+  bfloat16, `kernel_suffix`), the decode program that runs a
   step's layers in one call (`decode_program.c`) and a small dense decoder's step over
   short per-row sequences (`dense_step.c`, the code predictor's), `cc -O3 -march=native -fopenmp` and
   -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
@@ -32,6 +33,8 @@ import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+
+import torch
 
 from omnistage.cache import cache_root
 
@@ -114,32 +117,35 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     if lib is None:
         return None
     decode_args = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
-    for fn, last in (
-        (lib.paged_decode_attention_f32, ctypes.c_void_p),  # the shared work counter
-        (lib.paged_decode_attention_f32_team, ctypes.c_int),  # the team's threads
-    ):
-        fn.restype = None
-        fn.argtypes = [*decode_args, last]
-    rope = lib.rope_write_kv_f32
-    rope.restype = None
-    rope.argtypes = (
-        [ctypes.c_void_p]
-        + [ctypes.c_int64] * 4
-        + [ctypes.c_void_p] * 4
-        + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-    )
-    norm = lib.rms_norm_f32
-    norm.restype = None
-    norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
-    qk_norm = lib.qk_norm_f32
-    qk_norm.restype = None
-    # qkv, rows, row stride, heads, kv_heads, head_dim, q weight, k weight, eps, threads
-    qk_norm.argtypes = (
-        [ctypes.c_void_p]
-        + [ctypes.c_int64] * 5
-        + [ctypes.c_void_p] * 2
-        + [ctypes.c_float, ctypes.c_int]
-    )
+    for dtype in ("f32", "bf16"):  # the float32 and the bfloat16 variant of each
+        for fn, last in (
+            (getattr(lib, f"paged_decode_attention_{dtype}"), ctypes.c_void_p),  # work counter
+            (getattr(lib, f"paged_decode_attention_{dtype}_team"), ctypes.c_int),  # threads
+        ):
+            fn.restype = None
+            fn.argtypes = [*decode_args, last]
+        rope = getattr(lib, f"rope_write_kv_{dtype}")
+        rope.restype = None
+        rope.argtypes = (
+            [ctypes.c_void_p]
+            + [ctypes.c_int64] * 4
+            + [ctypes.c_void_p] * 4
+            + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+        )
+        norm = getattr(lib, f"rms_norm_{dtype}")
+        norm.restype = None
+        norm.argtypes = (
+            [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
+        )
+        qk_norm = getattr(lib, f"qk_norm_{dtype}")
+        qk_norm.restype = None
+        # qkv, rows, row stride, heads, kv_heads, head_dim, q weight, k weight, eps, threads
+        qk_norm.argtypes = (
+            [ctypes.c_void_p]
+            + [ctypes.c_int64] * 5
+            + [ctypes.c_void_p] * 2
+            + [ctypes.c_float, ctypes.c_int]
+        )
     program = lib.decode_program_run
     program.restype = None
     # ops, n_ops, buffers, rows, positions, slots, block_table, seq_lens, max_blocks, threads
@@ -195,6 +201,18 @@ def load_quant() -> ctypes.CDLL | None:
         fn.restype = restype
         fn.argtypes = argtypes
     return lib
+
+
+KERNEL_SUFFIXES = {torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def kernel_suffix(*tensors: torch.Tensor) -> str | None:
+    """ "f32" or "bf16" where every tensor is a CPU tensor of that one dtype (the kernels of
+    `load()` named `..._f32` / `..._bf16` take them), else None."""
+    dtype = tensors[0].dtype
+    if any(t.dtype != dtype or t.device.type != "cpu" for t in tensors):
+        return None
+    return KERNEL_SUFFIXES.get(dtype)
 
 
 ISA_SCALAR, ISA_AVX2, ISA_AVX512 = 0, 1, 2

@@ -1,7 +1,9 @@
 /* Paged decode attention for the CPU: one query token per sequence, keys and
  * values read in place from the block pool (no gather copy).
  *
- * kv cache layout: [2][kv_heads][num_blocks][block_size][head_dim] (float32).
+ * kv cache layout: [2][kv_heads][num_blocks][block_size][head_dim], float32 or bfloat16
+ * (`_bf16`: each block's rows widened to float32 on the stack before the same walk;
+ * queries and outputs are float32 either way).
  * For each (sequence, kv head) — a "unit" — the group of query heads sharing
  * that KV head walks the sequence's blocks with an online softmax, one block at
  * a time: scores of the block, block max, rescale, exponentials, weighted
@@ -30,6 +32,7 @@
  * team: nothing spins after the call (a spinning team would take the core
  * the engine process needs under asynchronous scheduling).
  */
+#include "bf16.h"
 #include "exp_vec.h"
 #include "kernel_rows.h"
 
@@ -146,26 +149,29 @@ static inline void weighted_values16(float acc[][MAX_DIM], float p[][MAX_BLOCK],
 #define HAVE_SCORES16 0
 #endif
 
-static inline void prefetch_block(const float *k, const float *v, int64_t floats)
+static inline void prefetch_block(const char *k, const char *v, int64_t bytes)
 {
-    for (int64_t o = 0; o < floats; o += 16) {
+    for (int64_t o = 0; o < bytes; o += 64) {
         __builtin_prefetch(k + o, 0, 2);
         __builtin_prefetch(v + o, 0, 2);
     }
 }
 
-/* `q` rows `q_stride` floats apart (the decode program reads q inside the qkv rows). */
-__attribute__((noinline)) void paged_decode_attention_strided_f32(
-    const float *q, int64_t q_stride, const float *kv, const int64_t *block_table,
+/* The walk over a float32 (`kv_bf16` 0) or bfloat16 (1) cache; `q` rows `q_stride` floats
+ * apart (the decode program reads q inside the qkv rows). */
+static __attribute__((noinline)) void decode_walk(
+    const float *q, int64_t q_stride, const void *kv, int kv_bf16, const int64_t *block_table,
     const int64_t *seq_lens, float *out, int64_t batch, int64_t heads, int64_t kv_heads,
     int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale,
     int64_t *next_unit)
 {
     const int64_t group = heads / kv_heads;
+    const int64_t elem = kv_bf16 ? 2 : 4;
     const int64_t plane = num_blocks * block_size * head_dim; /* one kv head's pool */
     const int64_t block_floats = block_size * head_dim;
-    const float *keys = kv;
-    const float *values = kv + kv_heads * plane;
+    const int64_t block_bytes = block_floats * elem;
+    const char *keys = kv;
+    const char *values = keys + kv_heads * plane * elem;
     const int fast_scores = HAVE_SCORES16 && head_dim % 16 == 0 && block_size % 16 == 0;
     const int64_t pairs = batch * kv_heads;
     const int64_t split = pairs == 1 ? group : 1; /* units per pair */
@@ -181,7 +187,8 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
             const int64_t head0 = h * group + (u % split) * heads_per_unit; /* first q head */
             const float *qg = q + b * q_stride + head0 * head_dim;
             float *og = out + (b * heads + head0) * head_dim;
-            const float *kh = keys + h * plane, *vh = values + h * plane;
+            const char *kh = keys + h * plane * elem, *vh = values + h * plane * elem;
+            float kbuf[kv_bf16 ? block_floats : 1], vbuf[kv_bf16 ? block_floats : 1];
             const int64_t *table = block_table + b * max_blocks;
             float m[MAX_GROUP], l[MAX_GROUP];
             float s[MAX_GROUP][MAX_BLOCK];
@@ -194,13 +201,20 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
             const int64_t len = seq_lens[b];
             const int64_t nblk = (len + block_size - 1) / block_size;
             for (int64_t blk = 0; blk < nblk; blk++) {
-                const float *kb = kh + table[blk] * block_floats;
-                const float *vb = vh + table[blk] * block_floats;
+                const char *kraw = kh + table[blk] * block_bytes;
+                const char *vraw = vh + table[blk] * block_bytes;
                 if (blk + 1 < nblk)
-                    prefetch_block(kh + table[blk + 1] * block_floats, vh + table[blk + 1] * block_floats,
-                                   block_floats);
+                    prefetch_block(kh + table[blk + 1] * block_bytes, vh + table[blk + 1] * block_bytes,
+                                   block_bytes);
                 const int64_t left = len - blk * block_size;
                 const int64_t n = left < block_size ? left : block_size;
+                const float *kb = (const float *)kraw, *vb = (const float *)vraw;
+                if (kv_bf16) {
+                    widen_bf16((const uint16_t *)kraw, kbuf, n * head_dim);
+                    widen_bf16((const uint16_t *)vraw, vbuf, n * head_dim);
+                    kb = kbuf;
+                    vb = vbuf;
+                }
 #if HAVE_SCORES16
                 if (fast_scores) {
                     for (int64_t g = 0; g < heads_per_unit; g++)
@@ -251,14 +265,33 @@ __attribute__((noinline)) void paged_decode_attention_strided_f32(
     }
 }
 
+__attribute__((noinline)) void paged_decode_attention_strided_f32(
+    const float *q, int64_t q_stride, const float *kv, const int64_t *block_table,
+    const int64_t *seq_lens, float *out, int64_t batch, int64_t heads, int64_t kv_heads,
+    int64_t head_dim, int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale,
+    int64_t *next_unit)
+{
+    decode_walk(q, q_stride, kv, 0, block_table, seq_lens, out, batch, heads, kv_heads, head_dim,
+                num_blocks, block_size, max_blocks, scale, next_unit);
+}
+
 void paged_decode_attention_f32(
     const float *q, const float *kv, const int64_t *block_table, const int64_t *seq_lens,
     float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
     int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale, int64_t *next_unit)
 {
-    paged_decode_attention_strided_f32(q, heads * head_dim, kv, block_table, seq_lens, out, batch,
-                                       heads, kv_heads, head_dim, num_blocks, block_size,
-                                       max_blocks, scale, next_unit);
+    decode_walk(q, heads * head_dim, kv, 0, block_table, seq_lens, out, batch, heads, kv_heads,
+                head_dim, num_blocks, block_size, max_blocks, scale, next_unit);
+}
+
+/* The same over a bfloat16 cache (float32 queries and outputs). */
+void paged_decode_attention_bf16(
+    const float *q, const uint16_t *kv, const int64_t *block_table, const int64_t *seq_lens,
+    float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+    int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale, int64_t *next_unit)
+{
+    decode_walk(q, heads * head_dim, kv, 1, block_table, seq_lens, out, batch, heads, kv_heads,
+                head_dim, num_blocks, block_size, max_blocks, scale, next_unit);
 }
 
 /* The same on an OpenMP team of `num_threads` (the pool torch computes on, when it has
@@ -272,4 +305,15 @@ void paged_decode_attention_f32_team(
 #pragma omp parallel num_threads(num_threads)
     paged_decode_attention_f32(q, kv, block_table, seq_lens, out, batch, heads, kv_heads, head_dim,
                                num_blocks, block_size, max_blocks, scale, &next_unit);
+}
+
+void paged_decode_attention_bf16_team(
+    const float *q, const uint16_t *kv, const int64_t *block_table, const int64_t *seq_lens,
+    float *out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim,
+    int64_t num_blocks, int64_t block_size, int64_t max_blocks, float scale, int num_threads)
+{
+    int64_t next_unit = 0;
+#pragma omp parallel num_threads(num_threads)
+    paged_decode_attention_bf16(q, kv, block_table, seq_lens, out, batch, heads, kv_heads,
+                                head_dim, num_blocks, block_size, max_blocks, scale, &next_unit);
 }

@@ -1,6 +1,8 @@
 """The CPU platform's attention backend: the KV cache from lazily zeroed pages, RoPE + KV
 write and decode attention in our C kernels (`kernels/rope_cache.c`,
-`kernels/paged_attention.c`) for float32 tensors; anything else takes the torch path."""
+`kernels/paged_attention.c`) for float32 and bfloat16 tensors (a bfloat16 cache's blocks
+are widened to float32 as they are read; queries and outputs go through float32); anything
+else takes the torch path."""
 
 from __future__ import annotations
 
@@ -49,13 +51,14 @@ class CpuKernelAttention(AttentionBackend):
         meta: AttentionMetadata,
         heads: int,
     ) -> bool:
-        if qkv.dtype != torch.float32 or not qkv.is_contiguous():
+        suffix = kernels.kernel_suffix(qkv, cos, sin, kv_cache)
+        if suffix is None or not qkv.is_contiguous():
             return False
         lib = kernels.load()
         if lib is None:
             return False
         _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
-        lib.rope_write_kv_f32(
+        getattr(lib, f"rope_write_kv_{suffix}")(
             qkv.data_ptr(),
             qkv.shape[0],
             heads,
@@ -74,8 +77,10 @@ class CpuKernelAttention(AttentionBackend):
     def decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
     ) -> torch.Tensor | None:
-        """The C kernel reads the blocks in place where it can (float32, its limits)."""
-        if q.dtype != torch.float32:
+        """The C kernel reads the blocks in place where it can (float32 or bfloat16, its
+        limits)."""
+        suffix = kernels.kernel_suffix(q, kv_cache)
+        if suffix is None:
             return None
         lib = kernels.load()
         _, kv_heads, _, block_size, head_dim = kv_cache.shape
@@ -83,19 +88,27 @@ class CpuKernelAttention(AttentionBackend):
             q.shape[1] // kv_heads, block_size, head_dim
         ):
             return None
-        return decode_kernel(lib, q, kv_cache, meta, scale)
+        if suffix == "f32":
+            return decode_kernel(lib, q, kv_cache, meta, scale)
+        return decode_kernel(lib, q.float(), kv_cache, meta, scale, suffix).to(q.dtype)
 
 
 def decode_kernel(
-    lib: Any, q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+    lib: Any,
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    cache_suffix: str = "f32",
 ) -> torch.Tensor:
+    """float32 `q` over a float32 (`cache_suffix` "f32") or bfloat16 ("bf16") cache."""
     q = q.contiguous()
     out = torch.empty_like(q)
     table = meta.decode_block_table
     _, kv_heads, num_blocks, block_size, head_dim = kv_cache.shape
     work_sharing.run(
-        lib.paged_decode_attention_f32,
-        lib.paged_decode_attention_f32_team,
+        getattr(lib, f"paged_decode_attention_{cache_suffix}"),
+        getattr(lib, f"paged_decode_attention_{cache_suffix}_team"),
         q.data_ptr(),
         kv_cache.data_ptr(),
         table.data_ptr(),

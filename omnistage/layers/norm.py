@@ -1,6 +1,7 @@
 """RMS normalisation, computed in at least float32 as transformers computes it; float32
-rows on CPU in one C call (`kernels/rms_norm.c`) where the kernels are built, and so is
-`qk_norm_in_place`, Qwen3's per-head RMSNorm of q and k inside the qkv projection's rows."""
+and bfloat16 rows on CPU in one C call (`kernels/rms_norm.c`) where the kernels are built,
+and so is `qk_norm_in_place`, Qwen3's per-head RMSNorm of q and k inside the qkv
+projection's rows."""
 
 from __future__ import annotations
 
@@ -20,17 +21,12 @@ class RMSNorm(nn.Module):
         self.compute_dtype = torch.float64 if dtype == torch.float64 else torch.float32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (
-            x.dtype == torch.float32
-            and self.weight.dtype == torch.float32
-            and x.device.type == "cpu"
-            and x.is_contiguous()
-            and x.shape[-1] == self.weight.shape[0]
-        ):
+        suffix = kernels.kernel_suffix(x, self.weight)
+        if suffix is not None and x.is_contiguous() and x.shape[-1] == self.weight.shape[0]:
             lib = kernels.load()
             if lib is not None:
                 out = torch.empty_like(x)
-                lib.rms_norm_f32(
+                getattr(lib, f"rms_norm_{suffix}")(
                     x.data_ptr(),
                     self.weight.data_ptr(),
                     out.data_ptr(),
@@ -51,32 +47,27 @@ def qk_norm_in_place(
 ) -> bool:
     """Normalise each of the `heads` q heads (by `q_norm`) and `kv_heads` k heads (by
     `k_norm`) at the start of every row of `qkv` [T, width] in place, in one C call
-    (`qk_norm_f32`: one `rms_norm_row_f32` per head, so a row's result is the same alone or
-    in any batch). Returns False, having done nothing, where that call does not apply
-    (not float32 rows and weights on CPU, no kernels here): the caller then normalises
-    with the modules themselves."""
+    (`qk_norm_f32` / `_bf16`: one row function per head, so a row's result is the same
+    alone or in any batch). Returns False, having done nothing, where that call does not
+    apply (not float32 or bfloat16 rows and weights on CPU, no kernels here): the caller
+    then normalises with the modules themselves."""
     head_dim = q_norm.weight.shape[0]
+    suffix = kernels.kernel_suffix(qkv, q_norm.weight, k_norm.weight)
     if not (
-        type(q_norm) is RMSNorm
+        suffix is not None
+        and type(q_norm) is RMSNorm
         and type(k_norm) is RMSNorm
         and q_norm.eps == k_norm.eps
-        and qkv.dtype == torch.float32
-        and qkv.device.type == "cpu"
         and qkv.dim() == 2
         and qkv.is_contiguous()
         and qkv.shape[1] >= (heads + kv_heads) * head_dim
-        and all(
-            n.weight.dtype == torch.float32
-            and n.weight.device.type == "cpu"
-            and n.weight.shape == (head_dim,)
-            for n in (q_norm, k_norm)
-        )
+        and all(n.weight.shape == (head_dim,) for n in (q_norm, k_norm))
     ):
         return False
     lib = kernels.load()
     if lib is None:
         return False
-    lib.qk_norm_f32(
+    getattr(lib, f"qk_norm_{suffix}")(
         qkv.data_ptr(),
         qkv.shape[0],
         qkv.shape[1],
