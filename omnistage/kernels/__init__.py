@@ -210,8 +210,9 @@ def kernel_suffix(*tensors: torch.Tensor) -> str | None:
     """ "f32" or "bf16" where every tensor is a CPU tensor of that one dtype (the kernels of
     `load()` named `..._f32` / `..._bf16` take them), else None."""
     dtype = tensors[0].dtype
-    if any(t.dtype != dtype or t.device.type != "cpu" for t in tensors):
-        return None
+    for t in tensors:  # a plain loop: this runs several times a layer and step
+        if t.dtype is not dtype or not t.is_cpu:
+            return None
     return KERNEL_SUFFIXES.get(dtype)
 
 

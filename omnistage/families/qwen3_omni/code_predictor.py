@@ -221,13 +221,18 @@ class CodePredictor(nn.Module):
         use and again when a weight moved; None where that path does not apply (float64,
         not on the CPU, no C kernels, `OMNISTAGE_DISABLE_DECODE_PROGRAM` set): the torch
         path runs then."""
-        if DenseStep.disabled() or any(
-            isinstance(m, nn.Linear) and not isinstance(getattr(m, "weight", None), torch.Tensor)
-            for m in self.modules()
-        ):  # packed for oneDNN (loaded while the C path was ruled out): no plain weights
+        if DenseStep.disabled():
             return None
-        weights = self._dense_weights()
+        try:
+            weights = self._dense_weights()
+        except AttributeError:  # a Linear packed for oneDNN: no plain weight
+            return None
         if self._step is None or not self._step.points_into(weights):
+            if any(
+                isinstance(m, nn.Linear) and not isinstance(getattr(m, "weight", None), torch.Tensor)
+                for m in self.modules()
+            ):  # packed for oneDNN (loaded while the C path was ruled out): no plain weights
+                return None
             first = self.model.layers[0]
             geometry = (first.num_heads, first.num_kv_heads, first.head_dim)
             vocab = self.lm_head[0].weight.shape[0]
@@ -358,6 +363,8 @@ def code_predictor_metadata(
         for p, seed in zip(md.sampling_params, md.seeds, strict=True)
     ]
     first = SamplingMetadata.from_requests(rows, device)
+    if first.all_greedy:  # positions only seed random draws
+        return [first] * num_codes
     # The draws of code j differ only in their position: the rest is built once per step.
     return [
         dataclasses.replace(
