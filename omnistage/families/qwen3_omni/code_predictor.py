@@ -229,7 +229,8 @@ class CodePredictor(nn.Module):
             return None
         if self._step is None or not self._step.points_into(weights):
             if any(
-                isinstance(m, nn.Linear) and not isinstance(getattr(m, "weight", None), torch.Tensor)
+                isinstance(m, nn.Linear)
+                and not isinstance(getattr(m, "weight", None), torch.Tensor)
                 for m in self.modules()
             ):  # packed for oneDNN (loaded while the C path was ruled out): no plain weights
                 return None
