@@ -4,7 +4,9 @@ Text grows token by token through the tokenizers library's `DecodeStream`
 (which holds back partial UTF-8 sequences). After each token the tail of the
 text is searched for the request's stop strings; on a match the text is cut
 before the stop string (or after it, with `include_stop_str_in_output`) and
-the sequence is reported stopped.
+the sequence is reported stopped. A sequence that ends otherwise (length, EOS) ends
+with the text of all its tokens decoded at once (`finish`): bytes the stream held back
+waiting for the rest of a character appear as that decode shows them.
 """
 
 from __future__ import annotations
@@ -55,10 +57,20 @@ class IncrementalDetokenizer:
                 return taken
         return None
 
+    def finish(self) -> None:
+        """The sequence ended (not at a stop string): the text becomes the decode of all its
+        tokens where that extends the text so far (a partial character the stream held
+        back; else the text stays)."""
+        if self.stop_reason is not None or not self._ids:
+            return
+        full = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip_special)
+        if len(full) > len(self.text) and full.startswith(self.text):
+            self.text = full
+
     def _step(self, token: int) -> str:
+        self._ids.append(token)
         if self._backend is not None:
             return self._stream.step(self._backend, token) or ""
-        self._ids.append(token)
         full = self._tokenizer.decode(self._ids, skip_special_tokens=self._skip_special)
         new = full[len(self.text) :] if full.startswith(self.text) else ""
         return new if not new.endswith("\ufffd") else ""

@@ -281,6 +281,8 @@ class LLMEngine:
             for token, entry in zip(new_tokens, out.new_logprobs, strict=False):
                 comp.logprobs.append(self._logprob_dict(seq, token, entry))
                 comp.cumulative_logprob += entry[1][0]
+        if out.finished and not stopped:
+            seq.detok.finish()
         comp.text = seq.detok.text
         tracked.output.num_cached_tokens = max(
             tracked.output.num_cached_tokens, out.num_cached_tokens

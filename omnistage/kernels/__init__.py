@@ -10,7 +10,8 @@ Two libraries:
 - `load()`: attention, rotary and RMSNorm (also per q/k head) kernels (float32 and
   bfloat16, `kernel_suffix`), the decode program that runs a
   step's layers in one call (`decode_program.c`) and a small dense decoder's step over
-  short per-row sequences (`dense_step.c`, the code predictor's), `cc -O3 -march=native -fopenmp` and
+  short per-row sequences (`dense_step.c`, the code predictor's), the sampler's
+  exponential-race draws (`sample_race.c`), `cc -O3 -march=native -fopenmp` and
   -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
   whose start-up code would flush subnormals for the whole process;
 - `load_quant()`: matrix products on GGUF-quantized weights (`quant_*.c`, one
@@ -42,7 +43,14 @@ logger = logging.getLogger("omnistage")
 
 _SOURCES = [
     Path(__file__).with_name(n)
-    for n in ("paged_attention.c", "rope_cache.c", "rms_norm.c", "decode_program.c", "dense_step.c")
+    for n in (
+        "paged_attention.c",
+        "rope_cache.c",
+        "rms_norm.c",
+        "decode_program.c",
+        "dense_step.c",
+        "sample_race.c",
+    )
 ]
 _QUANT_SOURCES = [
     Path(__file__).with_name(n)
@@ -165,6 +173,9 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     dense.argtypes = (
         [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + [ctypes.c_int]
     )
+    race = lib.race_exponentials_f32
+    race.restype = None
+    race.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     lib.paged_decode_limits_ok.restype = ctypes.c_int
     lib.paged_decode_limits_ok.argtypes = [ctypes.c_int64] * 3
     return lib

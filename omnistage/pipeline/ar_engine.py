@@ -167,6 +167,8 @@ class ARStageEngine:
                 tokens, finish_reason = tokens[:taken], "stop"
                 if not out.finished:
                     self.core.finish_requests([out.request_id], RequestStatus.FINISHED_STOPPED)
+            elif finish_reason is not None:
+                seq.detok.finish()
             text = seq.detok.text
             end = len(text) if finish_reason else max(seq.num_text_sent, len(text) - seq.holdback)
             new_text, seq.num_text_sent = text[seq.num_text_sent : end], end

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from omnistage import kernels
 from omnistage.sample.metadata import SAMPLING_EPS, SamplingMetadata
 
 _MASK63 = (1 << 63) - 1
@@ -141,16 +142,49 @@ class Sampler:
 
     @staticmethod
     def exponentials(probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:
-        """[R, V] Exp(1) draws, row i from a generator seeded by `row_seed(*keys[i])`."""
-        # A generator per call (cheap) keeps the sampler free of shared state.
-        generator = torch.Generator(device=probs.device)
-        u = torch.empty_like(probs)
-        for i, (seed, position) in enumerate(keys):
-            generator.manual_seed(row_seed(seed, position))
-            u[i].uniform_(generator=generator)
-        # q = -log(u) ~ Exp(1); cheaper than `exponential_` on CPU. u = 0 gives
-        # q = inf, which only keeps that token from winning (probability ~2**-24).
-        return u.log_().neg_()
+        """[R, V] Exp(1) draws in `probs`' dtype: row i's keyed by `row_seed(*keys[i])`,
+        token j's a pure function of that key and j (`race_draws`)."""
+        draw_keys = [row_seed(seed, position) for seed, position in keys]
+        return race_draws(draw_keys, probs.shape[-1], probs.device).to(probs.dtype)
+
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def race_draws(keys: list[int], vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[len(keys), vocab] float32 Exp(1) draws: q = -log(u), u = (2m + 1) / 2^24 where m is
+    the top 23 bits of splitmix64(key + (j + 1) * golden ratio). A counter-based draw: no
+    generator state, each row and token computed alone, in C on the CPU
+    (`kernels/sample_race.c`, ~1-2 ns a draw) or in torch's 64-bit integer ops elsewhere
+    (the same u; `torch.log` may differ from the C log in the last bit)."""
+    rows = len(keys)
+    key_tensor = torch.tensor(keys, dtype=torch.int64)  # row_seed keys are < 2**63
+    if torch.device(device).type == "cpu" and rows:
+        lib = kernels.load()
+        if lib is not None:
+            q = torch.empty(rows, vocab, dtype=torch.float32)
+            lib.race_exponentials_f32(
+                key_tensor.data_ptr(), rows, vocab, q.data_ptr(), torch.get_num_threads()
+            )
+            return q
+    z = key_tensor.to(device).unsqueeze(1) + (
+        torch.arange(1, vocab + 1, dtype=torch.int64, device=device) * _signed(_GOLDEN)
+    )  # int64 arithmetic wraps as uint64's does
+    z = (z ^ _shift_right(z, 30)) * _signed(0xBF58476D1CE4E5B9)
+    z = (z ^ _shift_right(z, 27)) * _signed(0x94D049BB133111EB)
+    z = z ^ _shift_right(z, 31)
+    u = (_shift_right(z, 41) * 2 + 1).to(torch.float32) * 2.0**-24
+    return u.log_().neg_()
+
+
+def _signed(value: int) -> int:
+    """A 64-bit unsigned constant as the int64 with the same bits."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(z: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64 values."""
+    return (z >> bits) & ((1 << (64 - bits)) - 1)
 
 
 def _apply_top_k_top_p(
@@ -173,7 +207,12 @@ def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> None:
     """Keep the logits >= each row's k-th largest (ties at the boundary are all kept)."""
     vocab = logits.shape[-1]
     k = top_k.to(device=logits.device, dtype=torch.int64)
-    rows = ((k > 0) & (k < vocab)).nonzero().flatten()
+    filtered = (k > 0) & (k < vocab)
+    if bool(filtered.all()):  # every row: no copy of the rows out and back
+        kth = logits.topk(int(k.max()), dim=-1).values.gather(1, k.unsqueeze(1) - 1)
+        logits.masked_fill_(logits < kth, float("-inf"))
+        return
+    rows = filtered.nonzero().flatten()
     if rows.numel() == 0:
         return
     k = k[rows].unsqueeze(1)

@@ -1,0 +1,67 @@
+/* The exponential race's draws (`sample/sampler.py`): q[r][j] = -log(u), u uniform in
+ * (0, 1), a pure function of the row's key and the token index j (a counter-based draw:
+ * splitmix64 of key + (j + 1) * golden ratio, its top 23 bits as (2m + 1) / 2^24, exactly a
+ * float32), so a row's draws never depend on other rows, and any token's draw can be
+ * computed alone. The log is Cephes' logf polynomial written with explicit fmaf (about
+ * 1 ulp; the same floats on every build, and the loop vectorizes, where libm's logf
+ * would not): ~1-2 ns a draw, against ~5 ns for torch's Mersenne-twister `uniform_` that
+ * the sampler used per row and position before.
+ *
+ * `sampler.py` has the same draw in torch ops (other devices, or no C kernels here); its
+ * `torch.log` may differ from this one in the last bit. */
+#include "kernel_rows.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GOLDEN 0x9E3779B97F4A7C15ull
+
+static inline float race_uniform(uint64_t key, int64_t j)
+{
+    uint64_t z = key + (uint64_t)(j + 1) * GOLDEN;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(2 * (z >> 41) + 1) * 0x1p-24f;
+}
+
+/* log(x) for a normal x > 0 (Cephes logf). */
+static inline float log_vec(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    float e = (float)((int32_t)((bits >> 23) & 0xff) - 126);
+    bits = (bits & 0x007fffffu) | 0x3f000000u; /* the mantissa in [0.5, 1) */
+    float m;
+    memcpy(&m, &bits, sizeof m);
+    const int low = m < 0.70710678118654752440f;
+    e = low ? e - 1.0f : e;
+    m = low ? m + m - 1.0f : m - 1.0f;
+    const float z = m * m;
+    float y = 7.0376836292e-2f;
+    y = fmaf(y, m, -1.1514610310e-1f);
+    y = fmaf(y, m, 1.1676998740e-1f);
+    y = fmaf(y, m, -1.2420140846e-1f);
+    y = fmaf(y, m, 1.4249322787e-1f);
+    y = fmaf(y, m, -1.6668057665e-1f);
+    y = fmaf(y, m, 2.0000714765e-1f);
+    y = fmaf(y, m, -2.4999993993e-1f);
+    y = fmaf(y, m, 3.3333331174e-1f);
+    y = y * m * z;
+    y = fmaf(e, -2.12194440e-4f, y);
+    y = fmaf(-0.5f, z, y);
+    return fmaf(e, 0.693359375f, m + y);
+}
+
+/* q[r][j] = -log(u(keys[r], j)) for rows r < rows, j < vocab (float32). */
+void race_exponentials_f32(const uint64_t *keys, int64_t rows, int64_t vocab, float *q,
+                           int num_threads)
+{
+#pragma omp parallel for schedule(static) num_threads(row_threads(rows * vocab, num_threads))
+    for (int64_t r = 0; r < rows; r++) {
+        const uint64_t key = keys[r];
+        float *out = q + r * vocab;
+        for (int64_t j = 0; j < vocab; j++) out[j] = -log_vec(race_uniform(key, j));
+    }
+}
