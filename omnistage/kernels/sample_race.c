@@ -65,3 +65,54 @@ void race_exponentials_f32(const uint64_t *keys, int64_t rows, int64_t vocab, fl
         for (int64_t j = 0; j < vocab; j++) out[j] = -log_vec(race_uniform(key, j));
     }
 }
+
+/* Sift `v` down from the root of a min-heap of `n` values. */
+static inline void heap_replace_min(float *heap, int64_t n, float v)
+{
+    int64_t i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && heap[c + 1] < heap[c]) c++;
+        if (heap[c] >= v) break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    heap[i] = v;
+}
+
+/* Top-k filtering of float32 rows in place: values below the row's k-th largest (ties all
+ * kept) become -inf, for rows whose k[r] is in (0, vocab); other rows are left alone. The
+ * k-th largest is exact: a min-heap of the k largest values seen (one compare per value
+ * once it is full; torch's `topk` partial sort costs ~4x more on fresh data). Returns 1,
+ * having left the row with a NaN and the rows after it alone, when a row holds a NaN
+ * (torch's order for NaN is for the caller to apply), else 0. */
+int top_k_mask_f32(float *logits, int64_t rows, int64_t vocab, const int64_t *k, float *scratch)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *x = logits + r * vocab;
+        const int64_t kr = k[r];
+        for (int64_t j = 0; j < vocab; j++) {
+            uint32_t bits;
+            memcpy(&bits, x + j, sizeof bits);
+            if ((bits & 0x7fffffffu) > 0x7f800000u) return 1;
+        }
+        if (kr <= 0 || kr >= vocab) continue;
+        for (int64_t j = 0; j < kr; j++) { /* a heap of the first k values */
+            int64_t i = j;
+            const float v = x[j];
+            while (i > 0 && scratch[(i - 1) / 2] > v) {
+                scratch[i] = scratch[(i - 1) / 2];
+                i = (i - 1) / 2;
+            }
+            scratch[i] = v;
+        }
+        for (int64_t j = kr; j < vocab; j++)
+            if (x[j] > scratch[0]) heap_replace_min(scratch, kr, x[j]);
+        const float kth = scratch[0];
+        const uint32_t minus_inf = 0xff800000u; /* as bits: the build assumes finite math */
+        for (int64_t j = 0; j < vocab; j++)
+            if (x[j] < kth) memcpy(x + j, &minus_inf, sizeof minus_inf);
+    }
+    return 0;
+}

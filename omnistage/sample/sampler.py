@@ -5,11 +5,11 @@
       └─ random rows: / temperature ─▶ top-k ─▶ top-p ─▶ min-p ─▶ softmax
                        ─▶ argmax(probs / q),  q ~ Exp(1) per vocab entry
 
-The exponential race picks token i with probability probs[i]. `q` of a row is
-drawn from a generator seeded by a hash of (seed, output position) only, so a
-row gets the same token alone, in any batch, at any row, and after being
-preempted and recomputed (DESIGN.md invariant 3). Every filter is computed per
-row from that row's values only, for the same reason.
+The exponential race picks token i with probability probs[i]. `q[i]` of a row is
+a function of a hash of (seed, output position) and of i only (a counter-based
+draw, `race_draws`), so a row gets the same token alone, in any batch, at any
+row, and after being preempted and recomputed (DESIGN.md invariant 3). Every
+filter is computed per row from that row's values only, for the same reason.
 
 Filters keep ties at their boundary: top-k keeps every token whose logit is at
 least the k-th largest; top-p keeps every token at least as likely as the one at
@@ -207,6 +207,8 @@ def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> None:
     """Keep the logits >= each row's k-th largest (ties at the boundary are all kept)."""
     vocab = logits.shape[-1]
     k = top_k.to(device=logits.device, dtype=torch.int64)
+    if _top_k_in_c(logits, k):
+        return
     filtered = (k > 0) & (k < vocab)
     if bool(filtered.all()):  # every row: no copy of the rows out and back
         kth = logits.topk(int(k.max()), dim=-1).values.gather(1, k.unsqueeze(1) - 1)
@@ -220,6 +222,21 @@ def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> None:
     # A partial top-k of the largest k is far cheaper than a full sort.
     kth = sub.topk(int(k.max()), dim=-1).values.gather(1, k - 1)
     logits[rows] = sub.masked_fill_(sub < kth, float("-inf"))
+
+
+def _top_k_in_c(logits: torch.Tensor, k: torch.Tensor) -> bool:
+    """`_apply_top_k` of contiguous float32 CPU rows in one C call (`top_k_mask_f32`: the
+    same k-th largest, the same rows filtered); False where it does not apply (another
+    dtype or device, no C kernels, a NaN in a row: the torch path then runs)."""
+    if logits.dtype != torch.float32 or not logits.is_cpu or not logits.is_contiguous():
+        return False
+    lib = kernels.load()
+    if lib is None:
+        return False
+    k = k.contiguous()
+    rows, vocab = logits.shape
+    scratch = torch.empty(min(max(1, int(k.max())) if rows else 1, vocab), dtype=torch.float32)
+    return not lib.top_k_mask_f32(logits.data_ptr(), rows, vocab, k.data_ptr(), scratch.data_ptr())
 
 
 def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> None:

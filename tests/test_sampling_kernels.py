@@ -1,0 +1,84 @@
+"""The sampler's C paths (`kernels/sample_race.c`): the exponential race's counter-based
+draws and the top-k filter compute what their torch paths compute."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistage import kernels
+from omnistage.sample import sampler as S
+
+
+@pytest.fixture
+def torch_only(monkeypatch):
+    """Run the block on the torch paths."""
+
+    def use_torch() -> None:
+        monkeypatch.setattr(kernels, "load", lambda: None)
+
+    return use_torch
+
+
+def test_race_draws_in_c_are_the_torch_draws(torch_only):
+    if kernels.load() is None:
+        pytest.skip("no C compiler on this machine")
+    keys = [S.row_seed(seed, position) for seed in (0, 1, 2**62) for position in (0, 7)]
+    in_c = S.race_draws(keys, 3000)
+    torch_only()
+    in_torch = S.race_draws(keys, 3000)
+    # the same uniform draws; the logs agree to float32 rounding
+    torch.testing.assert_close(in_c, in_torch, rtol=2.5e-7, atol=0)
+    assert (in_c == in_torch).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("on_torch", [False, True])
+def test_race_draws_are_exp1_per_token_and_key_alone(torch_only, on_torch):
+    if on_torch:
+        torch_only()
+    keys = [S.row_seed(5, position) for position in range(64)]
+    q = S.race_draws(keys, 4096)
+    assert q.dtype == torch.float32 and bool((q > 0).all()) and bool(q.isfinite().all())
+    # Exp(1): mean 1, variance 1, P(q > 1) = 1/e (262144 draws: a few thousandths off)
+    assert abs(q.mean().item() - 1) < 0.01 and abs(q.var().item() - 1) < 0.02
+    assert abs((q > 1).float().mean().item() - 0.36788) < 0.005
+    # a pure function of (key, token): another batch, a shorter vocabulary, the same draws
+    assert torch.equal(S.race_draws(keys[3:4], 100)[0], q[3, :100])
+    assert not torch.equal(q[0], q[1])
+
+
+def _torch_top_k(logits: torch.Tensor, k: torch.Tensor, monkeypatch) -> torch.Tensor:
+    out = logits.clone()
+    with monkeypatch.context() as patch:
+        patch.setattr(S, "_top_k_in_c", lambda *args: False)
+        S._apply_top_k(out, k)
+    return out
+
+
+def test_top_k_in_c_is_the_torch_filter(monkeypatch):
+    if kernels.load() is None:
+        pytest.skip("no C compiler on this machine")
+    g = torch.Generator().manual_seed(0)
+    for case in range(150):
+        rows = int(torch.randint(1, 20, (1,), generator=g))
+        vocab = int(torch.randint(2, 300, (1,), generator=g))
+        logits = torch.randn(rows, vocab, generator=g)
+        if case % 3 == 0:
+            logits = torch.round(logits * 2) / 2  # ties at the boundary
+        if case % 5 == 0:
+            logits[:, ::7] = float("-inf")  # masked tokens
+        k = torch.randint(-1, vocab + 2, (rows,), generator=g)  # also 0, vocab and beyond
+        ours = logits.clone()
+        S._apply_top_k(ours, k)
+        assert torch.equal(ours, _torch_top_k(logits, k, monkeypatch)), case
+
+
+def test_top_k_of_a_row_with_nan_takes_the_torch_path(monkeypatch):
+    logits = torch.randn(3, 10, generator=torch.Generator().manual_seed(1))
+    logits[1, 4] = float("nan")
+    k = torch.tensor([3, 3, 3])
+    ours = logits.clone()
+    S._apply_top_k(ours, k)
+    expected = _torch_top_k(logits, k, monkeypatch)
+    assert torch.equal(ours.isnan(), expected.isnan())
+    assert torch.equal(ours.nan_to_num(), expected.nan_to_num())
