@@ -178,9 +178,14 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     race.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     top_k = lib.top_k_mask_f32
     top_k.restype = ctypes.c_int
-    top_k.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p] + [
-        ctypes.c_void_p
-    ]
+    # logits, rows, vocab, k, scratch, heap size, threads
+    top_k.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_int64,
+        ctypes.c_int64,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ] + [ctypes.c_int64, ctypes.c_int]
     lib.paged_decode_limits_ok.restype = ctypes.c_int
     lib.paged_decode_limits_ok.argtypes = [ctypes.c_int64] * 3
     return lib

@@ -81,38 +81,48 @@ static inline void heap_replace_min(float *heap, int64_t n, float v)
     heap[i] = v;
 }
 
+/* Top-k filtering of one float32 row in place (see `top_k_mask_f32`); 1 if it holds a NaN
+ * (left alone then), else 0. `heap` holds k floats. */
+static int top_k_mask_row(float *x, int64_t vocab, int64_t k, float *heap)
+{
+    for (int64_t j = 0; j < vocab; j++) {
+        uint32_t bits;
+        memcpy(&bits, x + j, sizeof bits);
+        if ((bits & 0x7fffffffu) > 0x7f800000u) return 1;
+    }
+    if (k <= 0 || k >= vocab) return 0;
+    for (int64_t j = 0; j < k; j++) { /* a heap of the first k values */
+        int64_t i = j;
+        const float v = x[j];
+        while (i > 0 && heap[(i - 1) / 2] > v) {
+            heap[i] = heap[(i - 1) / 2];
+            i = (i - 1) / 2;
+        }
+        heap[i] = v;
+    }
+    for (int64_t j = k; j < vocab; j++)
+        if (x[j] > heap[0]) heap_replace_min(heap, k, x[j]);
+    const float kth = heap[0];
+    const uint32_t minus_inf = 0xff800000u; /* as bits: the build assumes finite math */
+    for (int64_t j = 0; j < vocab; j++)
+        if (x[j] < kth) memcpy(x + j, &minus_inf, sizeof minus_inf);
+    return 0;
+}
+
 /* Top-k filtering of float32 rows in place: values below the row's k-th largest (ties all
  * kept) become -inf, for rows whose k[r] is in (0, vocab); other rows are left alone. The
  * k-th largest is exact: a min-heap of the k largest values seen (one compare per value
- * once it is full; torch's `topk` partial sort costs ~4x more on fresh data). Returns 1,
- * having left the row with a NaN and the rows after it alone, when a row holds a NaN
- * (torch's order for NaN is for the caller to apply), else 0. */
-int top_k_mask_f32(float *logits, int64_t rows, int64_t vocab, const int64_t *k, float *scratch)
+ * once it is full; torch's `topk` partial sort costs ~2-4x more on fresh data). Rows are
+ * independent (split between threads when large); `scratch` holds `heap_size` floats per
+ * row. Returns 1 when a row holds a NaN (that row left alone: torch's order for NaN is for
+ * the caller to apply, and filtering the others again changes nothing), else 0. */
+int top_k_mask_f32(float *logits, int64_t rows, int64_t vocab, const int64_t *k, float *scratch,
+                   int64_t heap_size, int num_threads)
 {
-    for (int64_t r = 0; r < rows; r++) {
-        float *x = logits + r * vocab;
-        const int64_t kr = k[r];
-        for (int64_t j = 0; j < vocab; j++) {
-            uint32_t bits;
-            memcpy(&bits, x + j, sizeof bits);
-            if ((bits & 0x7fffffffu) > 0x7f800000u) return 1;
-        }
-        if (kr <= 0 || kr >= vocab) continue;
-        for (int64_t j = 0; j < kr; j++) { /* a heap of the first k values */
-            int64_t i = j;
-            const float v = x[j];
-            while (i > 0 && scratch[(i - 1) / 2] > v) {
-                scratch[i] = scratch[(i - 1) / 2];
-                i = (i - 1) / 2;
-            }
-            scratch[i] = v;
-        }
-        for (int64_t j = kr; j < vocab; j++)
-            if (x[j] > scratch[0]) heap_replace_min(scratch, kr, x[j]);
-        const float kth = scratch[0];
-        const uint32_t minus_inf = 0xff800000u; /* as bits: the build assumes finite math */
-        for (int64_t j = 0; j < vocab; j++)
-            if (x[j] < kth) memcpy(x + j, &minus_inf, sizeof minus_inf);
-    }
-    return 0;
+    int nan_rows = 0;
+#pragma omp parallel for schedule(static) num_threads(row_threads(rows * vocab, num_threads)) \
+    reduction(| : nan_rows)
+    for (int64_t r = 0; r < rows; r++)
+        nan_rows |= top_k_mask_row(logits + r * vocab, vocab, k[r], scratch + r * heap_size);
+    return nan_rows;
 }

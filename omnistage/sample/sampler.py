@@ -235,8 +235,18 @@ def _top_k_in_c(logits: torch.Tensor, k: torch.Tensor) -> bool:
         return False
     k = k.contiguous()
     rows, vocab = logits.shape
-    scratch = torch.empty(min(max(1, int(k.max())) if rows else 1, vocab), dtype=torch.float32)
-    return not lib.top_k_mask_f32(logits.data_ptr(), rows, vocab, k.data_ptr(), scratch.data_ptr())
+    heap = min(max(1, int(k.max())) if rows else 1, vocab)
+    scratch = torch.empty(rows, heap, dtype=torch.float32)
+    nan_rows = lib.top_k_mask_f32(
+        logits.data_ptr(),
+        rows,
+        vocab,
+        k.data_ptr(),
+        scratch.data_ptr(),
+        heap,
+        torch.get_num_threads(),
+    )
+    return not nan_rows
 
 
 def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> None:
