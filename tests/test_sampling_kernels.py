@@ -82,3 +82,37 @@ def test_top_k_of_a_row_with_nan_takes_the_torch_path(monkeypatch):
     expected = _torch_top_k(logits, k, monkeypatch)
     assert torch.equal(ours.isnan(), expected.isnan())
     assert torch.equal(ours.nan_to_num(), expected.nan_to_num())
+
+
+def _torch_top_p(logits: torch.Tensor, p: torch.Tensor, monkeypatch) -> torch.Tensor:
+    out = logits.clone()
+    with monkeypatch.context() as patch:
+        patch.setattr(S, "_top_p_cutoff_in_c", lambda *args: None)
+        S._apply_top_p(out, p)
+    return out
+
+
+def test_top_p_cutoff_in_c_is_the_torch_cutoff(monkeypatch):
+    """The same kept tokens as torch's topk + cumsum, on rows with ties, masked tokens,
+    nuclei wider than the fast prefix and rows whose probabilities are NaN (all masked)."""
+    if kernels.load() is None:
+        pytest.skip("no C compiler on this machine")
+    g = torch.Generator().manual_seed(2)
+    for case in range(200):
+        rows = int(torch.randint(1, 12, (1,), generator=g))
+        vocab = int(torch.randint(2, 700, (1,), generator=g))
+        scale = float(torch.rand(1, generator=g) * 8)
+        logits = torch.randn(rows, vocab, generator=g) * scale
+        if case % 3 == 0:
+            logits = torch.round(logits * 2) / 2
+        if case % 5 == 0:
+            logits[:, ::3] = float("-inf")
+        if case % 7 == 0:
+            logits[0] = float("-inf")
+        p = torch.rand(rows, generator=g)
+        p[::4] = 1.0
+        ours = logits.clone()
+        S._apply_top_p(ours, p)
+        expected = _torch_top_p(logits, p, monkeypatch)
+        assert torch.equal(ours.isnan(), expected.isnan()), case
+        assert torch.equal(ours.nan_to_num(), expected.nan_to_num()), case

@@ -11,7 +11,7 @@ Two libraries:
   bfloat16, `kernel_suffix`), the decode program that runs a
   step's layers in one call (`decode_program.c`) and a small dense decoder's step over
   short per-row sequences (`dense_step.c`, the code predictor's), the sampler's
-  exponential-race draws and top-k filter (`sample_race.c`), `cc -O3 -march=native -fopenmp` and
+  exponential-race draws, top-k filter and top-p cutoff (`sample_race.c`), `cc -O3 -march=native -fopenmp` and
   -ffast-math's parts (the kernels use no infinities), but not -ffast-math itself,
   whose start-up code would flush subnormals for the whole process;
 - `load_quant()`: matrix products on GGUF-quantized weights (`quant_*.c`, one
@@ -186,6 +186,14 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         ctypes.c_void_p,
         ctypes.c_void_p,
     ] + [ctypes.c_int64, ctypes.c_int]
+    top_p = lib.top_p_cutoff_f32
+    top_p.restype = None
+    # probs, rows, vocab, p, prefix, cutoff, resolved, scratch, threads
+    top_p.argtypes = (
+        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        + [ctypes.c_void_p] * 3
+        + [ctypes.c_int]
+    )
     lib.paged_decode_limits_ok.restype = ctypes.c_int
     lib.paged_decode_limits_ok.argtypes = [ctypes.c_int64] * 3
     return lib

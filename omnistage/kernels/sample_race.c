@@ -126,3 +126,60 @@ int top_k_mask_f32(float *logits, int64_t rows, int64_t vocab, const int64_t *k,
         nan_rows |= top_k_mask_row(logits + r * vocab, vocab, k[r], scratch + r * heap_size);
     return nan_rows;
 }
+
+/* The `m` largest values of x[0..vocab) in `heap` (a min-heap; m <= vocab). */
+static void largest_values(const float *x, int64_t vocab, int64_t m, float *heap)
+{
+    for (int64_t j = 0; j < m; j++) {
+        int64_t i = j;
+        const float v = x[j];
+        while (i > 0 && heap[(i - 1) / 2] > v) {
+            heap[i] = heap[(i - 1) / 2];
+            i = (i - 1) / 2;
+        }
+        heap[i] = v;
+    }
+    for (int64_t j = m; j < vocab; j++)
+        if (x[j] > heap[0]) heap_replace_min(heap, m, x[j]);
+}
+
+/* Top-p's cutoff from each row's `prefix` largest probabilities, as `sampler.py`'s
+ * `_top_p_cutoff` computes it from torch's `topk` and `cumsum`: the values sorted
+ * descending, their running sums accumulated in double and rounded to float at each
+ * step (torch's CPU cumsum of float32), kept while the sum before is < p; cutoff[r] the
+ * last kept value, resolved[r] 1 where the prefix's whole sum reaches p. A row holding a
+ * NaN is left unresolved (the caller's full sort decides it, as torch's would). */
+void top_p_cutoff_f32(const float *probs, int64_t rows, int64_t vocab, const float *p,
+                      int64_t prefix, float *cutoff, uint8_t *resolved, float *scratch,
+                      int num_threads)
+{
+    const int64_t m = prefix < vocab ? prefix : vocab;
+#pragma omp parallel for schedule(static) num_threads(row_threads(rows * vocab, num_threads))
+    for (int64_t r = 0; r < rows; r++) {
+        const float *x = probs + r * vocab;
+        float *heap = scratch + r * m;
+        int nan = 0;
+        for (int64_t j = 0; j < vocab; j++) {
+            uint32_t bits;
+            memcpy(&bits, x + j, sizeof bits);
+            nan |= (bits & 0x7fffffffu) > 0x7f800000u;
+        }
+        resolved[r] = 0;
+        cutoff[r] = 0.0f;
+        if (nan) continue;
+        largest_values(x, vocab, m, heap);
+        for (int64_t n = m; n > 1; n--) { /* heap sort: the smallest to the end */
+            const float smallest = heap[0];
+            heap_replace_min(heap, n - 1, heap[n - 1]);
+            heap[n - 1] = smallest;
+        }
+        double sum = 0.0;
+        int64_t keep = 1;
+        for (int64_t i = 0; i < m; i++) {
+            sum += (double)heap[i];
+            if (i < m - 1 && (float)sum < p[r]) keep++;
+        }
+        resolved[r] = (float)sum >= p[r];
+        cutoff[r] = heap[keep - 1];
+    }
+}

@@ -266,13 +266,47 @@ def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> None:
     p = p[rows].unsqueeze(1)
     sub = logits[rows]
     probs = torch.softmax(sub, dim=-1)
-    prefix = probs.topk(min(_TOP_P_PREFIX, probs.shape[-1]), dim=-1).values
-    cutoff, resolved = _top_p_cutoff(prefix, p)
+    decided = _top_p_cutoff_in_c(probs, p)
+    if decided is None:
+        prefix = probs.topk(min(_TOP_P_PREFIX, probs.shape[-1]), dim=-1).values
+        decided = _top_p_cutoff(prefix, p)
+    cutoff, resolved = decided
     unresolved = (~resolved).nonzero().flatten()
     if unresolved.numel() > 0:
         full = probs[unresolved].sort(dim=-1, descending=True).values
         cutoff[unresolved] = _top_p_cutoff(full, p[unresolved])[0]
     logits[rows] = sub.masked_fill_(probs < cutoff, float("-inf"))
+
+
+def _top_p_cutoff_in_c(
+    probs: torch.Tensor, p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`_top_p_cutoff` of each row's `_TOP_P_PREFIX` largest probabilities in one C call
+    (`top_p_cutoff_f32`: the same sorted values, summed as torch's CPU cumsum sums them),
+    without `topk`'s partial sort; None where it does not apply (not float32 CPU rows, no C
+    kernels)."""
+    if probs.dtype != torch.float32 or not probs.is_cpu or p.dtype != torch.float32:
+        return None
+    lib = kernels.load()
+    if lib is None:
+        return None
+    probs, p = probs.contiguous(), p.contiguous()
+    rows, vocab = probs.shape
+    cutoff = torch.empty(rows, 1, dtype=torch.float32)
+    resolved = torch.empty(rows, dtype=torch.bool)
+    scratch = torch.empty(rows, min(_TOP_P_PREFIX, vocab), dtype=torch.float32)
+    lib.top_p_cutoff_f32(
+        probs.data_ptr(),
+        rows,
+        vocab,
+        p.data_ptr(),
+        _TOP_P_PREFIX,
+        cutoff.data_ptr(),
+        resolved.data_ptr(),
+        scratch.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return cutoff, resolved
 
 
 def _top_p_cutoff(sorted_probs: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
