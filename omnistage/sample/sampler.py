@@ -263,8 +263,9 @@ def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> None:
     rows = (p < 1.0).nonzero().flatten()
     if rows.numel() == 0:
         return
-    p = p[rows].unsqueeze(1)
-    sub = logits[rows]
+    every_row = rows.numel() == logits.shape[0]  # then in place: no copy out and back
+    p = (p if every_row else p[rows]).unsqueeze(1)
+    sub = logits if every_row else logits[rows]
     probs = torch.softmax(sub, dim=-1)
     decided = _top_p_cutoff_in_c(probs, p)
     if decided is None:
@@ -275,7 +276,9 @@ def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> None:
     if unresolved.numel() > 0:
         full = probs[unresolved].sort(dim=-1, descending=True).values
         cutoff[unresolved] = _top_p_cutoff(full, p[unresolved])[0]
-    logits[rows] = sub.masked_fill_(probs < cutoff, float("-inf"))
+    sub.masked_fill_(probs < cutoff, float("-inf"))
+    if not every_row:
+        logits[rows] = sub
 
 
 def _top_p_cutoff_in_c(
