@@ -117,3 +117,20 @@ def test_top_p_cutoff_in_c_is_the_torch_cutoff(monkeypatch):
         expected = _torch_top_p(logits, p, monkeypatch)
         assert torch.equal(ours.isnan(), expected.isnan()), case
         assert torch.equal(ours.nan_to_num(), expected.nan_to_num()), case
+
+
+def test_a_wide_nucleus_gets_the_cutoff_of_the_full_sort(monkeypatch):
+    """Nuclei past the first 256 tokens: within the 4096 largest (C) or past them (the full
+    sort), the same kept tokens as the torch path."""
+    if kernels.load() is None:
+        pytest.skip("no C compiler on this machine")
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 6000, generator=g) * torch.tensor(
+        [[0.5], [1.0], [2.0], [0.1], [3], [0]]
+    )
+    p = torch.tensor([0.9, 0.95, 0.6, 0.99, 0.97, 0.5])
+    ours = logits.clone()
+    S._apply_top_p(ours, p)
+    kept = (ours > float("-inf")).sum(dim=1)
+    assert bool(((kept > 256) & (kept <= 4096)).any()) and bool((kept > 4096).any())
+    assert torch.equal(ours, _torch_top_p(logits, p, monkeypatch))

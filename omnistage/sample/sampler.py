@@ -33,6 +33,9 @@ _MASK63 = (1 << 63) - 1
 _MASK64 = (1 << 64) - 1
 # Top-p looks for its cutoff among this many most likely tokens before sorting a row.
 _TOP_P_PREFIX = 256
+# ... and, for a row whose nucleus is wider (on the CPU, in C), among this many before a
+# full sort of the row.
+_TOP_P_WIDE_PREFIX = 4096
 
 
 def row_argmax(x: torch.Tensor) -> torch.Tensor:
@@ -273,6 +276,11 @@ def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> None:
         decided = _top_p_cutoff(prefix, p)
     cutoff, resolved = decided
     unresolved = (~resolved).nonzero().flatten()
+    if unresolved.numel() > 0 and probs.shape[-1] > _TOP_P_WIDE_PREFIX:
+        wider = _top_p_cutoff_in_c(probs[unresolved], p[unresolved], _TOP_P_WIDE_PREFIX)
+        if wider is not None:  # a wide nucleus: its 4096 largest before a full sort
+            cutoff[unresolved], resolved[unresolved] = wider
+            unresolved = (~resolved).nonzero().flatten()
     if unresolved.numel() > 0:
         full = probs[unresolved].sort(dim=-1, descending=True).values
         cutoff[unresolved] = _top_p_cutoff(full, p[unresolved])[0]
@@ -282,12 +290,12 @@ def _apply_top_p(logits: torch.Tensor, top_p: torch.Tensor) -> None:
 
 
 def _top_p_cutoff_in_c(
-    probs: torch.Tensor, p: torch.Tensor
+    probs: torch.Tensor, p: torch.Tensor, prefix: int = _TOP_P_PREFIX
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """`_top_p_cutoff` of each row's `_TOP_P_PREFIX` largest probabilities in one C call
-    (`top_p_cutoff_f32`: the same sorted values, summed as torch's CPU cumsum sums them),
-    without `topk`'s partial sort; None where it does not apply (not float32 CPU rows, no C
-    kernels)."""
+    """`_top_p_cutoff` of each row's `prefix` largest probabilities in one C call
+    (`top_p_cutoff_f32`: the same sorted values, summed as torch's CPU cumsum sums them, so
+    a row it resolves has the cutoff of the row's full sort), without `topk`'s partial
+    sort; None where it does not apply (not float32 CPU rows, no C kernels)."""
     if probs.dtype != torch.float32 or not probs.is_cpu or p.dtype != torch.float32:
         return None
     lib = kernels.load()
@@ -297,13 +305,13 @@ def _top_p_cutoff_in_c(
     rows, vocab = probs.shape
     cutoff = torch.empty(rows, 1, dtype=torch.float32)
     resolved = torch.empty(rows, dtype=torch.bool)
-    scratch = torch.empty(rows, min(_TOP_P_PREFIX, vocab), dtype=torch.float32)
+    scratch = torch.empty(rows, min(prefix, vocab), dtype=torch.float32)
     lib.top_p_cutoff_f32(
         probs.data_ptr(),
         rows,
         vocab,
         p.data_ptr(),
-        _TOP_P_PREFIX,
+        prefix,
         cutoff.data_ptr(),
         resolved.data_ptr(),
         scratch.data_ptr(),
