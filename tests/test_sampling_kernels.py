@@ -47,12 +47,17 @@ def test_race_draws_are_exp1_per_token_and_key_alone(torch_only, on_torch):
     assert not torch.equal(q[0], q[1])
 
 
-def _torch_top_k(logits: torch.Tensor, k: torch.Tensor, monkeypatch) -> torch.Tensor:
+def _on_torch(apply, c_path: str, logits: torch.Tensor, arg: torch.Tensor, monkeypatch):
+    """`apply(a copy of logits, arg)` with `sampler.py`'s C path `c_path` ruled out."""
     out = logits.clone()
     with monkeypatch.context() as patch:
-        patch.setattr(S, "_top_k_in_c", lambda *args: False)
-        S._apply_top_k(out, k)
+        patch.setattr(S, c_path, lambda *args, **kwargs: None)
+        apply(out, arg)
     return out
+
+
+def _torch_top_k(logits: torch.Tensor, k: torch.Tensor, monkeypatch) -> torch.Tensor:
+    return _on_torch(S._apply_top_k, "_top_k_in_c", logits, k, monkeypatch)
 
 
 def test_top_k_in_c_is_the_torch_filter(monkeypatch):
@@ -85,11 +90,7 @@ def test_top_k_of_a_row_with_nan_takes_the_torch_path(monkeypatch):
 
 
 def _torch_top_p(logits: torch.Tensor, p: torch.Tensor, monkeypatch) -> torch.Tensor:
-    out = logits.clone()
-    with monkeypatch.context() as patch:
-        patch.setattr(S, "_top_p_cutoff_in_c", lambda *args: None)
-        S._apply_top_p(out, p)
-    return out
+    return _on_torch(S._apply_top_p, "_top_p_cutoff_in_c", logits, p, monkeypatch)
 
 
 def test_top_p_cutoff_in_c_is_the_torch_cutoff(monkeypatch):

@@ -8,7 +8,11 @@
  * the sampler used per row and position before.
  *
  * `sampler.py` has the same draw in torch ops (other devices, or no C kernels here); its
- * `torch.log` may differ from this one in the last bit. */
+ * `torch.log` may differ from this one in the last bit.
+ *
+ * Also the sampler's two filters on float32 rows, each giving exactly what its torch path
+ * gives: top-k (`top_k_mask_f32`) and top-p's cutoff (`top_p_cutoff_f32`), both from a
+ * min-heap of a row's largest values instead of torch's partial sort. */
 #include "kernel_rows.h"
 
 #include <math.h>
@@ -81,6 +85,22 @@ static inline void heap_replace_min(float *heap, int64_t n, float v)
     heap[i] = v;
 }
 
+/* The `m` largest values of x[0..vocab) in `heap` (a min-heap; m <= vocab). */
+static void largest_values(const float *x, int64_t vocab, int64_t m, float *heap)
+{
+    for (int64_t j = 0; j < m; j++) {
+        int64_t i = j;
+        const float v = x[j];
+        while (i > 0 && heap[(i - 1) / 2] > v) {
+            heap[i] = heap[(i - 1) / 2];
+            i = (i - 1) / 2;
+        }
+        heap[i] = v;
+    }
+    for (int64_t j = m; j < vocab; j++)
+        if (x[j] > heap[0]) heap_replace_min(heap, m, x[j]);
+}
+
 /* Top-k filtering of one float32 row in place (see `top_k_mask_f32`); 1 if it holds a NaN
  * (left alone then), else 0. `heap` holds k floats. */
 static int top_k_mask_row(float *x, int64_t vocab, int64_t k, float *heap)
@@ -91,17 +111,7 @@ static int top_k_mask_row(float *x, int64_t vocab, int64_t k, float *heap)
         if ((bits & 0x7fffffffu) > 0x7f800000u) return 1;
     }
     if (k <= 0 || k >= vocab) return 0;
-    for (int64_t j = 0; j < k; j++) { /* a heap of the first k values */
-        int64_t i = j;
-        const float v = x[j];
-        while (i > 0 && heap[(i - 1) / 2] > v) {
-            heap[i] = heap[(i - 1) / 2];
-            i = (i - 1) / 2;
-        }
-        heap[i] = v;
-    }
-    for (int64_t j = k; j < vocab; j++)
-        if (x[j] > heap[0]) heap_replace_min(heap, k, x[j]);
+    largest_values(x, vocab, k, heap);
     const float kth = heap[0];
     const uint32_t minus_inf = 0xff800000u; /* as bits: the build assumes finite math */
     for (int64_t j = 0; j < vocab; j++)
@@ -125,22 +135,6 @@ int top_k_mask_f32(float *logits, int64_t rows, int64_t vocab, const int64_t *k,
     for (int64_t r = 0; r < rows; r++)
         nan_rows |= top_k_mask_row(logits + r * vocab, vocab, k[r], scratch + r * heap_size);
     return nan_rows;
-}
-
-/* The `m` largest values of x[0..vocab) in `heap` (a min-heap; m <= vocab). */
-static void largest_values(const float *x, int64_t vocab, int64_t m, float *heap)
-{
-    for (int64_t j = 0; j < m; j++) {
-        int64_t i = j;
-        const float v = x[j];
-        while (i > 0 && heap[(i - 1) / 2] > v) {
-            heap[i] = heap[(i - 1) / 2];
-            i = (i - 1) / 2;
-        }
-        heap[i] = v;
-    }
-    for (int64_t j = m; j < vocab; j++)
-        if (x[j] > heap[0]) heap_replace_min(heap, m, x[j]);
 }
 
 /* Top-p's cutoff from each row's `prefix` largest probabilities, as `sampler.py`'s
