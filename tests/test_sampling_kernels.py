@@ -135,3 +135,18 @@ def test_a_wide_nucleus_gets_the_cutoff_of_the_full_sort(monkeypatch):
     kept = (ours > float("-inf")).sum(dim=1)
     assert bool(((kept > 256) & (kept <= 4096)).any()) and bool((kept > 4096).any())
     assert torch.equal(ours, _torch_top_p(logits, p, monkeypatch))
+
+
+def test_race_draws_are_the_same_floats_on_every_build():
+    """The log is written with explicit FMAs: the AVX-512 build and one without it (what an
+    AVX2-only CPU runs) draw the same floats, so sampled tokens do not depend on the CPU."""
+    native, generic = kernels.load(), kernels.load_variant(("-mno-avx512f",))
+    if native is None or generic is None:
+        pytest.skip("no C compiler on this machine")
+    keys = torch.tensor([S.row_seed(s, 3) for s in range(8)], dtype=torch.int64)
+    draws = []
+    for lib in (native, generic):
+        q = torch.empty(8, 5000)
+        lib.race_exponentials_f32(keys.data_ptr(), 8, 5000, q.data_ptr(), 1)
+        draws.append(q)
+    assert torch.equal(draws[0], draws[1])
