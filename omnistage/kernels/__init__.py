@@ -91,6 +91,55 @@ _PORTABLE_FLAGS = (
 )
 
 
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_DECODE_ARGS = [_P] * 5 + [_I64] * 7 + [_F32]
+"""q, kv, block table, seq lens, out; batch, heads, kv heads, head dim, blocks, block size,
+max blocks; scale."""
+
+
+def _per_dtype(dtype: str) -> dict[str, tuple[type | None, list]]:
+    """The signatures of `load()`'s kernels that come as a float32 ("f32") and a bfloat16
+    ("bf16") variant."""
+    return {
+        f"paged_decode_attention_{dtype}": (None, [*_DECODE_ARGS, _P]),  # + work counter
+        f"paged_decode_attention_{dtype}_team": (None, [*_DECODE_ARGS, _I32]),  # + threads
+        # qkv, tokens, heads, kv heads, head dim, positions, cos, sin, cache, slots, slot, threads
+        f"rope_write_kv_{dtype}": (None, [_P] + [_I64] * 4 + [_P] * 4 + [_I64, _P, _I32]),
+        f"rms_norm_{dtype}": (None, [_P] * 3 + [_I64] * 2 + [_F32, _I32]),
+        # qkv, rows, row stride, heads, kv_heads, head_dim, q weight, k weight, eps, threads
+        f"qk_norm_{dtype}": (None, [_P] + [_I64] * 5 + [_P] * 2 + [_F32, _I32]),
+    }
+
+
+_KERNEL_SIGNATURES: dict[str, tuple[type | None, list]] = {
+    **_per_dtype("f32"),
+    **_per_dtype("bf16"),
+    # ops, n_ops, buffers, rows, positions, slots, block_table, seq_lens, max_blocks, threads
+    "decode_program_run": (None, [_P, _I64, _P, _I64] + [_P] * 4 + [_I64, _I32]),
+    # kernel, x, w, bias, other, y, M, N, K, type, op, isa, threads
+    "pool_matmul": (None, [_P] * 6 + [_I64] * 3 + [_I32] * 4),
+    # layers, shape, input, ids, table, table rows, rows, t, start, cache, cos, sin, final
+    # norm, projection (w, b), head, logits, threads
+    "dense_step_f32": (_I32, [_P] * 5 + [_I64] * 4 + [_P] * 8 + [_I32]),
+    # keys, rows, vocab, q, threads
+    "race_exponentials_f32": (None, [_P, _I64, _I64, _P, _I32]),
+    # logits, rows, vocab, k, scratch, heap size, threads
+    "top_k_mask_f32": (_I32, [_P, _I64, _I64, _P, _P, _I64, _I32]),
+    # probs, rows, vocab, p, prefix, cutoff, resolved, scratch, threads
+    "top_p_cutoff_f32": (None, [_P, _I64, _I64, _P, _I64] + [_P] * 3 + [_I32]),
+    "paged_decode_limits_ok": (_I32, [_I64] * 3),
+}
+"""Return and argument types of every function `load()` calls."""
+
+
+def _declare(lib: ctypes.CDLL, signatures: dict[str, tuple[type | None, list]]) -> None:
+    """Set each named function's `restype` and `argtypes`."""
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
 def _cpu_fingerprint() -> str:
     try:
         flags = next(
@@ -124,78 +173,7 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     lib = _compiled("libomnistage_kernels.so", _SOURCES, (*_NATIVE_FLAGS, *extra_flags))
     if lib is None:
         return None
-    decode_args = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 7 + [ctypes.c_float]
-    for dtype in ("f32", "bf16"):  # the float32 and the bfloat16 variant of each
-        for fn, last in (
-            (getattr(lib, f"paged_decode_attention_{dtype}"), ctypes.c_void_p),  # work counter
-            (getattr(lib, f"paged_decode_attention_{dtype}_team"), ctypes.c_int),  # threads
-        ):
-            fn.restype = None
-            fn.argtypes = [*decode_args, last]
-        rope = getattr(lib, f"rope_write_kv_{dtype}")
-        rope.restype = None
-        rope.argtypes = (
-            [ctypes.c_void_p]
-            + [ctypes.c_int64] * 4
-            + [ctypes.c_void_p] * 4
-            + [ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-        )
-        norm = getattr(lib, f"rms_norm_{dtype}")
-        norm.restype = None
-        norm.argtypes = (
-            [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
-        )
-        qk_norm = getattr(lib, f"qk_norm_{dtype}")
-        qk_norm.restype = None
-        # qkv, rows, row stride, heads, kv_heads, head_dim, q weight, k weight, eps, threads
-        qk_norm.argtypes = (
-            [ctypes.c_void_p]
-            + [ctypes.c_int64] * 5
-            + [ctypes.c_void_p] * 2
-            + [ctypes.c_float, ctypes.c_int]
-        )
-    program = lib.decode_program_run
-    program.restype = None
-    # ops, n_ops, buffers, rows, positions, slots, block_table, seq_lens, max_blocks, threads
-    program.argtypes = (
-        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-        + [ctypes.c_void_p] * 4
-        + [ctypes.c_int64, ctypes.c_int]
-    )
-    pool_matmul = lib.pool_matmul
-    pool_matmul.restype = None
-    # kernel, x, w, bias, other, y, M, N, K, type, op, isa, threads
-    pool_matmul.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 3 + [ctypes.c_int] * 4
-    dense = lib.dense_step_f32
-    dense.restype = ctypes.c_int
-    # layers, shape, input, ids, table, table rows, rows, t, start, cache, cos, sin, final
-    # norm, projection (w, b), head, logits, threads
-    dense.argtypes = (
-        [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 8 + [ctypes.c_int]
-    )
-    race = lib.race_exponentials_f32
-    race.restype = None
-    race.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
-    top_k = lib.top_k_mask_f32
-    top_k.restype = ctypes.c_int
-    # logits, rows, vocab, k, scratch, heap size, threads
-    top_k.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_int64,
-        ctypes.c_int64,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ] + [ctypes.c_int64, ctypes.c_int]
-    top_p = lib.top_p_cutoff_f32
-    top_p.restype = None
-    # probs, rows, vocab, p, prefix, cutoff, resolved, scratch, threads
-    top_p.argtypes = (
-        [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-        + [ctypes.c_void_p] * 3
-        + [ctypes.c_int]
-    )
-    lib.paged_decode_limits_ok.restype = ctypes.c_int
-    lib.paged_decode_limits_ok.argtypes = [ctypes.c_int64] * 3
+    _declare(lib, _KERNEL_SIGNATURES)
     return lib
 
 
@@ -225,10 +203,7 @@ def load_quant() -> ctypes.CDLL | None:
         "quant_block_bytes": (i32, [i32]),
         "quant_best_isa": (i32, []),
     }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype = restype
-        fn.argtypes = argtypes
+    _declare(lib, signatures)
     return lib
 
 
