@@ -12,6 +12,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from omnistage.models.tiny_checkpoints import make_checkpoint  # noqa: E402
 
 
+def pytest_sessionstart(session):
+    """The C kernel libraries built once, before any test: built on first use instead,
+    both test workers and the child processes of the tests that time a shutdown compile
+    them at once (~8 s), and a child compiling when its signal comes exits late."""
+    if hasattr(session.config, "workerinput"):
+        return  # a test worker: the controller built them before starting it
+    from omnistage import kernels
+
+    kernels.load()
+    kernels.load_quant()
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("tiny-llama"), "llama")

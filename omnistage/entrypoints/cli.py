@@ -19,6 +19,8 @@ omnistage verify [--model smollm2|demo-omni|PATH] [--deploy FILE|NAME] [--short]
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import importlib
 import logging
 import os
@@ -316,6 +318,12 @@ def build_parser(benchmarks: Collection[str] | None = None) -> argparse.Argument
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Registered first, so it runs after every other exit handler: the interpreter's last
+    # garbage collections then skip the objects alive at exit. Walking torch's and
+    # transformers' millions of objects made up most of an exit (`serve` on SIGTERM:
+    # ~0.9 s -> ~0.35 s). Safe here, where every file the command writes is closed by
+    # the command; a library never does this to a user's program.
+    atexit.register(gc.freeze)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv

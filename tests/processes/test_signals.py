@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from omnistage.models.plain_config import load_config
 from omnistage.pipeline.connectors.shm import namespace_segments
 from tests.process_helpers import alive, descendants
 
@@ -115,6 +116,10 @@ def _stop_and_check(proc: subprocess.Popen, signum: int, shm: Callable[[], set[s
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_script_stops_on_a_signal_and_leaves_nothing(start, tiny_llama, tmp_path, signum):
+    # A model's first start ever resolves its config through transformers (then cached:
+    # models/plain_config.py), and a script that imported transformers takes ~0.5 s more
+    # to tear down; the bound is for the usual start, so the config is resolved first.
+    load_config(tiny_llama)
     (tmp_path / "loop.py").write_text(LLM_LOOP.format(model=str(tiny_llama)))
     proc = start([sys.executable, "loop.py"], tmp_path)
     _wait_for_line(proc, "READY")
