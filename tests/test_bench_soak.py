@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("httpx")
 
-N = 120
-"""Generations, both modes together: 30 text, 15 speech and 15 image requests per mode."""
+N = 64
+"""Generations, both modes together: 16 text, 8 speech and 8 image requests per mode."""
 SHORT = ["--generations", str(N), "--modes", "sync,spec", "--concurrency", "16"]
 
 
