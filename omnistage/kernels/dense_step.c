@@ -226,3 +226,61 @@ int dense_step_f32(const struct dense_layer *layers, const struct dense_shape *s
     free(x);
     return 0;
 }
+
+/* Whether x is NaN, from its bits: the library is built with -ffinite-math-only, under which
+ * isnan() may be folded away. */
+static inline int nan_bits(const float *x)
+{
+    uint32_t bits;
+    memcpy(&bits, x, sizeof bits);
+    return (bits & 0x7fffffffu) > 0x7f800000u;
+}
+
+/* The first maximal entry of x[0..n-1], NaN counting as maximal (the first NaN wins), as
+ * torch's and numpy's argmax. One pass for the maximum and whether a NaN is there (both
+ * vectorize), then one to find where it first is. */
+static int64_t first_argmax(const float *x, int64_t n)
+{
+    float best = x[0];
+    int any_nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        any_nan |= nan_bits(&x[i]);
+        best = x[i] > best ? x[i] : best;
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (any_nan ? nan_bits(&x[i]) : x[i] == best) return i;
+    return 0;
+}
+
+/* A greedy frame in one call: step 0 over `in` [rows][t][in_width] read by heads[0], then
+ * for j = 1..n_codes-1 one position per row, the row of tables[j-1] [table_rows][in_width]
+ * at the code drawn at j-1, read by heads[j]; each code the first maximal logit of its row.
+ * The same calls `dense_step_f32` makes one at a time, so the same codes as drawing each
+ * with an argmax between them. codes: [rows][n_codes]. Returns as dense_step_f32. */
+int dense_frame_greedy_f32(const struct dense_layer *layers, const struct dense_shape *s,
+                           const float *in, int64_t t, int64_t rows, float *cache,
+                           const float *cos_t, const float *sin_t, const float *final_norm,
+                           const float *proj_w, const float *proj_b,
+                           const float *const *tables, int64_t table_rows,
+                           const float *const *heads, int64_t n_codes, int64_t *codes,
+                           int threads)
+{
+    float *logits = malloc((size_t)(rows * s->vocab) * sizeof(float));
+    int64_t *drawn = malloc((size_t)rows * sizeof(int64_t));
+    int failed = (!logits || !drawn) ? -1 : 0;
+    for (int64_t j = 0; j < n_codes && !failed; j++) {
+        failed = j == 0 ? dense_step_f32(layers, s, in, NULL, NULL, 0, rows, t, 0, cache, cos_t,
+                                         sin_t, final_norm, proj_w, proj_b, heads[0], logits,
+                                         threads)
+                        : dense_step_f32(layers, s, NULL, drawn, tables[j - 1], table_rows, rows,
+                                         1, t + j - 1, cache, cos_t, sin_t, final_norm, proj_w,
+                                         proj_b, heads[j], logits, threads);
+        for (int64_t r = 0; r < rows && !failed; r++) {
+            drawn[r] = first_argmax(logits + r * s->vocab, s->vocab);
+            codes[r * n_codes + j] = drawn[r];
+        }
+    }
+    free(logits);
+    free(drawn);
+    return failed;
+}

@@ -197,6 +197,57 @@ class DenseStep:
             rows, 1, start, cache, head, None, codes.data_ptr(), table.data_ptr(), table.shape[0]
         )
 
+    def greedy_frame(
+        self,
+        x: torch.Tensor,
+        cache: torch.Tensor,
+        tables: list[torch.Tensor],
+        heads: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Every code of a frame whose draws are all greedy, in one call: `run(x, 0, cache,
+        heads[0])`, then code j (j >= 1) from `run_codes` of code j-1 in `tables[j-1]` read
+        by `heads[j]`, each code its logits' argmax (the first maximal entry, NaN counting
+        as maximal, as `Sampler` takes it) -> codes [rows, len(heads)] int64: the same as
+        those calls one at a time with an argmax between them."""
+        rows, t, width = x.shape
+        s = self._shape
+        if width != s.in_width or not _usable(x) or cache.shape[0] != rows:
+            raise ValueError(f"dense step: x {tuple(x.shape)} does not fit a greedy frame")
+        if t + len(heads) - 1 > s.max_len or len(tables) != len(heads) - 1:
+            raise ValueError(f"dense step: {len(heads)} codes after {t} positions do not fit")
+        if any(tuple(h.shape) != (s.vocab, s.hidden) or not _usable(h) for h in heads) or any(
+            t.ndim != 2 or t.shape[1] != s.in_width or not _usable(t) for t in tables
+        ):
+            raise ValueError("dense step: heads or tables of the wrong shape")
+        table_rows = tables[0].shape[0] if tables else 0
+        if any(t.shape[0] != table_rows for t in tables):
+            raise ValueError("dense step: the code tables differ in rows")
+        codes = torch.empty(rows, len(heads), dtype=torch.int64)
+        w = self._weights
+        failed = self._lib.dense_frame_greedy_f32(
+            ctypes.addressof(self._layers),
+            ctypes.addressof(self._shape),
+            x.data_ptr(),
+            t,
+            rows,
+            cache.data_ptr(),
+            w.cos.data_ptr(),
+            w.sin.data_ptr(),
+            w.final_norm.data_ptr(),
+            *map(_pointer, self._projection),
+            (ctypes.c_void_p * max(len(tables), 1))(*(tb.data_ptr() for tb in tables)),
+            table_rows,
+            (ctypes.c_void_p * len(heads))(*(h.data_ptr() for h in heads)),
+            len(heads),
+            codes.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if failed == -2:
+            raise IndexError(f"dense step: a code outside the tables' {table_rows} rows")
+        if failed:
+            raise MemoryError("dense step: no scratch memory")
+        return codes
+
     def _step(
         self,
         rows: int,

@@ -245,12 +245,18 @@ class CodePredictor(nn.Module):
         talker_hidden: torch.Tensor,
         first_code_embeds: torch.Tensor,
         sample: Callable[[int, torch.Tensor], torch.Tensor],
+        greedy: bool = False,
     ) -> torch.Tensor:
         """[B, H] talker hidden and first-code embeddings -> [B, G-1] codes; `sample(j,
-        logits)` picks code j+1 of every row."""
+        logits)` picks code j+1 of every row. `greedy`: every row's draws are argmaxes (as
+        `sample` would give them), so the C path may take the whole frame in one call."""
         x = torch.stack([talker_hidden, first_code_embeds], dim=1)
         step = self.dense_step()
         if step is not None and x.dtype == torch.float32 and x.device.type == "cpu":
+            if greedy:
+                tables = [e.weight for e in self.model.codec_embedding[: self.num_codes - 1]]
+                heads = [h.weight for h in self.lm_head]
+                return step.greedy_frame(x.contiguous(), step.new_cache(x.shape[0]), tables, heads)
             return self._generate_in_c(step, x, sample)
         x = self._project(x)
         caches: list[list[torch.Tensor]] = [[] for _ in self.model.layers]
@@ -325,6 +331,7 @@ class CodePredictingTalker:
             hidden,
             self.embed_tokens(first),  # type: ignore[attr-defined]
             lambda j, lg: self._sampler(lg, residual_md[j]),
+            greedy=residual_md[0].all_greedy,
         )
         return torch.cat([first[:, None], residual], dim=1)
 
