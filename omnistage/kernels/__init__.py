@@ -123,13 +123,15 @@ _KERNEL_SIGNATURES: dict[str, tuple[type | None, list]] = {
     # norm, projection (w, b), head, logits, threads
     "dense_step_f32": (_I32, [_P] * 5 + [_I64] * 4 + [_P] * 8 + [_I32]),
     # layers, shape, in, t, rows, cache, cos, sin, final norm, projection w / b, tables,
-    # table rows, heads, codes per frame, codes, threads
-    "dense_frame_greedy_f32": (
+    # table rows, heads, codes per frame, temperature, top-k, seeds, positions, codes, threads
+    "dense_frame_f32": (
         _I32,
-        [_P, _P, _P, _I64, _I64] + [_P] * 7 + [_I64, _P, _I64, _P, _I32],
+        [_P, _P, _P, _I64, _I64] + [_P] * 7 + [_I64, _P, _I64] + [_P] * 5 + [_I32],
     ),
     # keys, rows, vocab, q, threads
     "race_exponentials_f32": (None, [_P, _I64, _I64, _P, _I32]),
+    # probs, rows, vocab, keys, picks, threads
+    "race_pick_f32": (None, [_P, _I64, _I64, _P, _P, _I32]),
     # logits, rows, vocab, k, scratch, heap size, threads
     "top_k_mask_f32": (_I32, [_P, _I64, _I64, _P, _P, _I64, _I32]),
     # probs, rows, vocab, p, prefix, cutoff, resolved, scratch, threads

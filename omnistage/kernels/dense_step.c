@@ -23,6 +23,8 @@
  * is the same alone or in any batch (and with any thread count). Threads share a
  * product's weight rows only when the product is large enough to pay for the team.
  */
+#include "kernel_rows.h"
+
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -252,22 +254,26 @@ static int64_t first_argmax(const float *x, int64_t n)
     return 0;
 }
 
-/* A greedy frame in one call: step 0 over `in` [rows][t][in_width] read by heads[0], then
- * for j = 1..n_codes-1 one position per row, the row of tables[j-1] [table_rows][in_width]
- * at the code drawn at j-1, read by heads[j]; each code the first maximal logit of its row.
- * The same calls `dense_step_f32` makes one at a time, so the same codes as drawing each
- * with an argmax between them. codes: [rows][n_codes]. Returns as dense_step_f32. */
-int dense_frame_greedy_f32(const struct dense_layer *layers, const struct dense_shape *s,
-                           const float *in, int64_t t, int64_t rows, float *cache,
-                           const float *cos_t, const float *sin_t, const float *final_norm,
-                           const float *proj_w, const float *proj_b,
-                           const float *const *tables, int64_t table_rows,
-                           const float *const *heads, int64_t n_codes, int64_t *codes,
-                           int threads)
+/* A frame in one call: step 0 over `in` [rows][t][in_width] read by heads[0], then for
+ * j = 1..n_codes-1 one position per row, the row of tables[j-1] [table_rows][in_width] at
+ * the code drawn at j-1, read by heads[j]; the same calls `dense_step_f32` makes one at a
+ * time. Code j of row r: where `temperature` is NULL or temperature[r] is 0, the first
+ * maximal logit (NaN counting as maximal, as torch's argmax), so a greedy row's codes
+ * equal those drawn step by step; else `race_sample_row_f32` at temperature[r] with
+ * top_k[r], keyed by the sampler's row_seed(seeds[r], positions[r] * n_codes + j).
+ * codes: [rows][n_codes]. Returns as dense_step_f32. */
+int dense_frame_f32(const struct dense_layer *layers, const struct dense_shape *s,
+                    const float *in, int64_t t, int64_t rows, float *cache, const float *cos_t,
+                    const float *sin_t, const float *final_norm, const float *proj_w,
+                    const float *proj_b, const float *const *tables, int64_t table_rows,
+                    const float *const *heads, int64_t n_codes, const float *temperature,
+                    const int64_t *top_k, const uint64_t *seeds, const int64_t *positions,
+                    int64_t *codes, int threads)
 {
     float *logits = malloc((size_t)(rows * s->vocab) * sizeof(float));
+    float *scratch = malloc((size_t)(2 * s->vocab) * sizeof(float));
     int64_t *drawn = malloc((size_t)rows * sizeof(int64_t));
-    int failed = (!logits || !drawn) ? -1 : 0;
+    int failed = (!logits || !scratch || !drawn) ? -1 : 0;
     for (int64_t j = 0; j < n_codes && !failed; j++) {
         failed = j == 0 ? dense_step_f32(layers, s, in, NULL, NULL, 0, rows, t, 0, cache, cos_t,
                                          sin_t, final_norm, proj_w, proj_b, heads[0], logits,
@@ -276,11 +282,18 @@ int dense_frame_greedy_f32(const struct dense_layer *layers, const struct dense_
                                          1, t + j - 1, cache, cos_t, sin_t, final_norm, proj_w,
                                          proj_b, heads[j], logits, threads);
         for (int64_t r = 0; r < rows && !failed; r++) {
-            drawn[r] = first_argmax(logits + r * s->vocab, s->vocab);
+            const float *row = logits + r * s->vocab;
+            if (!temperature || temperature[r] == 0.0f)
+                drawn[r] = first_argmax(row, s->vocab);
+            else
+                drawn[r] = race_sample_row_f32(
+                    row, s->vocab, temperature[r], top_k[r],
+                    race_row_key(seeds[r], (uint64_t)(positions[r] * n_codes + j)), scratch);
             codes[r * n_codes + j] = drawn[r];
         }
     }
     free(logits);
+    free(scratch);
     free(drawn);
     return failed;
 }

@@ -37,4 +37,11 @@ void paged_decode_attention_strided_f32(const float *q, int64_t q_stride, const 
                                         int64_t head_dim, int64_t num_blocks, int64_t block_size,
                                         int64_t max_blocks, float scale, int64_t *next_unit);
 
+/* sample_race.c: the sampler's `row_seed` key of (seed, output position). */
+uint64_t race_row_key(uint64_t seed, uint64_t position);
+
+/* sample_race.c: one row's exponential-race draw at temperature t with top-k k. */
+int64_t race_sample_row_f32(const float *x, int64_t vocab, float t, int64_t k, uint64_t key,
+                            float *scratch);
+
 #endif

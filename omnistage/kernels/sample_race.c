@@ -12,9 +12,12 @@
  *
  * Also the sampler's two filters on float32 rows, each giving exactly what its torch path
  * gives: top-k (`top_k_mask_f32`) and top-p's cutoff (`top_p_cutoff_f32`), both from a
- * min-heap of a row's largest values instead of torch's partial sort. */
+ * min-heap of a row's largest values instead of torch's partial sort; and the race's pick
+ * itself (`race_pick_f32`), drawing only the tokens a row can pick. */
+#include "exp_vec.h"
 #include "kernel_rows.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -85,8 +88,8 @@ static inline void heap_replace_min(float *heap, int64_t n, float v)
     heap[i] = v;
 }
 
-/* The `m` largest values of x[0..vocab) in `heap` (a min-heap; m <= vocab). */
-static void largest_values(const float *x, int64_t vocab, int64_t m, float *heap)
+/* The `m` largest values of x[0..n) in `heap` (a min-heap; m <= n), in any order. */
+static void heap_of_largest(const float *x, int64_t n, int64_t m, float *heap)
 {
     for (int64_t j = 0; j < m; j++) {
         int64_t i = j;
@@ -97,19 +100,64 @@ static void largest_values(const float *x, int64_t vocab, int64_t m, float *heap
         }
         heap[i] = v;
     }
-    for (int64_t j = m; j < vocab; j++)
+    for (int64_t j = m; j < n; j++)
         if (x[j] > heap[0]) heap_replace_min(heap, m, x[j]);
+}
+
+#define SELECT_BLOCK 16
+#define SELECT_MAX_BLOCKS 4096
+
+/* The `m` largest values of x[0..vocab) in `heap` (a min-heap; m <= vocab). Where there
+ * are at least m blocks of 16 values, the m-th largest block maximum is a floor: at least
+ * m values (those maxima) reach it, so no value below it is among the m largest, and only
+ * the values at or above it (a few more than m, on most rows) go through the heap; the
+ * heap ends with the same values either way. */
+static void largest_values(const float *x, int64_t vocab, int64_t m, float *heap)
+{
+    const int64_t blocks = vocab / SELECT_BLOCK;
+    if (blocks < m || blocks > SELECT_MAX_BLOCKS) {
+        heap_of_largest(x, vocab, m, heap);
+        return;
+    }
+    float maxima[SELECT_MAX_BLOCKS];
+    for (int64_t b = 0; b < blocks; b++) {
+        float top = x[b * SELECT_BLOCK];
+        for (int64_t i = 1; i < SELECT_BLOCK; i++) {
+            const float v = x[b * SELECT_BLOCK + i];
+            top = v > top ? v : top;
+        }
+        maxima[b] = top;
+    }
+    heap_of_largest(maxima, blocks, m, heap);
+    const float floor = heap[0];
+    int64_t filled = 0;
+    for (int64_t j = 0; j < vocab; j++) {
+        const float v = x[j];
+        if (!(v >= floor)) continue;
+        if (filled < m) { /* sift up */
+            int64_t i = filled++;
+            while (i > 0 && heap[(i - 1) / 2] > v) {
+                heap[i] = heap[(i - 1) / 2];
+                i = (i - 1) / 2;
+            }
+            heap[i] = v;
+        } else if (v > heap[0]) {
+            heap_replace_min(heap, m, v);
+        }
+    }
 }
 
 /* Top-k filtering of one float32 row in place (see `top_k_mask_f32`); 1 if it holds a NaN
  * (left alone then), else 0. `heap` holds k floats. */
 static int top_k_mask_row(float *x, int64_t vocab, int64_t k, float *heap)
 {
+    int nan = 0;
     for (int64_t j = 0; j < vocab; j++) {
         uint32_t bits;
         memcpy(&bits, x + j, sizeof bits);
-        if ((bits & 0x7fffffffu) > 0x7f800000u) return 1;
+        nan |= (bits & 0x7fffffffu) > 0x7f800000u;
     }
+    if (nan) return 1;
     if (k <= 0 || k >= vocab) return 0;
     largest_values(x, vocab, k, heap);
     const float kth = heap[0];
@@ -176,4 +224,101 @@ void top_p_cutoff_f32(const float *probs, int64_t rows, int64_t vocab, const flo
         resolved[r] = (float)sum >= p[r];
         cutoff[r] = heap[keep - 1];
     }
+}
+
+/* The race's pick of each row: the first j with the largest probs[r][j] / q(keys[r], j), q
+ * drawn as `race_exponentials_f32` draws it, NaN counting as largest: numpy's argmax of
+ * `probs / q`, without the [rows][vocab] draws. Only tokens of nonzero probability are
+ * drawn: their quotients are >= 0, so a 0 / q = 0 is never above the row's best so far and
+ * skipping it changes no pick, and a row filtered by top-k or top-p draws its few kept
+ * tokens instead of the whole vocabulary. */
+void race_pick_f32(const float *probs, int64_t rows, int64_t vocab, const uint64_t *keys,
+                   int64_t *picks, int num_threads)
+{
+#pragma omp parallel for schedule(static) num_threads(row_threads(rows * vocab, num_threads))
+    for (int64_t r = 0; r < rows; r++) {
+        const float *p = probs + r * vocab;
+        int64_t best = 0;
+        float top = 0.0f;
+        for (int64_t j = 0; j < vocab; j += 16) {
+            const int64_t end = j + 16 < vocab ? j + 16 : vocab;
+            uint32_t nonzero = 0, bits;
+            for (int64_t i = j; i < end; i++) {
+                memcpy(&bits, p + i, sizeof bits);
+                nonzero |= bits & 0x7fffffffu;
+            }
+            if (!nonzero) continue;
+            for (int64_t i = j; i < end; i++) {
+                memcpy(&bits, p + i, sizeof bits);
+                if (!(bits & 0x7fffffffu)) continue;
+                if ((bits & 0x7fffffffu) > 0x7f800000u) { /* NaN: the first one is the pick */
+                    best = i;
+                    j = vocab;
+                    break;
+                }
+                const float v = p[i] / -log_vec(race_uniform(keys[r], i));
+                if (v > top) top = v, best = i;
+            }
+        }
+        picks[r] = best;
+    }
+}
+
+/* `row_seed` of sampler.py: splitmix64 of seed * 1000003 + position, the top bit cleared
+ * (the key of a row's draws at one output position). */
+uint64_t race_row_key(uint64_t seed, uint64_t position)
+{
+    uint64_t x = seed * 1000003ull + position + GOLDEN;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return (x ^ (x >> 31)) & 0x7fffffffffffffffull;
+}
+
+/* One row's draw at temperature t > 0 with top-k k (none where k <= 0 or k >= vocab), the
+ * race keyed by `key`: over the kept tokens (s_j = x_j / t at least the k-th largest s),
+ * the first j with the largest exp(s_j - max s) / q(key, j) — the sampler's pick without
+ * its normalization (a common factor of the quotients; the same distribution, not always
+ * the same float comparisons as `Sampler`'s softmax). The first NaN where x holds one.
+ * The exp is exp_vec's, so a top-k row (its few kept tokens, one by one) and a row
+ * without (every token, in a loop that vectorizes) compute the same quotients. `scratch`
+ * holds vocab + k floats. */
+int64_t race_sample_row_f32(const float *x, int64_t vocab, float t, int64_t k, uint64_t key,
+                            float *scratch)
+{
+    float *s = scratch, *heap = scratch + vocab;
+    int nan = 0;
+    for (int64_t j = 0; j < vocab; j++) {
+        uint32_t bits;
+        memcpy(&bits, x + j, sizeof bits);
+        nan |= (bits & 0x7fffffffu) > 0x7f800000u;
+        s[j] = x[j] / t;
+    }
+    if (nan)
+        for (int64_t j = 0; j < vocab; j++) {
+            uint32_t bits;
+            memcpy(&bits, x + j, sizeof bits);
+            if ((bits & 0x7fffffffu) > 0x7f800000u) return j;
+        }
+    float top = s[0];
+    for (int64_t j = 0; j < vocab; j++) top = s[j] > top ? s[j] : top;
+    int64_t best = 0;
+    float best_v = -1.0f; /* every kept token's quotient is > 0 */
+    if (k > 0 && k < vocab) {
+        largest_values(s, vocab, k, heap);
+        const float least = heap[0];
+        for (int64_t j = 0; j < vocab; j++) {
+            if (s[j] < least) continue;
+            const float v = exp_vec(s[j] - top) / -log_vec(race_uniform(key, j));
+            if (v > best_v) best_v = v, best = j;
+        }
+        return best;
+    }
+    for (int64_t j = 0; j < vocab; j++) { /* -inf (a masked token): 0, never picked */
+        const float v = exp_vec(s[j] - top) / -log_vec(race_uniform(key, j));
+        s[j] = s[j] >= -FLT_MAX ? v : 0.0f;
+    }
+    for (int64_t j = 0; j < vocab; j++) best_v = s[j] > best_v ? s[j] : best_v;
+    for (int64_t j = 0; j < vocab; j++)
+        if (s[j] == best_v) return j;
+    return 0;
 }

@@ -27,7 +27,7 @@ import torch
 from omnistage import kernels
 from omnistage.layers.decode_program import DISABLE_ENV
 
-__all__ = ["DISABLE_ENV", "DenseLayerWeights", "DenseStep", "DenseWeights"]
+__all__ = ["DISABLE_ENV", "DenseLayerWeights", "DenseStep", "DenseWeights", "FrameDraws"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,41 @@ class DenseWeights:
         around = [self.final_norm, self.cos, self.sin, *(self.projection or ())]
         inside = [t for layer in self.layers for t in vars(layer).values()]
         return [t for t in around + inside if t is not None]
+
+
+@dataclass(frozen=True)
+class FrameDraws:
+    """How each row's codes of a frame are drawn (`DenseStep.frame`): a row at temperature 0
+    greedily, else by the sampler's exponential race at its temperature with its top-k (0:
+    none), keyed by the sampler's `row_seed(seeds[r], positions[r] * codes + j)` for code
+    j. Built with `of`."""
+
+    temperature: torch.Tensor
+    """[rows] float32."""
+    top_k: torch.Tensor
+    """[rows] int64."""
+    seeds: torch.Tensor
+    """[rows] int64 (the seeds' 64 bits)."""
+    positions: torch.Tensor
+    """[rows] int64: the frame's output position."""
+
+    @classmethod
+    def of(
+        cls, temperature: list[float], top_k: list[int], seeds: list[int], positions: list[int]
+    ) -> FrameDraws:
+        return cls(
+            torch.tensor(temperature, dtype=torch.float32),
+            torch.tensor(top_k, dtype=torch.int64),
+            torch.tensor([s - (1 << 64) if s >= 1 << 63 else s for s in seeds], dtype=torch.int64),
+            torch.tensor(positions, dtype=torch.int64),
+        )
+
+    @property
+    def rows(self) -> int:
+        return self.temperature.shape[0]
+
+    def pointers(self) -> tuple[int, int, int, int]:
+        return tuple(t.data_ptr() for t in vars(self).values())  # type: ignore[return-value]
 
 
 class _Layer(ctypes.Structure):
@@ -197,22 +232,24 @@ class DenseStep:
             rows, 1, start, cache, head, None, codes.data_ptr(), table.data_ptr(), table.shape[0]
         )
 
-    def greedy_frame(
+    def frame(
         self,
         x: torch.Tensor,
         cache: torch.Tensor,
         tables: list[torch.Tensor],
         heads: list[torch.Tensor],
+        draws: FrameDraws | None = None,
     ) -> torch.Tensor:
-        """Every code of a frame whose draws are all greedy, in one call: `run(x, 0, cache,
-        heads[0])`, then code j (j >= 1) from `run_codes` of code j-1 in `tables[j-1]` read
-        by `heads[j]`, each code its logits' argmax (the first maximal entry, NaN counting
-        as maximal, as `Sampler` takes it) -> codes [rows, len(heads)] int64: the same as
-        those calls one at a time with an argmax between them."""
+        """Every code of a frame in one call: `run(x, 0, cache, heads[0])`, then code j
+        (j >= 1) from `run_codes` of code j-1 in `tables[j-1]` read by `heads[j]`, each
+        code drawn from its logits as `draws` says (None: every row greedy) -> codes
+        [rows, len(heads)] int64. A greedy row's code is its logits' argmax (the first
+        maximal entry, NaN counting as maximal, as `Sampler` takes it), so its codes equal
+        those of the calls one at a time with an argmax between them."""
         rows, t, width = x.shape
         s = self._shape
         if width != s.in_width or not _usable(x) or cache.shape[0] != rows:
-            raise ValueError(f"dense step: x {tuple(x.shape)} does not fit a greedy frame")
+            raise ValueError(f"dense step: x {tuple(x.shape)} does not fit a frame")
         if t + len(heads) - 1 > s.max_len or len(tables) != len(heads) - 1:
             raise ValueError(f"dense step: {len(heads)} codes after {t} positions do not fit")
         if any(tuple(h.shape) != (s.vocab, s.hidden) or not _usable(h) for h in heads) or any(
@@ -222,9 +259,11 @@ class DenseStep:
         table_rows = tables[0].shape[0] if tables else 0
         if any(t.shape[0] != table_rows for t in tables):
             raise ValueError("dense step: the code tables differ in rows")
+        if draws is not None and draws.rows != rows:
+            raise ValueError(f"dense step: draws for {draws.rows} rows, x has {rows}")
         codes = torch.empty(rows, len(heads), dtype=torch.int64)
         w = self._weights
-        failed = self._lib.dense_frame_greedy_f32(
+        failed = self._lib.dense_frame_f32(
             ctypes.addressof(self._layers),
             ctypes.addressof(self._shape),
             x.data_ptr(),
@@ -239,6 +278,7 @@ class DenseStep:
             table_rows,
             (ctypes.c_void_p * len(heads))(*(h.data_ptr() for h in heads)),
             len(heads),
+            *(draws.pointers() if draws is not None else (None,) * 4),
             codes.data_ptr(),
             torch.get_num_threads(),
         )

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from omnistage.sample.metadata import SAMPLING_EPS, SamplingMetadata
-from omnistage.sample.sampler import Sampler, row_argmax, row_seed
+from omnistage.sample.sampler import Sampler, row_seed
 
 RAS_WINDOW = 10
 RAS_TAU_R = 0.1
@@ -63,4 +63,4 @@ class RepetitionAwareSampler:
         temperature = md.temperature[rows].to(device=logits.device, dtype=dtype)
         probs = torch.softmax(logits[index].to(dtype) / temperature.unsqueeze(1), dim=-1)
         keys = [(row_seed(md.seeds[r], RESAMPLE_SALT), md.output_positions[r]) for r in rows]
-        return row_argmax(probs.div_(Sampler.exponentials(probs, keys)))
+        return Sampler.race(probs, keys)

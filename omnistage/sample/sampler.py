@@ -140,8 +140,29 @@ class Sampler:
             _apply_min_p(scaled, pick(md.min_p))
         probs = torch.softmax(scaled, dim=-1)
         row_ids = range(md.num_rows) if rows is None else rows.tolist()
-        q = self.exponentials(probs, [(md.seeds[r], md.output_positions[r]) for r in row_ids])
-        return row_argmax(probs.div_(q))
+        return self.race(probs, [(md.seeds[r], md.output_positions[r]) for r in row_ids])
+
+    @classmethod
+    def race(cls, probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:
+        """[R] int64: each row's pick of the exponential race, `argmax(probs / q)` with `q`
+        the row's `exponentials`. Contiguous float32 CPU rows take one C call
+        (`race_pick_f32`: the same picks, drawing only tokens of nonzero probability);
+        other rows divide by the whole draws."""
+        lib = kernels.load() if probs.dtype == torch.float32 and probs.is_cpu else None
+        if lib is None or not probs.is_contiguous() or probs.ndim != 2:
+            return row_argmax(probs.div_(cls.exponentials(probs, keys)))
+        draw_keys = torch.tensor([row_seed(seed, position) for seed, position in keys])
+        picks = torch.empty(len(keys), dtype=torch.int64)
+        rows, vocab = probs.shape
+        lib.race_pick_f32(
+            probs.data_ptr(),
+            rows,
+            vocab,
+            draw_keys.data_ptr(),
+            picks.data_ptr(),
+            torch.get_num_threads(),
+        )
+        return picks
 
     @staticmethod
     def exponentials(probs: torch.Tensor, keys: list[tuple[int, int]]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The code predictor's C step (`layers/dense_step.py`, `kernels/dense_step.c`) against its
 torch path: float32 logits within 2e-5 of the largest logit at every code step, greedy
-codes equal, and a greedy frame in one call (`greedy_frame`) equal to its steps one by one; a row's codes and logits are bit-identical alone or in a batch; float64 and
+codes equal; a row's codes and logits are bit-identical alone or in a batch; float64 and
 `OMNISTAGE_DISABLE_DECODE_PROGRAM` keep the torch path."""
 
 from __future__ import annotations
@@ -73,26 +73,6 @@ def test_c_step_matches_the_torch_path(monkeypatch, talker_hidden, bias):
     scale = torch_logits.abs().max()
     assert (logits - torch_logits).abs().max() <= TOLERANCE * scale
     assert not torch.equal(logits, torch_logits)  # the two paths really differ
-
-
-@pytest.mark.parametrize(("talker_hidden", "bias"), [(48, False), (None, True)])
-def test_a_greedy_frame_in_one_call_draws_the_codes_of_the_step_by_step_argmax(talker_hidden, bias):
-    predictor = _predictor(torch.float32, talker_hidden, bias, seed=2)
-    hidden, embeds = _inputs(6, talker_hidden or 32)
-
-    def frame() -> torch.Tensor:
-        unused = lambda j, lg: pytest.fail("the greedy frame never calls sample")  # noqa: E731
-        return predictor.generate(hidden, embeds, unused, greedy=True)
-
-    assert torch.equal(frame(), _run(predictor, hidden, embeds)[0])
-    with torch.no_grad():  # ties go to the first maximal entry, NaN counts as maximal
-        predictor.lm_head[2].weight.zero_()
-        predictor.lm_head[5].weight[[9, 40]] = float("nan")
-    codes = frame()
-    assert torch.equal(codes, _run(predictor, hidden, embeds)[0])
-    assert (codes[:, 2] == 0).all() and (codes[:, 5] == 9).all()
-    alone = predictor.generate(hidden[4:5], embeds[4:5], lambda j, lg: lg.argmax(-1), greedy=True)
-    assert torch.equal(alone[0], codes[4])
 
 
 def test_a_row_is_the_same_alone_or_in_a_batch():

@@ -44,7 +44,7 @@ from omnistage.families.mimo_audio.config import (
     speech_vocab_sizes,
 )
 from omnistage.families.mimo_audio.local_transformer import LocalTransformer
-from omnistage.families.qwen3_omni.code_predictor import code_predictor_metadata
+from omnistage.families.qwen3_omni.code_draws import code_predictor_metadata
 from omnistage.sample import Sampler, SamplingMetadata
 from omnistage.sampling_params import SamplingParams
 

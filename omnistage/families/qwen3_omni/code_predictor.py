@@ -11,12 +11,14 @@ the code predictor's weights load under `code_predictor.`.
 
 Sampling is seeded per request and output position, as the default sampler's:
 code 0 with the request's parameters (temperature 0 = greedy), codes 1..G-1
-greedy for greedy requests, else with the talker's `code_predictor_params`.
+greedy for greedy requests, else with the talker's `code_predictor_params`
+(`code_draws.py`). On the CPU in float32 a frame whose draws are temperature and top-k
+only (every greedy frame; Qwen3-TTS's sampled ones) is one C call, draws included
+(`DenseStep.frame`); others (top-p: Qwen3-Omni's sampled frames) draw code by code.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -24,18 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistage.layers.dense_step import DenseLayerWeights, DenseStep, DenseWeights
+from omnistage.families.qwen3_omni.code_draws import code_predictor_metadata, frame_draws
+from omnistage.layers.dense_step import DenseLayerWeights, DenseStep, DenseWeights, FrameDraws
 from omnistage.layers.linear import Embedding, Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
 from omnistage.sample import Sampler, SamplingMetadata
-from omnistage.sample.metadata import SAMPLING_EPS, RowSamplingState
 from omnistage.sampling_params import SamplingParams
 
 NUM_SUPPRESSED = 1024
 """The top ids of the talker vocabulary `generate` never samples (but `codec_eos`)."""
 
-_GREEDY = SamplingParams(temperature=0.0)
 _PARTS = {
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
@@ -43,7 +44,6 @@ _PARTS = {
 """Our fused projection -> the checkpoint's projections it holds, in row order."""
 FUSED = {part: (fused, i) for fused, parts in _PARTS.items() for i, part in enumerate(parts)}
 """Checkpoint projection -> (our fused projection, its index among the parts)."""
-_SEED_SALT = 0x636F64655F707265  # separates the code predictor's draws from the talker's
 
 
 class CodePredictorLayer(nn.Module):
@@ -245,18 +245,21 @@ class CodePredictor(nn.Module):
         talker_hidden: torch.Tensor,
         first_code_embeds: torch.Tensor,
         sample: Callable[[int, torch.Tensor], torch.Tensor],
-        greedy: bool = False,
+        whole_frame: FrameDraws | None = None,
     ) -> torch.Tensor:
         """[B, H] talker hidden and first-code embeddings -> [B, G-1] codes; `sample(j,
-        logits)` picks code j+1 of every row. `greedy`: every row's draws are argmaxes (as
-        `sample` would give them), so the C path may take the whole frame in one call."""
+        logits)` picks code j+1 of every row. `whole_frame`: how the same draws are made
+        in C, so that the C path may take the whole frame in one call (`DenseStep.frame`;
+        its greedy rows' codes are `sample`'s, its sampled rows' are drawn by the same race
+        from the same keys)."""
         x = torch.stack([talker_hidden, first_code_embeds], dim=1)
         step = self.dense_step()
         if step is not None and x.dtype == torch.float32 and x.device.type == "cpu":
-            if greedy:
+            if whole_frame is not None:
                 tables = [e.weight for e in self.model.codec_embedding[: self.num_codes - 1]]
                 heads = [h.weight for h in self.lm_head]
-                return step.greedy_frame(x.contiguous(), step.new_cache(x.shape[0]), tables, heads)
+                cache = step.new_cache(x.shape[0])
+                return step.frame(x.contiguous(), cache, tables, heads, whole_frame)
             return self._generate_in_c(step, x, sample)
         x = self._project(x)
         caches: list[list[torch.Tensor]] = [[] for _ in self.model.layers]
@@ -331,7 +334,7 @@ class CodePredictingTalker:
             hidden,
             self.embed_tokens(first),  # type: ignore[attr-defined]
             lambda j, lg: self._sampler(lg, residual_md[j]),
-            greedy=residual_md[0].all_greedy,
+            whole_frame=frame_draws(residual_md[0], metadata.output_positions),
         )
         return torch.cat([first[:, None], residual], dim=1)
 
@@ -354,29 +357,3 @@ class CodePredictingTalker:
     def expected_weight_names(self) -> set[str]:
         names = {n for n in super().expected_weight_names() if "code_predictor." not in n}  # type: ignore[misc]
         return names | {f"code_predictor.{n}" for n in self.code_predictor.checkpoint_names()}
-
-
-def code_predictor_metadata(
-    md: SamplingMetadata, num_codes: int, device: torch.device, params: SamplingParams
-) -> list[SamplingMetadata]:
-    """Per code index: the metadata of its draws (greedy rows stay greedy; random rows use
-    `params`, seeded by the request and (output position, code))."""
-    rows = [
-        RowSamplingState(
-            sampling_params=_GREEDY if p.temperature < SAMPLING_EPS else params,
-            seed=(seed ^ _SEED_SALT) & ((1 << 63) - 1),
-            prompt_token_ids=[],
-            output_token_ids=[],
-        )
-        for p, seed in zip(md.sampling_params, md.seeds, strict=True)
-    ]
-    first = SamplingMetadata.from_requests(rows, device)
-    if first.all_greedy:  # positions only seed random draws
-        return [first] * num_codes
-    # The draws of code j differ only in their position: the rest is built once per step.
-    return [
-        dataclasses.replace(
-            first, output_positions=[pos * num_codes + j for pos in md.output_positions]
-        )
-        for j in range(num_codes)
-    ]
