@@ -150,3 +150,44 @@ def test_race_draws_are_the_same_floats_on_every_build():
         lib.race_exponentials_f32(keys.data_ptr(), 8, 5000, q.data_ptr(), 1)
         draws.append(q)
     assert torch.equal(draws[0], draws[1])
+
+
+def test_the_race_pick_in_c_is_the_argmax_of_probs_over_the_draws():
+    # `race_pick_f32` draws only tokens of nonzero probability; the pick must be the torch
+    # path's argmax of probs / q all the same: ties, NaN (the first wins), rows of zeros,
+    # quotients that underflow, vocabularies off the kernel's blocks of 64.
+    if kernels.load() is None:
+        pytest.skip("no C compiler on this machine")
+    g = torch.Generator().manual_seed(3)
+    for case in range(150):
+        rows, vocab = 1 + case % 7, (1, 7, 63, 64, 65, 130, 2048)[case % 7]
+        logits = torch.randn(rows, vocab, generator=g) * (0.1, 1.0, 5.0, 30.0)[case % 4]
+        k = (1, 5, 50, 0)[case % 4]
+        if 0 < k < vocab:
+            kth = logits.topk(k, -1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = torch.softmax(logits, -1)
+        if case % 5 == 0:
+            probs[0, vocab // 2] = float("nan")
+        if case % 6 == 0:
+            probs[-1] = 0.0
+        if case % 8 == 0 and vocab > 3:
+            probs[0, 1] = 1e-44
+        keys = [(case * 31 + r, case) for r in range(rows)]
+        expected = S.row_argmax(probs.clone().div_(S.Sampler.exponentials(probs, keys)))
+        assert torch.equal(S.Sampler.race(probs.clone(), keys), expected), case
+
+
+def test_top_k_over_a_large_vocabulary_with_ties_is_the_torch_filter(monkeypatch):
+    # Past k blocks of 16 values the C top-k takes only the values at or above the k-th
+    # largest block maximum to its heap: with ties around that floor and masked tokens.
+    if kernels.load() is None:
+        pytest.skip("no C compiler on this machine")
+    g = torch.Generator().manual_seed(1)
+    for case in range(20):
+        logits = torch.round(torch.randn(6, 5000, generator=g) * (1, 4)[case % 2]) / 2
+        logits[:, case::9] = float("-inf")
+        k = torch.tensor([1, 2, 16, 50, 300, 312])
+        ours = logits.clone()
+        S._apply_top_k(ours, k)
+        assert torch.equal(ours, _torch_top_k(logits, k, monkeypatch)), case

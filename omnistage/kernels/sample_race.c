@@ -226,6 +226,8 @@ void top_p_cutoff_f32(const float *probs, int64_t rows, int64_t vocab, const flo
     }
 }
 
+#define RACE_BLOCK 64
+
 /* The race's pick of each row: the first j with the largest probs[r][j] / q(keys[r], j), q
  * drawn as `race_exponentials_f32` draws it, NaN counting as largest: numpy's argmax of
  * `probs / q`, without the [rows][vocab] draws. Only tokens of nonzero probability are
@@ -240,24 +242,30 @@ void race_pick_f32(const float *probs, int64_t rows, int64_t vocab, const uint64
         const float *p = probs + r * vocab;
         int64_t best = 0;
         float top = 0.0f;
-        for (int64_t j = 0; j < vocab; j += 16) {
-            const int64_t end = j + 16 < vocab ? j + 16 : vocab;
-            uint32_t nonzero = 0, bits;
-            for (int64_t i = j; i < end; i++) {
-                memcpy(&bits, p + i, sizeof bits);
-                nonzero |= bits & 0x7fffffffu;
+        for (int64_t j = 0; j < vocab; j += RACE_BLOCK) {
+            const int64_t n = vocab - j < RACE_BLOCK ? vocab - j : RACE_BLOCK;
+            uint32_t nonzero = 0, nan = 0, bits[RACE_BLOCK];
+            memcpy(bits, p + j, (size_t)n * sizeof(float));
+            for (int64_t i = 0; i < n; i++) {
+                nonzero |= bits[i] & 0x7fffffffu;
+                nan |= (bits[i] & 0x7fffffffu) > 0x7f800000u;
             }
             if (!nonzero) continue;
-            for (int64_t i = j; i < end; i++) {
-                memcpy(&bits, p + i, sizeof bits);
-                if (!(bits & 0x7fffffffu)) continue;
-                if ((bits & 0x7fffffffu) > 0x7f800000u) { /* NaN: the first one is the pick */
-                    best = i;
-                    j = vocab;
-                    break;
-                }
-                const float v = p[i] / -log_vec(race_uniform(keys[r], i));
-                if (v > top) top = v, best = i;
+            if (nan) { /* the first NaN is the pick */
+                int64_t i = 0;
+                while ((bits[i] & 0x7fffffffu) <= 0x7f800000u) i++;
+                best = j + i;
+                break;
+            }
+            float v[RACE_BLOCK];
+            for (int64_t i = 0; i < n; i++) /* 0 / q = 0: never above `top` */
+                v[i] = p[j + i] / -log_vec(race_uniform(keys[r], j + i));
+            float most = 0.0f;
+            for (int64_t i = 0; i < n; i++) most = v[i] > most ? v[i] : most;
+            if (most > top) {
+                int64_t i = 0;
+                while (v[i] != most) i++;
+                top = most, best = j + i;
             }
         }
         picks[r] = best;
