@@ -128,6 +128,8 @@ _KERNEL_SIGNATURES: dict[str, tuple[type | None, list]] = {
         _I32,
         [_P, _P, _P, _I64, _I64] + [_P] * 7 + [_I64, _P, _I64] + [_P] * 5 + [_I32],
     ),
+    # tables, table rows, width, codes, n, m, out
+    "embedding_sum_f32": (_I32, [_P, _I64, _I64, _P, _I64, _I64, _P]),
     # keys, rows, vocab, q, threads
     "race_exponentials_f32": (None, [_P, _I64, _I64, _P, _I32]),
     # probs, rows, vocab, keys, picks, threads

@@ -297,3 +297,23 @@ int dense_frame_f32(const struct dense_layer *layers, const struct dense_shape *
     free(drawn);
     return failed;
 }
+
+/* out[r] = tables[0][codes[r][0]] + tables[1][codes[r][1]] + ... (m tables [table_rows][width]),
+ * added one table after another as torch's lookups and adds would: a code predicting
+ * talker's fed-back frame. Returns -2 (nothing written) when a code is outside its table. */
+int embedding_sum_f32(const float *const *tables, int64_t table_rows, int64_t width,
+                      const int64_t *codes, int64_t n, int64_t m, float *out)
+{
+    for (int64_t i = 0; i < n * m; i++)
+        if (codes[i] < 0 || codes[i] >= table_rows) return -2;
+    for (int64_t r = 0; r < n; r++) {
+        float *o = out + r * width;
+        const int64_t *c = codes + r * m;
+        memcpy(o, tables[0] + c[0] * width, (size_t)width * sizeof(float));
+        for (int64_t j = 1; j < m; j++) {
+            const float *row = tables[j] + c[j] * width;
+            for (int64_t i = 0; i < width; i++) o[i] += row[i];
+        }
+    }
+    return 0;
+}

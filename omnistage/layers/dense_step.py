@@ -27,7 +27,14 @@ import torch
 from omnistage import kernels
 from omnistage.layers.decode_program import DISABLE_ENV
 
-__all__ = ["DISABLE_ENV", "DenseLayerWeights", "DenseStep", "DenseWeights", "FrameDraws"]
+__all__ = [
+    "DISABLE_ENV",
+    "DenseLayerWeights",
+    "DenseStep",
+    "DenseWeights",
+    "FrameDraws",
+    "embedding_sum",
+]
 
 
 @dataclass(frozen=True)
@@ -331,3 +338,29 @@ class DenseStep:
         if failed:
             raise MemoryError("dense step: no scratch memory")
         return logits
+
+
+def embedding_sum(tables: list[torch.Tensor], codes: torch.Tensor) -> torch.Tensor | None:
+    """[n, m] int64 codes -> [n, width]: row r is tables[0][codes[r, 0]] + tables[1][codes[r,
+    1]] + ..., added in that order (the same floats as the lookups and adds in torch), in
+    one C call; None where it does not apply (tables not contiguous float32 CPU ones of one
+    width, no C kernels, or `DISABLE_ENV` set). An IndexError names a code outside its
+    table."""
+    n, m = codes.shape
+    if len(tables) < m or DenseStep.disabled() or not all(_usable(t) for t in tables[:m]):
+        return None
+    width, table_rows = tables[0].shape[1], tables[0].shape[0]
+    if any(t.ndim != 2 or t.shape != (table_rows, width) for t in tables[:m]):
+        return None
+    lib = kernels.load()
+    if lib is None or codes.device.type != "cpu":
+        return None
+    codes = codes.contiguous()
+    out = torch.empty(n, width)
+    pointers = (ctypes.c_void_p * m)(*(t.data_ptr() for t in tables[:m]))
+    failed = lib.embedding_sum_f32(
+        pointers, table_rows, width, codes.data_ptr(), n, m, out.data_ptr()
+    )
+    if failed:
+        raise IndexError(f"a code outside the embedding tables' {table_rows} rows")
+    return out

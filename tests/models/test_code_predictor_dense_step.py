@@ -12,7 +12,7 @@ import torch
 
 from omnistage import kernels
 from omnistage.families.qwen3_omni.code_predictor import CodePredictor
-from omnistage.layers.dense_step import DISABLE_ENV
+from omnistage.layers.dense_step import DISABLE_ENV, embedding_sum
 from omnistage.layers.rotary import DefaultRope
 
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason="no C compiler here")
@@ -161,3 +161,20 @@ def test_a_moved_weight_rebuilds_the_step():
     layer.weight = torch.nn.Parameter(layer.weight.clone(), requires_grad=False)
     rebuilt = predictor.dense_step()
     assert rebuilt is not None and rebuilt is not step
+
+
+@pytest.mark.parametrize("talker_hidden", [48, None])
+def test_a_fed_back_frames_embedding_sum_in_c_is_torchs_bit_for_bit(monkeypatch, talker_hidden):
+    predictor = _predictor(torch.float32, talker_hidden, False, seed=5)
+    codes = torch.randint(0, 64, (9, 15), generator=torch.Generator().manual_seed(2))
+    summed = predictor.embed(codes)
+    monkeypatch.setenv(DISABLE_ENV, "1")  # the lookups and adds in torch
+    assert torch.equal(summed, predictor.embed(codes))
+    monkeypatch.delenv(DISABLE_ENV)
+    with pytest.raises(IndexError, match="outside the embedding tables' 64 rows"):
+        predictor.embed(torch.full((2, 15), 64))
+    assert embedding_sum([t.double() for t in _tables(predictor)], codes) is None  # float64
+
+
+def _tables(predictor: CodePredictor) -> list[torch.Tensor]:
+    return [e.weight for e in predictor.model.codec_embedding]

@@ -27,7 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage.families.qwen3_omni.code_draws import code_predictor_metadata, frame_draws
-from omnistage.layers.dense_step import DenseLayerWeights, DenseStep, DenseWeights, FrameDraws
+from omnistage.layers.dense_step import (
+    DenseLayerWeights,
+    DenseStep,
+    DenseWeights,
+    FrameDraws,
+    embedding_sum,
+)
 from omnistage.layers.linear import Embedding, Linear, load_shard
 from omnistage.layers.norm import RMSNorm
 from omnistage.layers.rotary import RotaryEmbedding, rotate
@@ -170,8 +176,13 @@ class CodePredictor(nn.Module):
         return names
 
     def embed(self, codes: torch.Tensor) -> torch.Tensor:
-        """[n, G-1] codes 1..G-1 -> the sum of their embeddings [n, H]."""
+        """[n, G-1] codes 1..G-1 -> the sum of their embeddings [n, H] (float32 CPU tables:
+        one C call, the same sums in the same order)."""
         tables = self.model.codec_embedding
+        if codes.dtype == torch.int64 and codes.ndim == 2 and codes.shape[1] == self.num_codes:
+            summed = embedding_sum([e.weight for e in tables], codes)
+            if summed is not None:
+                return summed
         out = tables[0](codes[:, 0])
         for j in range(1, self.num_codes):
             out = out + tables[j](codes[:, j])
@@ -256,10 +267,10 @@ class CodePredictor(nn.Module):
         step = self.dense_step()
         if step is not None and x.dtype == torch.float32 and x.device.type == "cpu":
             if whole_frame is not None:
-                tables = [e.weight for e in self.model.codec_embedding[: self.num_codes - 1]]
-                heads = [h.weight for h in self.lm_head]
+                tables = [e.weight for e in self.model.codec_embedding]  # no slice: a
+                heads = [h.weight for h in self.lm_head]  # ModuleList's copies itself
                 cache = step.new_cache(x.shape[0])
-                return step.frame(x.contiguous(), cache, tables, heads, whole_frame)
+                return step.frame(x.contiguous(), cache, tables[:-1], heads, whole_frame)
             return self._generate_in_c(step, x, sample)
         x = self._project(x)
         caches: list[list[torch.Tensor]] = [[] for _ in self.model.layers]
