@@ -269,7 +269,6 @@ class DenseStep:
         if draws is not None and draws.rows != rows:
             raise ValueError(f"dense step: draws for {draws.rows} rows, x has {rows}")
         codes = torch.empty(rows, len(heads), dtype=torch.int64)
-        w = self._weights
         failed = self._lib.dense_frame_f32(
             ctypes.addressof(self._layers),
             ctypes.addressof(self._shape),
@@ -277,10 +276,7 @@ class DenseStep:
             t,
             rows,
             cache.data_ptr(),
-            w.cos.data_ptr(),
-            w.sin.data_ptr(),
-            w.final_norm.data_ptr(),
-            *map(_pointer, self._projection),
+            *self._around(),
             (ctypes.c_void_p * max(len(tables), 1))(*(tb.data_ptr() for tb in tables)),
             table_rows,
             (ctypes.c_void_p * len(heads))(*(h.data_ptr() for h in heads)),
@@ -289,11 +285,18 @@ class DenseStep:
             codes.data_ptr(),
             torch.get_num_threads(),
         )
-        if failed == -2:
-            raise IndexError(f"dense step: a code outside the tables' {table_rows} rows")
-        if failed:
-            raise MemoryError("dense step: no scratch memory")
+        _raise_on(failed, table_rows)
         return codes
+
+    def _around(self) -> tuple[int | None, ...]:
+        """The rotary tables, final norm and input projection, as a call passes them."""
+        w = self._weights
+        return (
+            w.cos.data_ptr(),
+            w.sin.data_ptr(),
+            w.final_norm.data_ptr(),
+            *map(_pointer, self._projection),
+        )
 
     def _step(
         self,
@@ -313,7 +316,6 @@ class DenseStep:
         if not (_usable(head) and cache.shape[0] == rows):
             raise ValueError("dense step: head and cache must be contiguous float32 CPU rows")
         logits = torch.empty(rows, s.vocab)
-        w = self._weights
         failed = self._lib.dense_step_f32(
             ctypes.addressof(self._layers),
             ctypes.addressof(self._shape),
@@ -325,19 +327,21 @@ class DenseStep:
             t,
             start,
             cache.data_ptr(),
-            w.cos.data_ptr(),
-            w.sin.data_ptr(),
-            w.final_norm.data_ptr(),
-            *map(_pointer, self._projection),
+            *self._around(),
             head.data_ptr(),
             logits.data_ptr(),
             torch.get_num_threads(),
         )
-        if failed == -2:
-            raise IndexError(f"dense step: a code outside the table's {table_rows} rows")
-        if failed:
-            raise MemoryError("dense step: no scratch memory")
+        _raise_on(failed, table_rows)
         return logits
+
+
+def _raise_on(failed: int, table_rows: int) -> None:
+    """The error a C step's nonzero return means."""
+    if failed == -2:
+        raise IndexError(f"dense step: a code outside the table's {table_rows} rows")
+    if failed:
+        raise MemoryError("dense step: no scratch memory")
 
 
 def embedding_sum(tables: list[torch.Tensor], codes: torch.Tensor) -> torch.Tensor | None:
