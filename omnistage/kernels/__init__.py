@@ -24,6 +24,7 @@ Two libraries:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -32,6 +33,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
@@ -246,11 +248,32 @@ def _compiled(name: str, sources: list[Path], flags: tuple[str, ...]) -> ctypes.
     target = cache_root() / "kernels" / key / name
     if not target.exists():
         try:
-            _build(compiler, target, sources, flags)
+            with _build_lock(target):  # processes starting at once build it once
+                if not target.exists():
+                    _build(compiler, target, sources, flags)
         except (OSError, subprocess.CalledProcessError) as exc:
             logger.warning("building %s failed (%s): using the torch path", name, exc)
             return None
     return ctypes.CDLL(str(target))
+
+
+@contextlib.contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `target`'s lock file (where `fcntl` exists): the stage and
+    worker processes of a pipeline's first start all load the kernels at once, and each
+    build takes seconds of both cores; the first builds, the others wait and load it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: concurrent builders each build (the rename is atomic)
+        yield
+        return
+    with open(target.with_name(target.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _build(compiler: str, target: Path, sources: list[Path], flags: tuple[str, ...]) -> None:
