@@ -146,3 +146,18 @@ def test_ggml_type_table_equals_gguf():
     assert {int(t): v for t, v in BLOCK_SIZES.items()} == {
         int(t): v for t, v in GGML_QUANT_SIZES.items()
     }
+
+
+@pytest.mark.parametrize("theta,head_dim", [(10000.0, None), (1_000_000.0, 128)])
+def test_the_qwen3_omni_code_predictors_plain_rope_is_transformers(theta, head_dim):
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeRotaryEmbedding,
+    )
+
+    from omnistage.families.qwen3_omni.model import _predictor_rotary
+
+    config = _rope_config(theta, head_dim)
+    ours, theirs = _predictor_rotary(config), Qwen3OmniMoeRotaryEmbedding(config)
+    assert isinstance(ours, DefaultRope)
+    assert torch.equal(ours.inv_freq, theirs.inv_freq)
+    assert ours.attention_scaling == theirs.attention_scaling

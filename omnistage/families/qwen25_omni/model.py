@@ -138,8 +138,6 @@ class Qwen25OmniThinker(Qwen2ForCausalLM):
     (`Qwen2_5OmniRotaryEmbedding.recomposition_frequencies`). Text and audio prompts keep
     the plain 1-D path. No deepstack."""
 
-    llama_default_rope = False  # its rotary is the omni (multimodal) one
-
     architectures = ("OmnistageQwen25OmniThinker",)
     supports_mrope = True
 
@@ -169,8 +167,6 @@ class Qwen25OmniTalker(Qwen2ForCausalLM):
     Prompts from image questions come with 3-D positions (`qwen25_talker_inputs`),
     rotated with **non-interleaved** mrope (`Qwen2_5OmniRotaryEmbedding`, the talker
     config's `mrope_section`); text and audio prompts keep the plain 1-D path."""
-
-    llama_default_rope = False  # its rotary is the omni (multimodal) one
 
     architectures = ("OmnistageQwen25OmniTalker",)
     supports_mrope = True

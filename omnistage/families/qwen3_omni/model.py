@@ -32,6 +32,7 @@ from torch import nn
 
 from omnistage.families.qwen3_omni.code_predictor import CodePredictingTalker, CodePredictor
 from omnistage.families.qwen_moe.model import Qwen3MoeForCausalLM, Qwen3OmniTalkerDecoder
+from omnistage.layers.rotary import DefaultRope
 from omnistage.models.base import DeepstackRows
 from omnistage.models.parts import ROOT_CONFIG_ATTR
 from omnistage.sampling_params import SamplingParams
@@ -53,8 +54,6 @@ class Qwen3OmniThinker(Qwen3MoeForCausalLM):
     and deepstack features, added after the first decoder layers at their visual rows
     (`Qwen3OmniMoeThinkerTextModel._deepstack_process`); the hidden states sent to the
     talker are taken before that addition, as transformers records them."""
-
-    llama_default_rope = False  # its rotary is the omni (multimodal) one
 
     architectures = ("OmnistageQwen3OmniThinker",)
     supports_mrope = True
@@ -119,17 +118,24 @@ class Qwen3OmniTalker(CodePredictingTalker, Qwen3OmniTalkerDecoder):
 
     def __init__(self, config: Any, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__(config, dtype, max_positions)
-        from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-            Qwen3OmniMoeRotaryEmbedding,
-        )
-
         rope = getattr(config, "rope_parameters", None) or {}
         section = list(rope.get("mrope_section", [24, 20, 20]))  # transformers' default
         # transformers' talker rotary is the thinker's: always interleaved.
         self.layers[0].self_attn.rotary.enable_mrope(section, interleaved=True)
         talker = root_config(config).talker_config
         predictor_config = talker.code_predictor_config
-        predictor = CodePredictor(
-            predictor_config, dtype, Qwen3OmniMoeRotaryEmbedding(predictor_config)
-        )
+        predictor = CodePredictor(predictor_config, dtype, _predictor_rotary(predictor_config))
         self.init_talker(predictor, config.vocab_size, talker.codec_eos_token_id)
+
+
+def _predictor_rotary(config: Any) -> Any:
+    """The code predictor's rotary frequencies: `DefaultRope` where its config asks for plain
+    RoPE (the same frequencies as transformers' `Qwen3OmniMoeRotaryEmbedding`, tested,
+    without importing the whole of transformers' Qwen3-Omni model code), else that class."""
+    if DefaultRope.applies_to(config):
+        return DefaultRope(config)
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeRotaryEmbedding,
+    )
+
+    return Qwen3OmniMoeRotaryEmbedding(config)
