@@ -9,6 +9,9 @@ import torch
 from omnistage import kernels
 from omnistage.sample import sampler as S
 
+needs_kernels = pytest.mark.skipif(kernels.load() is None, reason="no C compiler here")
+"""For the tests comparing a C path with its torch path."""
+
 
 @pytest.fixture
 def torch_only(monkeypatch):
@@ -20,9 +23,8 @@ def torch_only(monkeypatch):
     return use_torch
 
 
+@needs_kernels
 def test_race_draws_in_c_are_the_torch_draws(torch_only):
-    if kernels.load() is None:
-        pytest.skip("no C compiler on this machine")
     keys = [S.row_seed(seed, position) for seed in (0, 1, 2**62) for position in (0, 7)]
     in_c = S.race_draws(keys, 3000)
     torch_only()
@@ -60,9 +62,8 @@ def _torch_top_k(logits: torch.Tensor, k: torch.Tensor, monkeypatch) -> torch.Te
     return _on_torch(S._apply_top_k, "_top_k_in_c", logits, k, monkeypatch)
 
 
+@needs_kernels
 def test_top_k_in_c_is_the_torch_filter(monkeypatch):
-    if kernels.load() is None:
-        pytest.skip("no C compiler on this machine")
     g = torch.Generator().manual_seed(0)
     for case in range(150):
         rows = int(torch.randint(1, 20, (1,), generator=g))
@@ -93,11 +94,10 @@ def _torch_top_p(logits: torch.Tensor, p: torch.Tensor, monkeypatch) -> torch.Te
     return _on_torch(S._apply_top_p, "_top_p_cutoff_in_c", logits, p, monkeypatch)
 
 
+@needs_kernels
 def test_top_p_cutoff_in_c_is_the_torch_cutoff(monkeypatch):
     """The same kept tokens as torch's topk + cumsum, on rows with ties, masked tokens,
     nuclei wider than the fast prefix and rows whose probabilities are NaN (all masked)."""
-    if kernels.load() is None:
-        pytest.skip("no C compiler on this machine")
     g = torch.Generator().manual_seed(2)
     for case in range(200):
         rows = int(torch.randint(1, 12, (1,), generator=g))
@@ -120,11 +120,10 @@ def test_top_p_cutoff_in_c_is_the_torch_cutoff(monkeypatch):
         assert torch.equal(ours.nan_to_num(), expected.nan_to_num()), case
 
 
+@needs_kernels
 def test_a_wide_nucleus_gets_the_cutoff_of_the_full_sort(monkeypatch):
     """Nuclei past the first 256 tokens: within the 4096 largest (C) or past them (the full
     sort), the same kept tokens as the torch path."""
-    if kernels.load() is None:
-        pytest.skip("no C compiler on this machine")
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(6, 6000, generator=g) * torch.tensor(
         [[0.5], [1.0], [2.0], [0.1], [3], [0]]
@@ -152,12 +151,11 @@ def test_race_draws_are_the_same_floats_on_every_build():
     assert torch.equal(draws[0], draws[1])
 
 
+@needs_kernels
 def test_the_race_pick_in_c_is_the_argmax_of_probs_over_the_draws():
     # `race_pick_f32` draws only tokens of nonzero probability; the pick must be the torch
     # path's argmax of probs / q all the same: ties, NaN (the first wins), rows of zeros,
     # quotients that underflow, vocabularies off the kernel's blocks of 64.
-    if kernels.load() is None:
-        pytest.skip("no C compiler on this machine")
     g = torch.Generator().manual_seed(3)
     for case in range(150):
         rows, vocab = 1 + case % 7, (1, 7, 63, 64, 65, 130, 2048)[case % 7]
@@ -178,11 +176,10 @@ def test_the_race_pick_in_c_is_the_argmax_of_probs_over_the_draws():
         assert torch.equal(S.Sampler.race(probs.clone(), keys), expected), case
 
 
+@needs_kernels
 def test_top_k_over_a_large_vocabulary_with_ties_is_the_torch_filter(monkeypatch):
     # Past k blocks of 16 values the C top-k takes only the values at or above the k-th
     # largest block maximum to its heap: with ties around that floor and masked tokens.
-    if kernels.load() is None:
-        pytest.skip("no C compiler on this machine")
     g = torch.Generator().manual_seed(1)
     for case in range(20):
         logits = torch.round(torch.randn(6, 5000, generator=g) * (1, 4)[case % 2]) / 2

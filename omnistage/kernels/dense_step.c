@@ -229,28 +229,16 @@ int dense_step_f32(const struct dense_layer *layers, const struct dense_shape *s
     return 0;
 }
 
-/* Whether x is NaN, from its bits: the library is built with -ffinite-math-only, under which
- * isnan() may be folded away. */
-static inline int nan_bits(const float *x)
-{
-    uint32_t bits;
-    memcpy(&bits, x, sizeof bits);
-    return (bits & 0x7fffffffu) > 0x7f800000u;
-}
-
 /* The first maximal entry of x[0..n-1], NaN counting as maximal (the first NaN wins), as
  * torch's and numpy's argmax. One pass for the maximum and whether a NaN is there (both
  * vectorize), then one to find where it first is. */
 static int64_t first_argmax(const float *x, int64_t n)
 {
+    const int nan = any_nan(x, n);
     float best = x[0];
-    int any_nan = 0;
-    for (int64_t i = 0; i < n; i++) {
-        any_nan |= nan_bits(&x[i]);
-        best = x[i] > best ? x[i] : best;
-    }
+    for (int64_t i = 0; i < n; i++) best = x[i] > best ? x[i] : best;
     for (int64_t i = 0; i < n; i++)
-        if (any_nan ? nan_bits(&x[i]) : x[i] == best) return i;
+        if (nan ? nan_bits(&x[i]) : x[i] == best) return i;
     return 0;
 }
 

@@ -5,6 +5,7 @@
 #define OMNISTAGE_KERNEL_ROWS_H
 
 #include <stdint.h>
+#include <string.h>
 
 /* Row-wise kernels (norms, rotary + KV write) go parallel only from this many floats:
  * smaller ones take ~0.1 ms or less on one thread, less than waking an OpenMP team on
@@ -15,6 +16,23 @@
 static inline int row_threads(int64_t floats, int num_threads)
 {
     return floats >= PARALLEL_ROW_FLOATS ? num_threads : 1;
+}
+
+/* Whether *x is NaN, from its bits: the libraries are built with -ffinite-math-only, under
+ * which isnan() may be folded away. */
+static inline int nan_bits(const float *x)
+{
+    uint32_t bits;
+    memcpy(&bits, x, sizeof bits);
+    return (bits & 0x7fffffffu) > 0x7f800000u;
+}
+
+/* Whether x[0..n) holds a NaN (a reduction that vectorizes: no early exit). */
+static inline int any_nan(const float *x, int64_t n)
+{
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) nan |= nan_bits(x + i);
+    return nan;
 }
 
 /* rms_norm.c: o = weight * x / sqrt(mean(x^2) + eps) over `dim` values. */

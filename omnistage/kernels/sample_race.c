@@ -88,18 +88,21 @@ static inline void heap_replace_min(float *heap, int64_t n, float v)
     heap[i] = v;
 }
 
+/* Add `v` to a min-heap of `n` values (sift up); it then holds n + 1. */
+static inline void heap_push(float *heap, int64_t n, float v)
+{
+    int64_t i = n;
+    while (i > 0 && heap[(i - 1) / 2] > v) {
+        heap[i] = heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    heap[i] = v;
+}
+
 /* The `m` largest values of x[0..n) in `heap` (a min-heap; m <= n), in any order. */
 static void heap_of_largest(const float *x, int64_t n, int64_t m, float *heap)
 {
-    for (int64_t j = 0; j < m; j++) {
-        int64_t i = j;
-        const float v = x[j];
-        while (i > 0 && heap[(i - 1) / 2] > v) {
-            heap[i] = heap[(i - 1) / 2];
-            i = (i - 1) / 2;
-        }
-        heap[i] = v;
-    }
+    for (int64_t j = 0; j < m; j++) heap_push(heap, j, x[j]);
     for (int64_t j = m; j < n; j++)
         if (x[j] > heap[0]) heap_replace_min(heap, m, x[j]);
 }
@@ -134,16 +137,10 @@ static void largest_values(const float *x, int64_t vocab, int64_t m, float *heap
     for (int64_t j = 0; j < vocab; j++) {
         const float v = x[j];
         if (!(v >= floor)) continue;
-        if (filled < m) { /* sift up */
-            int64_t i = filled++;
-            while (i > 0 && heap[(i - 1) / 2] > v) {
-                heap[i] = heap[(i - 1) / 2];
-                i = (i - 1) / 2;
-            }
-            heap[i] = v;
-        } else if (v > heap[0]) {
+        if (filled < m)
+            heap_push(heap, filled++, v);
+        else if (v > heap[0])
             heap_replace_min(heap, m, v);
-        }
     }
 }
 
@@ -151,13 +148,7 @@ static void largest_values(const float *x, int64_t vocab, int64_t m, float *heap
  * (left alone then), else 0. `heap` holds k floats. */
 static int top_k_mask_row(float *x, int64_t vocab, int64_t k, float *heap)
 {
-    int nan = 0;
-    for (int64_t j = 0; j < vocab; j++) {
-        uint32_t bits;
-        memcpy(&bits, x + j, sizeof bits);
-        nan |= (bits & 0x7fffffffu) > 0x7f800000u;
-    }
-    if (nan) return 1;
+    if (any_nan(x, vocab)) return 1;
     if (k <= 0 || k >= vocab) return 0;
     largest_values(x, vocab, k, heap);
     const float kth = heap[0];
@@ -200,15 +191,9 @@ void top_p_cutoff_f32(const float *probs, int64_t rows, int64_t vocab, const flo
     for (int64_t r = 0; r < rows; r++) {
         const float *x = probs + r * vocab;
         float *heap = scratch + r * m;
-        int nan = 0;
-        for (int64_t j = 0; j < vocab; j++) {
-            uint32_t bits;
-            memcpy(&bits, x + j, sizeof bits);
-            nan |= (bits & 0x7fffffffu) > 0x7f800000u;
-        }
         resolved[r] = 0;
         cutoff[r] = 0.0f;
-        if (nan) continue;
+        if (any_nan(x, vocab)) continue;
         largest_values(x, vocab, m, heap);
         for (int64_t n = m; n > 1; n--) { /* heap sort: the smallest to the end */
             const float smallest = heap[0];
@@ -244,16 +229,13 @@ void race_pick_f32(const float *probs, int64_t rows, int64_t vocab, const uint64
         float top = 0.0f;
         for (int64_t j = 0; j < vocab; j += RACE_BLOCK) {
             const int64_t n = vocab - j < RACE_BLOCK ? vocab - j : RACE_BLOCK;
-            uint32_t nonzero = 0, nan = 0, bits[RACE_BLOCK];
+            uint32_t nonzero = 0, bits[RACE_BLOCK];
             memcpy(bits, p + j, (size_t)n * sizeof(float));
-            for (int64_t i = 0; i < n; i++) {
-                nonzero |= bits[i] & 0x7fffffffu;
-                nan |= (bits[i] & 0x7fffffffu) > 0x7f800000u;
-            }
+            for (int64_t i = 0; i < n; i++) nonzero |= bits[i] & 0x7fffffffu;
             if (!nonzero) continue;
-            if (nan) { /* the first NaN is the pick */
+            if (any_nan(p + j, n)) { /* the first NaN is the pick */
                 int64_t i = 0;
-                while ((bits[i] & 0x7fffffffu) <= 0x7f800000u) i++;
+                while (!nan_bits(p + j + i)) i++;
                 best = j + i;
                 break;
             }
@@ -294,19 +276,10 @@ int64_t race_sample_row_f32(const float *x, int64_t vocab, float t, int64_t k, u
                             float *scratch)
 {
     float *s = scratch, *heap = scratch + vocab;
-    int nan = 0;
-    for (int64_t j = 0; j < vocab; j++) {
-        uint32_t bits;
-        memcpy(&bits, x + j, sizeof bits);
-        nan |= (bits & 0x7fffffffu) > 0x7f800000u;
-        s[j] = x[j] / t;
-    }
-    if (nan)
-        for (int64_t j = 0; j < vocab; j++) {
-            uint32_t bits;
-            memcpy(&bits, x + j, sizeof bits);
-            if ((bits & 0x7fffffffu) > 0x7f800000u) return j;
-        }
+    if (any_nan(x, vocab))
+        for (int64_t j = 0;; j++)
+            if (nan_bits(x + j)) return j;
+    for (int64_t j = 0; j < vocab; j++) s[j] = x[j] / t;
     float top = s[0];
     for (int64_t j = 0; j < vocab; j++) top = s[j] > top ? s[j] : top;
     int64_t best = 0;

@@ -21,6 +21,7 @@ Work is float32 (float64 inputs stay float64).
 
 from __future__ import annotations
 
+import ctypes
 from typing import NamedTuple
 
 import numpy as np
@@ -148,7 +149,7 @@ class Sampler:
         the row's `exponentials`. Contiguous float32 CPU rows take one C call
         (`race_pick_f32`: the same picks, drawing only tokens of nonzero probability);
         other rows divide by the whole draws."""
-        lib = kernels.load() if probs.dtype == torch.float32 and probs.is_cpu else None
+        lib = _c_kernels_for(probs)
         if lib is None or not probs.is_contiguous() or probs.ndim != 2:
             return row_argmax(probs.div_(cls.exponentials(probs, keys)))
         draw_keys = torch.tensor([row_seed(seed, position) for seed, position in keys])
@@ -248,14 +249,20 @@ def _apply_top_k(logits: torch.Tensor, top_k: torch.Tensor) -> None:
     logits[rows] = sub.masked_fill_(sub < kth, float("-inf"))
 
 
+def _c_kernels_for(*tensors: torch.Tensor) -> ctypes.CDLL | None:
+    """The C kernel library where every tensor is a float32 CPU one and it is built here
+    (the sampler's C paths take those), else None."""
+    if any(t.dtype != torch.float32 or not t.is_cpu for t in tensors):
+        return None
+    return kernels.load()
+
+
 def _top_k_in_c(logits: torch.Tensor, k: torch.Tensor) -> bool:
     """`_apply_top_k` of contiguous float32 CPU rows in one C call (`top_k_mask_f32`: the
     same k-th largest, the same rows filtered); False where it does not apply (another
     dtype or device, no C kernels, a NaN in a row: the torch path then runs)."""
-    if logits.dtype != torch.float32 or not logits.is_cpu or not logits.is_contiguous():
-        return False
-    lib = kernels.load()
-    if lib is None:
+    lib = _c_kernels_for(logits)
+    if lib is None or not logits.is_contiguous():
         return False
     k = k.contiguous()
     rows, vocab = logits.shape
@@ -317,9 +324,7 @@ def _top_p_cutoff_in_c(
     (`top_p_cutoff_f32`: the same sorted values, summed as torch's CPU cumsum sums them, so
     a row it resolves has the cutoff of the row's full sort), without `topk`'s partial
     sort; None where it does not apply (not float32 CPU rows, no C kernels)."""
-    if probs.dtype != torch.float32 or not probs.is_cpu or p.dtype != torch.float32:
-        return None
-    lib = kernels.load()
+    lib = _c_kernels_for(probs, p)
     if lib is None:
         return None
     probs, p = probs.contiguous(), p.contiguous()
