@@ -75,8 +75,9 @@ class EngineConfig:
 
     dtype: str = "auto"
     """Weight and activation dtype: auto, float32, bfloat16, float16, float64. `auto` is
-    float32, except that a GGUF model keeps its quantized weights as the file stores them
-    (float32 activations); a named dtype dequantizes them."""
+    float32 on the CPU, except that a GGUF model keeps its quantized weights as the file
+    stores them (float32 activations); a named dtype dequantizes them. On a CUDA device
+    `auto` is bfloat16 (a GGUF's weights dequantized to it)."""
 
     quant_activations: str | None = None
     """Products on a GGUF's kept quantized weights: "float32" (activations as they are, the
@@ -106,6 +107,15 @@ class EngineConfig:
 
     kv_cache_memory_bytes: int | None = None
     """KV cache size as a byte budget. Mutually exclusive with num_kv_blocks."""
+
+    gpu_memory_utilization: float = 0.9
+    """On a CUDA device: the fraction of the device's memory this stage may take (weights,
+    activations, KV cache); with neither `num_kv_blocks` nor `kv_cache_memory_bytes` given,
+    the KV cache takes what is left of it once the model is loaded. The CPU ignores it."""
+
+    enforce_eager: bool = False
+    """On a CUDA device: run decode steps eagerly instead of replaying CUDA graphs
+    (`platforms/cuda_graphs.py`). The CPU ignores it."""
 
     num_kv_blocks: int | None = None
     """KV cache size as a number of blocks. Default (neither given): enough blocks for
@@ -163,6 +173,12 @@ class EngineConfig:
             _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
             if self.num_kv_blocks is not None:
                 raise ValueError("kv_cache_memory_bytes: give either it or num_kv_blocks, not both")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, int | float) or not 0 < util <= 1:
+            raise ValueError(
+                "gpu_memory_utilization: expected a fraction in (0, 1], "
+                f"got {self.gpu_memory_utilization!r}"
+            )
         if self.quant_activations not in (None, "float32", "int8"):
             raise ValueError(
                 f"quant_activations: expected float32 or int8, got {self.quant_activations!r}"
@@ -201,11 +217,16 @@ class EngineConfig:
 
     @property
     def keeps_quantized_weights(self) -> bool:
-        """A GGUF model's quantized weights stay quantized (`dtype` left at auto)."""
-        return self.dtype == "auto"
+        """A GGUF model's quantized weights stay quantized (`dtype` left at auto, on the CPU:
+        the quantized products are C kernels)."""
+        return self.dtype == "auto" and self.device == "cpu"
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The dtype the stage computes in: `dtype`, with `auto` float32 on the CPU and
+        bfloat16 on a CUDA device."""
+        if self.dtype == "auto" and self.device != "cpu":
+            return parse_dtype("bfloat16")
         return parse_dtype(self.dtype)
 
     def resolve_for_model(self, model_max_len: int) -> EngineConfig:

@@ -85,7 +85,7 @@ def build_runner(
         block_bytes += kv_block_bytes(draft, config.block_size, draft.dtype)
     if mtp is not None:  # so do the MTP layer's (it has the fields kv_block_bytes reads)
         block_bytes += kv_block_bytes(mtp, config.block_size, dtype)
-    blocks = num_kv_blocks(config, block_bytes)
+    blocks = num_kv_blocks(config, block_bytes, platform.kv_cache_bytes(config, model))
     kv_caches, states = _allocate_caches(config, model, blocks, dtype, platform)
     logger.info(
         "KV cache: %d blocks x %d tokens (%.1f MiB)",
@@ -109,6 +109,7 @@ def build_runner(
         ),
         recurrent_states=states,
         attention_backend=platform.attention_backend,
+        step_forward=platform.step_forward(config),
     )
     runner.num_kv_blocks = blocks
     runner.startup_phases = phases.seconds

@@ -1,7 +1,10 @@
 """KV cache size: bytes per block, how many blocks a stage gets, and the per-layer tensors.
 
-`num_kv_blocks` if given, else `kv_cache_memory_bytes`, else enough for
-`max_num_seqs` requests of `max_model_len` tokens capped at `DEFAULT_KV_BYTES`.
+`num_kv_blocks` if given, else `kv_cache_memory_bytes`, else, on a device whose
+platform measures its free memory (CUDA: `gpu_memory_utilization`), what the
+platform says is left (at most what the default below would give without its cap),
+else enough for `max_num_seqs` requests of
+`max_model_len` tokens capped at `DEFAULT_KV_BYTES`.
 It must hold at least one request of `max_model_len` tokens, so a lone request
 can always finish.
 """
@@ -29,13 +32,17 @@ def kv_block_bytes(model: CausalLM, block_size: int, dtype: torch.dtype) -> int:
     return 2 * layers * block_size * model.num_kv_heads * model.head_dim * elem
 
 
-def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
+def num_kv_blocks(config: EngineConfig, block_bytes: int, device_bytes: int | None = None) -> int:
+    """How many blocks (the null block included) the stage's KV cache has; `device_bytes`:
+    what the platform measured as left for it on its device (None: it does not measure)."""
     assert config.max_model_len is not None  # resolved before this is called
     per_req = -(-config.max_model_len // config.block_size)
     if config.num_kv_blocks is not None:
         blocks = config.num_kv_blocks
     elif config.kv_cache_memory_bytes is not None:
         blocks = config.kv_cache_memory_bytes // block_bytes
+    elif device_bytes is not None:  # never more than every sequence at full length needs
+        blocks = min(device_bytes // block_bytes - 1, config.max_num_seqs * per_req)
     else:
         blocks = min(config.max_num_seqs * per_req, DEFAULT_KV_BYTES // block_bytes)
     blocks += 1  # the null block
@@ -43,7 +50,7 @@ def num_kv_blocks(config: EngineConfig, block_bytes: int) -> int:
         raise ValueError(
             f"KV cache: {blocks - 1} blocks of {config.block_size} tokens cannot hold one request "
             f"of max_model_len={config.max_model_len}; raise kv_cache_memory_bytes/num_kv_blocks "
-            "or lower max_model_len"
+            "or gpu_memory_utilization, or lower max_model_len"
         )
     return blocks
 

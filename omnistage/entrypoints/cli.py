@@ -73,6 +73,15 @@ def _add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--num-threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="CUDA: fraction of the device's memory the stage may take (KV cache sized from it)",
+    )
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="CUDA: decode steps without CUDA graphs"
+    )
 
 
 def _engine_kwargs(args: argparse.Namespace) -> dict:
@@ -89,6 +98,8 @@ def _engine_kwargs(args: argparse.Namespace) -> dict:
         "kv_cache_memory_bytes": args.kv_cache_memory_bytes,
         "num_threads": args.num_threads,
         "device": args.device,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enforce_eager": args.enforce_eager,
         "seed": args.seed if args.seed is not None else 0,
     }
 
@@ -145,6 +156,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 BENCHMARKS = {
+    "cuda": "on a CUDA device: offline tokens/s and one request's TPOT against HF",
     "throughput": "output tokens/s against HF transformers",
     "pipeline": "the tiny three-stage pipeline: overlap and time to first audio",
     "omni": "speech out on demo-omni: time to first audio, streaming vs whole payload",

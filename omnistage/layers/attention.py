@@ -38,7 +38,7 @@ class PrefillSeq:
     context_len: int
     """Tokens before this chunk (already in the cache)."""
     block_ids: torch.Tensor
-    """Blocks covering context + chunk."""
+    """Blocks covering context + chunk (on the step's device)."""
 
 
 @dataclass
@@ -57,6 +57,9 @@ class AttentionMetadata:
     decode_context_tokens: int = 0
     """Sum of `decode_seq_lens`: the decode attention's work."""
     _bias_cache: dict = field(default_factory=dict)
+    backend_cache: dict = field(default_factory=dict)
+    """What the backend derives from this metadata once per step (its first layer) and
+    every later layer reuses (the CUDA backend's sequence table)."""
     recurrent: RecurrentMetadata | None = None
     """Models with recurrent layers: the step's state slots (worker/recurrent.py)."""
     backend: AttentionBackend = TORCH_ATTENTION
@@ -128,7 +131,12 @@ def attend(
     """Attention of the step's queries over the cache, which already holds this step's keys.
 
     q: [T, heads, d]; k, v: [T, kv_heads, d] (this step's, used by fresh prompts). -> [T, heads, d].
+    The platform's backend attends the whole step where it can (CUDA), else the torch
+    paths below run, with the backend's decode kernel where it has one (CPU).
     """
+    out = meta.backend.attend(q, k, v, kv_cache, meta, scale)
+    if out is not None:
+        return out
     if meta.all_decode:
         return _decode(q, kv_cache, meta, scale)
     out = torch.empty_like(q)

@@ -4,8 +4,8 @@ Models call `attend` / `rope_and_write_kv` / `write_kv` and never ask which
 device they run on. The step's `AttentionMetadata` carries the backend the
 platform chose (`Platform.attention_backend`): this portable one runs torch ops
 on any device; the CPU platform's (`layers/cpu_attention.py`) runs our C
-kernels where they apply. A CUDA backend (flash / paged kernels) would be a
-third, chosen by the CUDA platform; no model or runner changes. `meta` is the
+kernels where they apply; the CUDA platform's (`layers/cuda_attention.py`) attends a
+whole step in one Triton kernel. No model or runner changes between them. `meta` is the
 step's `AttentionMetadata` (which carries the backend, so it is not imported here).
 """
 
@@ -44,6 +44,19 @@ class AttentionBackend:
         """Rotate q and k inside `qkv` and write k, v to the cache in one fused call; False
         (having done nothing) where the backend has no such call for these tensors."""
         return False
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: Any,
+        scale: float,
+    ) -> torch.Tensor | None:
+        """The whole step's attention (prefill chunks and decodes), or None: the torch paths
+        (with `decode` for the decodes) then run."""
+        return None
 
     def decode(
         self, q: torch.Tensor, kv_cache: torch.Tensor, meta: Any, scale: float

@@ -3,11 +3,14 @@ backend, threads."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from omnistage.kernels import work_sharing
 from omnistage.layers.attention_backend import TORCH_ATTENTION, AttentionBackend
 from omnistage.worker.model_runner import ModelRunner
+from omnistage.worker.step_forward import StepForward, eager_forward
 
 SMALL_HIDDEN_SIZE = 256
 """Models with a smaller hidden size compute on one torch thread by default."""
@@ -27,6 +30,15 @@ class Platform:
     def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
         """Device-specific preparation after weights are loaded (weight packing, graphs)."""
         return model
+
+    def step_forward(self, config: Any) -> StepForward:
+        """How the stage's runner calls its model for a step (`worker/step_forward.py`)."""
+        return eager_forward
+
+    def kv_cache_bytes(self, config: Any, model: torch.nn.Module) -> int | None:
+        """Bytes left for the KV cache on this device once `model` is loaded, or None where
+        the platform does not measure (the CPU: `engine/kv_sizing.py`'s default applies)."""
+        return None
 
     def configure_threads(self, num_threads: int | None, hidden_size: int | None = None) -> None:
         """Set torch's intra-op threads and the C kernels' threads for this process.

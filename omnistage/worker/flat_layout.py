@@ -62,7 +62,7 @@ def build_flat_layout(
             int(f),
             int(k),
             int(c),
-            torch.from_numpy(block_table[r, : -(-(c + k) // bs)].copy()),
+            torch.from_numpy(block_table[r, : -(-(c + k) // bs)].copy()).to(device),
         )
         for r, f, k, c in zip(
             rows[~decode], first[~decode], n[~decode], start[~decode], strict=True

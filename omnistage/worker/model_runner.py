@@ -7,7 +7,8 @@ Per step (`execute_model`):
   carry more than token ids, the input embeddings (worker/input_embeds.py) →
   forward in a forward context → logits of the rows that sample → the sampling
   dispatch (worker/sampling_dispatch.py) → append the sampled tokens to each
-  request's real history → `ModelRunnerOutput`.
+  request's real history → `ModelRunnerOutput`. The forward is the platform's
+  `StepForward` (worker/step_forward.py: eager, or CUDA graphs of decode steps).
 
 The runner is the one owner of what it holds per request; the parts above are
 composed once at construction and each follows the requests it cares about.
@@ -39,7 +40,6 @@ from omnistage.core.multimodal_inputs import MultimodalDecoderInputs
 from omnistage.core.sched_output import ModelRunnerOutput, NewRequestData, SchedulerOutput
 from omnistage.core.tensor_blob import TensorBlob, blob_to_tensor, tensor_to_blob
 from omnistage.layers.attention_backend import TORCH_ATTENTION, AttentionBackend
-from omnistage.layers.forward_context import forward_context
 from omnistage.layers.recurrent_state import RecurrentLayerState
 from omnistage.models.base import CausalLM
 from omnistage.sample.stage_transitions import StageTransitions
@@ -51,6 +51,7 @@ from omnistage.worker.input_embeds import InputEmbeds
 from omnistage.worker.recurrent import RecurrentSlots, commit_accepted
 from omnistage.worker.sample_observer import SampleObserver
 from omnistage.worker.sampling_dispatch import SampledRows, SamplingDispatch
+from omnistage.worker.step_forward import StepForward, eager_forward
 from omnistage.worker.step_inputs import StepInputBuilder, StepInputs
 
 
@@ -72,6 +73,7 @@ class ModelRunner:
         proposer: Proposer | None = None,
         recurrent_states: list[RecurrentLayerState] | None = None,
         attention_backend: AttentionBackend = TORCH_ATTENTION,
+        step_forward: StepForward = eager_forward,
     ) -> None:
         if speculative is not None and model.num_token_codes > 0:
             raise ValueError(
@@ -83,6 +85,8 @@ class ModelRunner:
         self.device = device
         self.eos_token_id = eos_token_id
         self.model.bind_kv_cache(kv_caches)
+        self.forward = step_forward
+        """How a step calls the model (eager, or the platform's: CUDA graphs of decodes)."""
         max_blocks = -(-max_model_len // block_size)
         self.batch = InputBatch(max_num_reqs, max_model_len, max_blocks)
         self.requests: dict[str, RequestState] = {}
@@ -227,11 +231,7 @@ class ModelRunner:
         inputs = self.step_inputs.build(so)
         embeds = self.embeds.prompt_embeds(inputs)
         deepstack = self.embeds.deepstack_rows(inputs) if self.embeds.deepstack else None
-        with forward_context(inputs.attn):
-            if deepstack is None:
-                hidden = self.model(inputs.input_ids, inputs.positions, embeds)
-            else:
-                hidden = self.model(inputs.input_ids, inputs.positions, embeds, deepstack=deepstack)
+        hidden = self.forward(self.model, inputs, embeds, deepstack)
         step = SampledRows({}, {}, {})
         if inputs.sample_rows:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
