@@ -5,6 +5,7 @@ Nothing here is imported on a CPU-only run (`platforms.platform_for`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -12,6 +13,8 @@ import torch
 from omnistage.platforms.interface import Platform
 from omnistage.worker.model_runner import ModelRunner
 from omnistage.worker.step_forward import StepForward, eager_forward
+
+logger = logging.getLogger("omnistage")
 
 ACTIVATION_SLACK_BYTES = 512 << 20
 """Kept free beyond the estimated activations: the CUDA context's own growth, Triton's and
@@ -49,9 +52,12 @@ class CudaPlatform(Platform):
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(self.device)
-        from omnistage.layers.cuda_attention import TritonAttention
+        try:
+            from omnistage.layers.cuda_attention import TritonAttention
 
-        self.attention_backend = TritonAttention()
+            self.attention_backend = TritonAttention()
+        except ImportError:  # a CUDA torch without Triton: the portable torch attention
+            logger.warning("Triton is not installed: attention on %s takes the torch path", device)
 
     def step_forward(self, config: Any) -> StepForward:
         """Decode steps replayed from CUDA graphs (`platforms/cuda_graphs.py`), unless the

@@ -135,7 +135,10 @@ class DecodeGraphs:
                     model(self.input_ids[:size], self.positions[:size], None)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool), forward_context(self._metadata(size)):
+                # thread_local: the other stages of an in-process pipeline (threads of this
+                # process) go on launching their own work while this stage captures.
+                capture = torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local")
+                with capture, forward_context(self._metadata(size)):
                     hidden = model(self.input_ids[:size], self.positions[:size], None)
                 pool = graph.pool()
                 self.graphs[size] = (graph, hidden)
