@@ -54,6 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--talker-frames", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=2, help="interleaved runs; best reported")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="where every stage (and the peer) runs")
 
 
 def _chat(words: str) -> str:
@@ -106,7 +107,7 @@ def run_mode(args: argparse.Namespace, transfer: str, levels: list[int], tag: st
 
     params = _params(args)
     out = {}
-    with AsyncOmni(speech_deploy("demo-omni", transfer)) as omni:
+    with AsyncOmni(speech_deploy("demo-omni", transfer, args.device)) as omni:
         asyncio.run(_serve(omni, [_chat("warm up")], params))
         for level in levels:
             prompts = [_chat(f"{tag} {p}") for p in make_prompts(level, args.seed + level)]
@@ -122,13 +123,14 @@ def run_transformers(args: argparse.Namespace, n: int) -> dict[str, float]:
 
     path = demo_model_path("demo-omni")
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+    model = model.to(args.device)
     tok = AutoTokenizer.from_pretrained(path)
     prompts = [_chat(f"hf {p}") for p in make_prompts(n, args.seed)]
     audio_s, tokens = 0.0, 0
     start = time.perf_counter()
     with torch.no_grad():
         for prompt in prompts:
-            ids = tok(prompt, return_tensors="pt").input_ids
+            ids = tok(prompt, return_tensors="pt").input_ids.to(args.device)
             sequences, wav = model.generate(
                 ids,
                 thinker_max_new_tokens=args.thinker_tokens,
@@ -155,7 +157,7 @@ def main(args: argparse.Namespace) -> int:
     hf = run_transformers(args, n=2)
     workload = (
         f"best of {args.repeat} (lowest median TTFA): demo-omni (tiny random-weight Qwen3-Omni, "
-        f"float32), chat prompts of 4-8 random words, thinker {args.thinker_tokens} tokens "
+        f"{'float32' if args.device == 'cpu' else 'bfloat16, the peer float32'}), chat prompts of 4-8 random words, thinker {args.thinker_tokens} tokens "
         f"(greedy, ignore_eos), talker {args.talker_frames} frames (greedy, repetition penalty "
         "1.05, ignore_eos), a process per stage, async scheduling; stream: thinker->talker "
         "chunks of 2 then 8 tokens, talker->code2wav 4 then 16 frames with 32 frames of left "
@@ -163,6 +165,8 @@ def main(args: argparse.Namespace) -> int:
         "request at a time"
     )
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    if args.device != "cpu":
+        machine += f", every stage on {args.device} ({torch.cuda.get_device_name(args.device)})"
     print(f"workload: {workload}\nmachine: {machine}")
     print(f"{'mode':<9}{'conc':>5}{'TTFA s':>9}{'RTF':>8}{'audio s/s':>11}{'tok/s':>9}")
     for transfer in ("stream", "payload"):

@@ -14,12 +14,14 @@ Results = dict[str, dict[int, dict[str, float]]]
 """mode -> concurrency -> measurement."""
 
 
-def speech_deploy(name: str, transfer: str) -> Any:
+def speech_deploy(name: str, transfer: str, device: str = "cpu") -> Any:
     """The packaged deploy `name`; with `transfer="payload"` every edge carries a whole
-    payload instead of stream chunks."""
+    payload instead of stream chunks; every stage on `device` (cpu, cuda)."""
     from omnistage.pipeline.deploy import deploy_for_model
 
     spec = deploy_for_model(name)
+    if device != "cpu":
+        spec = spec.with_engine_args({"device": device})
     if transfer == "payload":
         edges = tuple(dataclasses.replace(e, transfer="payload") for e in spec.edges)
         spec = dataclasses.replace(spec, edges=edges)
