@@ -1,10 +1,9 @@
 """KV cache size: bytes per block, how many blocks a stage gets, and the per-layer tensors.
 
 `num_kv_blocks` if given, else `kv_cache_memory_bytes`, else, on a device whose
-platform measures its free memory (CUDA: `gpu_memory_utilization`), what the
-platform says is left (at most what the default below would give without its cap),
-else enough for `max_num_seqs` requests of
-`max_model_len` tokens capped at `DEFAULT_KV_BYTES`.
+platform measures its free memory (CUDA: `gpu_memory_utilization`), what the platform
+says is left, at most enough for `max_num_seqs` requests of `max_model_len` tokens,
+else (the CPU) that many blocks capped at `DEFAULT_KV_BYTES`.
 It must hold at least one request of `max_model_len` tokens, so a lone request
 can always finish.
 """
