@@ -64,6 +64,7 @@ _QUANT_SOURCES = [
         "quant_act8.c",
         "quant_dot8.c",
         "quant_matmul_q8.c",
+        "panel_matmul.c",
     )
 ]
 _HEADERS = sorted(Path(__file__).parent.glob("*.h"))
@@ -192,7 +193,8 @@ def load_variant(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
 
 @cache
 def load_quant() -> ctypes.CDLL | None:
-    """The quantized-matmul library (`quant_matmul.c`), or None when it cannot be built here.
+    """The quantized-matmul library (`quant_matmul.c`, and the float32 column panels of
+    `panel_matmul.c`), or None when it cannot be built here.
 
     Its functions take the ggml type id of the weights and an instruction-set
     level (`ISA_*`; capped at what this CPU runs, `quant_best_isa()`).
@@ -209,6 +211,9 @@ def load_quant() -> ctypes.CDLL | None:
         "quant_matmul_f32_team": (None, [*matmul_args, i32]),  # + the team's threads
         "quant_matmul_q8": (None, [*matmul_args, ptr]),  # the int8 path, as the f32 one
         "quant_matmul_q8_team": (None, [*matmul_args, i32]),
+        "panel_matmul_f32": (None, [*matmul_args, ptr]),  # float32 panels, the same call
+        "panel_matmul_f32_team": (None, [*matmul_args, i32]),
+        "panel_pack_f32": (None, [ptr, i64, i64, ptr]),  # w [N, K] -> panels
         "quant_q8_isa": (i32, [i32]),  # the level the int8 path runs for an `isa`
         # w, N, K, type, rows (or NULL), n_rows, out, isa
         "quant_dequantize_rows_f32": (i32, [ptr, i64, i64, i32, ptr, i64, ptr, i32]),

@@ -13,8 +13,8 @@ to the module-by-module forward: every equivalence test keeps holding, and the
 program is just the faster way through the same arithmetic.
 
 What a program takes: float32 rows; `RMSNorm` with a float32 weight (also per q/k head,
-Qwen3's); `QuantizedLinear`
-with a C kernel (`kernel_call()`); attention on the CPU platform's paged KV cache
+Qwen3's); `QuantizedLinear` with a C kernel and a float32 checkpoint's `PanelLinear`
+(`kernel_call()`); attention on the CPU platform's paged KV cache
 (neox rotary from a cos/sin table, decode attention within the kernel's limits). A
 builder raises `NotProgrammable` for anything else, and the model keeps its forward.
 
@@ -36,6 +36,7 @@ import torch
 from omnistage import kernels
 from omnistage.kernels import work_sharing
 from omnistage.layers.norm import RMSNorm
+from omnistage.layers.panel_linear import PanelLinear
 from omnistage.layers.quant_paths import path_generation
 from omnistage.layers.quantized_linear import EPILOGUE_OPS, QuantizedLinear
 
@@ -147,14 +148,14 @@ class DecodeProgramBuilder:
         self, x: Value, layer: Any, epilogue: str = "none", other: Value | None = None
     ) -> Value:
         """`layer(x)`, `layer.silu(x)`, `layer.mul(x, other)` or `layer.add(x, other)`."""
-        if not isinstance(layer, QuantizedLinear) or layer.in_features != x.width:
+        if not isinstance(layer, QuantizedLinear | PanelLinear) or layer.in_features != x.width:
             raise NotProgrammable(f"linear: {type(layer).__name__}")
         call = layer.kernel_call()
         if call is None:
-            raise NotProgrammable(f"linear: no kernel for {layer.ggml_type.name}")
+            raise NotProgrammable(f"linear: no kernel for {layer.extra_repr()}")
         if other is not None and other.width != layer.out_features:
             raise NotProgrammable("linear: `other` is not of the output's width")
-        self._keep.append(layer.blocks)
+        self._keep.append(layer.blocks if isinstance(layer, QuantizedLinear) else layer.panels)
         if layer.bias is not None:
             self._keep.append(layer.bias)
         out = self._value(layer.out_features)

@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from omnistage import kernels
 from omnistage.layers.linear import Linear
+from omnistage.layers.panel_linear import PanelLinear
 
 logger = logging.getLogger("omnistage")
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+
+F32_LINEARS_ENV = "OMNISTAGE_F32_LINEARS"
+"""`panels` (the default where it applies) or `onednn`: the GEMM of float32 linears."""
 
 
 PACK_MIN_WEIGHTS = 1 << 17
@@ -118,11 +124,28 @@ def pack_linears(model: nn.Module) -> int:
         and child.weight.dtype in dtypes
         and (child.weight.dtype != torch.float32 or child.weight.numel() >= PACK_MIN_WEIGHTS)
     ]
+    panels = float32_panels()
     for parent, name, child in targets:
-        setattr(parent, name, PackedLinear(child))
+        if panels and child.weight.dtype == torch.float32:
+            setattr(parent, name, PanelLinear(child))
+        else:
+            setattr(parent, name, PackedLinear(child))
     if targets:
-        logger.info("packed %d linear layers for oneDNN", len(targets))
+        kind = "column panels / oneDNN" if panels else "oneDNN"
+        logger.info("packed %d linear layers (%s)", len(targets), kind)
     return len(targets)
+
+
+def float32_panels() -> bool:
+    """Whether float32 linears take our column-panel kernel (`layers/panel_linear.py`)
+    rather than oneDNN: on AVX-512 CPUs with the kernels built, unless
+    `OMNISTAGE_F32_LINEARS=onednn` says otherwise."""
+    choice = os.environ.get(F32_LINEARS_ENV, "panels")
+    if choice not in ("panels", "onednn"):
+        raise ValueError(f"{F32_LINEARS_ENV}: expected panels or onednn, got {choice!r}")
+    if choice == "onednn" or kernels.load_quant() is None:
+        return False
+    return kernels.load_quant().quant_best_isa() >= kernels.ISA_AVX512
 
 
 def _has_linear(model: nn.Module, dtype: torch.dtype) -> bool:
