@@ -134,21 +134,26 @@ def test_a_step_from_codes_looks_them_up_as_the_embedding_does():
 
 def test_the_platform_leaves_the_c_step_its_weights(monkeypatch):
     from omnistage.platforms import cpu_linear
-    from omnistage.platforms.cpu_linear import PackedLinear, onednn_available, pack_linears
+    from omnistage.platforms.cpu_linear import (
+        PackedLinear,
+        PanelLinear,
+        onednn_available,
+        pack_linears,
+    )
 
     monkeypatch.setattr(cpu_linear, "PACK_MIN_WEIGHTS", 0)  # pack these tiny ones too
     predictor = _predictor(torch.float32, 48, False)
     hidden, embeds = _inputs(2, 48)
     codes, _ = _run(predictor, hidden, embeds)
     pack_linears(predictor)
-    assert not any(isinstance(m, PackedLinear) for m in predictor.modules())
+    assert not any(isinstance(m, PackedLinear | PanelLinear) for m in predictor.modules())
     assert torch.equal(_run(predictor, hidden, embeds)[0], codes)
     monkeypatch.setenv(DISABLE_ENV, "1")  # ruled out at load: packed, and the torch path
     packed = _predictor(torch.float32, 48, False)
     pack_linears(packed)
     monkeypatch.delenv(DISABLE_ENV)
-    if onednn_available():
-        assert any(isinstance(m, PackedLinear) for m in packed.modules())
+    if onednn_available():  # the platform's float32 product: column panels or oneDNN
+        assert any(isinstance(m, PackedLinear | PanelLinear) for m in packed.modules())
     assert packed.dense_step() is None
     assert torch.equal(_run(packed, hidden, embeds)[0], codes)
 
