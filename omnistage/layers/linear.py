@@ -39,6 +39,35 @@ class Linear(nn.Linear):
         return self(x).add_(other)
 
 
+class KernelForms:
+    """`forward`, `silu`, `mul` and `add` of a layer whose `_run(x, op, other)` computes all
+    four in one kernel call (its epilogue: `QuantizedLinear`, `PanelLinear`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "none", None)
+
+    def silu(self, x: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "silu", None)
+
+    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "mul", other)
+
+    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        return self._run(x, "add", other)
+
+
+def apply_form(y: torch.Tensor, op: str, other: torch.Tensor | None) -> torch.Tensor:
+    """The element-wise part of a form ("none", "silu", "mul", "add") applied to `y`, the
+    product (a kernel layer's fallback path)."""
+    if op == "silu":
+        return F.silu(y)
+    if op == "mul":
+        return y.mul_(other)
+    if op == "add":
+        return y.add_(other)
+    return y
+
+
 class Embedding(nn.Embedding):
     def __init__(self, num: int, dim: int, dtype: torch.dtype | None = None) -> None:
         super().__init__(num, dim, dtype=dtype)

@@ -21,16 +21,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from omnistage import kernels
-from omnistage.kernels import work_sharing
-from omnistage.layers.linear import Linear
-from omnistage.layers.quant_paths import KernelCall, isa_level, kernel_address
+from omnistage.layers.linear import KernelForms, Linear, apply_form
+from omnistage.layers.quant_paths import KernelCall, call_matmul, isa_level, kernel_address
 from omnistage.layers.quantized_linear import EPILOGUE_OPS, PARALLEL_WEIGHT_BYTES
 
 PANEL = 64
 """Output columns a panel (`PANEL` of `kernels/panel_matmul.c`)."""
+KERNELS = ("panel_matmul_f32", "panel_matmul_f32_team")
+"""The work-sharing product and its OpenMP twin in `kernels.load_quant()`."""
 
 
-class PanelLinear(Linear):
+class PanelLinear(KernelForms, Linear):
     """`y = x W^T + b` on W repacked into column panels (see the module docstring)."""
 
     def __init__(self, linear: nn.Linear, isa: int | None = None) -> None:
@@ -58,7 +59,7 @@ class PanelLinear(Linear):
             return None
         bias = self._buffers["bias"]
         return KernelCall(
-            kernel=kernel_address(lib, "panel_matmul_f32"),
+            kernel=kernel_address(lib, KERNELS[0]),
             weight=self._buffers["panels"].data_ptr(),
             bias=None if bias is None else bias.data_ptr(),
             type_id=0,
@@ -70,18 +71,6 @@ class PanelLinear(Linear):
         k = self.in_features
         w = self.panels.view(-1, k, PANEL).transpose(1, 2).reshape(-1, k)
         return w[: self.out_features]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "none", None)
-
-    def silu(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "silu", None)
-
-    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "mul", other)
-
-    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "add", other)
 
     def extra_repr(self) -> str:
         return (
@@ -119,24 +108,10 @@ class PanelLinear(Linear):
                 self.isa,
             )
             parallel = 4 * self.panels.numel() * m >= PARALLEL_WEIGHT_BYTES
-            lib, pool = kernels.load_quant(), kernels.load()
-            if pool is not None:  # the threads the decode program runs on
-                threads = work_sharing.kernel_threads() if parallel else 1
-                pool.pool_matmul(kernel_address(lib, "panel_matmul_f32"), *args, threads)
-            else:
-                work_sharing.run(
-                    lib.panel_matmul_f32, lib.panel_matmul_f32_team, *args, parallel=parallel
-                )
+            call_matmul(kernels.load_quant(), *KERNELS, args, parallel)
         return y if x.dim() == 2 else y.reshape(out_shape)
 
     def _fallback(self, x: torch.Tensor, op: str, other: torch.Tensor | None) -> torch.Tensor:
         weight = self.unpacked_weight().to(x.device, x.dtype)
         bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
-        y = F.linear(x, weight, bias)
-        if op == "silu":
-            return F.silu(y)
-        if op == "mul":
-            return y.mul_(other)
-        if op == "add":
-            return y.add_(other)
-        return y
+        return apply_form(F.linear(x, weight, bias), op, other)

@@ -14,6 +14,7 @@ from functools import cache
 from typing import Any
 
 from omnistage import kernels
+from omnistage.kernels import work_sharing
 from omnistage.layers.ggml_types import GGMLType
 
 FLOAT_KERNEL_TYPES = frozenset({GGMLType.F32, GGMLType.F16, GGMLType.BF16})
@@ -131,3 +132,15 @@ class KernelCall:
     bias: int | None
     type_id: int
     isa: int
+
+
+def call_matmul(lib: Any, kernel: str, team: str, args: tuple, parallel: bool) -> None:
+    """Run `lib`'s work-sharing product `kernel` (its OpenMP twin `team`) on `args`: on the
+    C pool the decode program runs on where it is built, else on torch's team or helper
+    threads (`work_sharing.run`); on one thread unless `parallel`."""
+    pool = kernels.load()
+    if pool is not None:
+        threads = work_sharing.kernel_threads() if parallel else 1
+        pool.pool_matmul(kernel_address(lib, kernel), *args, threads)
+    else:
+        work_sharing.run(getattr(lib, kernel), getattr(lib, team), *args, parallel=parallel)

@@ -38,9 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnistage import kernels
-from omnistage.kernels import work_sharing
 from omnistage.layers.ggml_types import BLOCK_SIZES, GGMLType
+from omnistage.layers.linear import KernelForms, apply_form
 from omnistage.layers.quant_paths import (
     ACTIVATIONS,
     FLOAT_KERNEL_BLOCK,
@@ -50,6 +49,7 @@ from omnistage.layers.quant_paths import (
     KernelCall,
     activation_path,
     bump_path_generation,
+    call_matmul,
     isa_level,
     kernel_address,
     kernel_library,
@@ -146,7 +146,7 @@ class _QuantizedMatrix(nn.Module):
         return out
 
 
-class QuantizedLinear(_QuantizedMatrix):
+class QuantizedLinear(KernelForms, _QuantizedMatrix):
     """`y = x W^T + b` with W [out_features, in_features] in a ggml quantized format.
 
     The same interface as `models.linear.Linear`: `forward`, and the fused forms
@@ -232,18 +232,6 @@ class QuantizedLinear(_QuantizedMatrix):
             f"activations={self.activations}"
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "none", None)
-
-    def silu(self, x: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "silu", None)
-
-    def mul(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "mul", other)
-
-    def add(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        return self._run(x, "add", other)
-
     def _run(self, x: torch.Tensor, op: str, other: torch.Tensor | None) -> torch.Tensor:
         # Called ~200 times per decode step of a small model: attribute reads of the
         # buffers and reshapes of 2-D inputs are kept off this path.
@@ -281,26 +269,13 @@ class QuantizedLinear(_QuantizedMatrix):
                 self.isa,
             )
             parallel = blocks.numel() * m >= PARALLEL_WEIGHT_BYTES
-            pool = kernels.load()
-            kernel, team = self._kernel_names
-            if pool is not None:  # the threads the decode program runs on
-                threads = work_sharing.kernel_threads() if parallel else 1
-                pool.pool_matmul(kernel_address(lib, kernel), *args, threads)
-            else:
-                work_sharing.run(getattr(lib, kernel), getattr(lib, team), *args, parallel=parallel)
+            call_matmul(lib, *self._kernel_names, args, parallel)
         return y if x.dim() == 2 else y.reshape(out_shape)
 
     def _fallback(self, x: torch.Tensor, op: str, other: torch.Tensor | None) -> torch.Tensor:
         weight = self.dequantize(x.dtype).to(x.device)
         bias = None if self.bias is None else self.bias.to(x.device, x.dtype)
-        y = F.linear(x, weight, bias)
-        if op == "silu":
-            return F.silu(y)
-        if op == "mul":
-            return y.mul_(other)
-        if op == "add":
-            return y.add_(other)
-        return y
+        return apply_form(F.linear(x, weight, bias), op, other)
 
 
 class QuantizedEmbedding(_QuantizedMatrix):
