@@ -11,10 +11,12 @@
  *
  * Batch invariance, and one result per instruction set: every output y[m,n] is one
  * float32 accumulator, a fused multiply-add per k in k order (AVX-512 lanes and the
- * portable loop's fmaf alike), whatever M, the row block it falls in or the thread. So a row's result is the same alone or in any batch, and the AVX-512 and
- * portable paths give the same bits. Measured against oneDNN's packed float32 GEMM (the
- * layer's default before, `platforms/cpu_linear.py`), one thread, Zen 4: 1.0-2.0x as fast
- * from 1 to 256 rows (docs/performance.md, "Column panels").
+ * portable loop's fmaf alike), whatever M, the row block it falls in or the thread. So a
+ * row's result is the same alone or in any batch, and the AVX-512 and portable paths give
+ * the same bits. Measured against oneDNN's packed float32 GEMM (the layer's product
+ * before, `platforms/cpu_linear.py`), two threads, Zen 4: 1.1-1.9x as fast at 1 to 32 rows,
+ * 0.94-1.04x at 64 to 1024 (docs/performance.md, "A float32 checkpoint's linears on
+ * column panels").
  *
  * Work sharing as in quant_matmul.c: threads take units (MB rows of x by one panel) from
  * a shared counter (guided: a quarter of what is left, at least one unit).
@@ -141,7 +143,7 @@ static void panel_all_rows(const float *x, int64_t M, int64_t K, const float *pa
 
 /* y[M,N] = op(x[M,K] . W^T + bias) over W's panels `w`; `bias` and `other` ([M,N]) may
  * be NULL; `type` is unused (the signature of quant_matmul_f32, so the decode program and
- * the thread pool call either). Panels are taken from `next_unit` until none is left. */
+ * the thread pool call either). Units are taken from `next_unit` until none is left. */
 void panel_matmul_f32(const float *x, const uint8_t *w, const float *bias, const float *other,
                       float *y, int64_t M, int64_t N, int64_t K, int type, int op, int isa,
                       int64_t *next_unit)
