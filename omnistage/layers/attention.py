@@ -56,10 +56,10 @@ class AttentionMetadata:
     all_decode: bool
     decode_context_tokens: int = 0
     """Sum of `decode_seq_lens`: the decode attention's work."""
-    _bias_cache: dict = field(default_factory=dict)
     backend_cache: dict = field(default_factory=dict)
-    """What the backend derives from this metadata once per step (its first layer) and
-    every later layer reuses (the CUDA backend's sequence table)."""
+    """What attention derives from this metadata once per step (at its first layer) and
+    every later layer reuses: the torch path's decode mask, the CUDA backend's sequence
+    table."""
     recurrent: RecurrentMetadata | None = None
     """Models with recurrent layers: the step's state slots (worker/recurrent.py)."""
     backend: AttentionBackend = TORCH_ATTENTION
@@ -72,16 +72,16 @@ class AttentionMetadata:
         """Additive mask [kv_heads * num_decodes, 1, length] (0 or -inf: which of the
         `length` gathered slots of each decode are real), built once per step, and only by
         the torch path (a kernel reads `decode_seq_lens`)."""
-        key = (kv_heads, dtype)
-        if key not in self._bias_cache:
+        key = ("decode_bias", kv_heads, dtype)
+        if key not in self.backend_cache:
             lens = self.decode_seq_lens
             mask = torch.arange(length, device=lens.device).unsqueeze(0) < lens.unsqueeze(1)
             bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
             bias.masked_fill_(~mask, float("-inf"))
-            self._bias_cache[key] = (
+            self.backend_cache[key] = (
                 bias.unsqueeze(0).expand(kv_heads, -1, -1).reshape(-1, 1, mask.shape[-1])
             )
-        return self._bias_cache[key]
+        return self.backend_cache[key]
 
 
 def allocate_kv_cache(

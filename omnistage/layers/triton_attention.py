@@ -25,6 +25,21 @@ import triton.language as tl
 
 
 @triton.jit
+def _online_softmax_step(q, k, v, visible, m_i, l_i, acc, scale, PRECISION: tl.constexpr):
+    """One tile of keys into the running maximum `m_i`, sum `l_i` and output `acc` of the
+    query rows (`visible`: which key each row may see)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr,
     out_ptr,
@@ -85,17 +100,9 @@ def _paged_attention_kernel(
         kv_off = slot[:, None] * HEAD_DIM + dims[None, :]
         kv_mask = key_ok[:, None] & dim_ok[None, :]
         k = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        visible = key_ok[None, :] & (keys[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        visible = key_ok[None, :] & (keys[None, :] <= q_pos[:, None])
+        m_i, l_i, acc = _online_softmax_step(q, k, v, visible, m_i, l_i, acc, scale, PRECISION)
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_off = (query_start + token)[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :]
     tl.store(

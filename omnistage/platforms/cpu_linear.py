@@ -143,9 +143,8 @@ def float32_panels() -> bool:
     choice = os.environ.get(F32_LINEARS_ENV, "panels")
     if choice not in ("panels", "onednn"):
         raise ValueError(f"{F32_LINEARS_ENV}: expected panels or onednn, got {choice!r}")
-    if choice == "onednn" or kernels.load_quant() is None:
-        return False
-    return kernels.load_quant().quant_best_isa() >= kernels.ISA_AVX512
+    lib = kernels.load_quant() if choice == "panels" else None
+    return lib is not None and lib.quant_best_isa() >= kernels.ISA_AVX512
 
 
 def _has_linear(model: nn.Module, dtype: torch.dtype) -> bool:
